@@ -1,0 +1,30 @@
+# The two commands of the README are `make demo` and `make test`; both set everything up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HP := $(VENV)/bin/hydraplan
+STAMP := $(VENV)/.installed
+DEMO := plans/demo
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds.
+# torch==2.13.0 resolves to the CPU wheel on this machine's disk (never a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,runtime,bench]'
+	touch $(STAMP)
+
+demo: setup
+	$(HP) dataset stats builtin:wikipedia --context-len 32768
+	$(HP) profiles list
+
+test: setup
+	$(PY) -m pytest -q -n 2 --durations=10
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) plans/demo build *.egg-info

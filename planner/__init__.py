@@ -1,0 +1,1 @@
+"""hydraplan's offline planner: length-aware heterogeneous strategies, dispatch and packing."""

@@ -1,0 +1,83 @@
+"""Reading and writing the JSON files of schema.py: atomic writes, one-line errors for bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import UserError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_validation_error(source: str, err: ValidationError) -> str:
+    """First error of a pydantic ValidationError as 'file: field a.b.0: message (got value)'."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    got = f" (got {_short(first['input'])})" if first["type"] != "missing" else ""
+    return f"{source}: field {loc}: {first['msg']}{got}"
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a JSON file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
+def parse_model(cls: type[M], data: Any, source: str) -> M:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise UserError(describe_validation_error(source, e)) from None
+
+
+def load_model(cls: type[M], path: str | Path) -> M:
+    return parse_model(cls, read_json(path), str(path))
+
+
+def model_json(model: BaseModel) -> str:
+    return model.model_dump_json(by_alias=True, exclude_none=True, indent=1)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_model(path: str | Path, model: BaseModel) -> None:
+    atomic_write_text(path, model_json(model) + "\n")
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,1 @@
+"""Thin PyTorch runtime that replays hydraplan plans under torchrun."""
