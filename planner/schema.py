@@ -88,8 +88,8 @@ class Profile(_Model):
     schemes: list[Scheme] = Field(min_length=1)
     reference_gpus: PositiveInt = 64
     memory: ProfileMemory | None = None
-    source: str = "analytic"
-    notes: dict[str, str] = Field(default_factory=dict)
+    source: str | None = Field(None, description='"analytic", "measured", ...')
+    notes: dict[str, str] | None = Field(None, description="where every constant comes from")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
