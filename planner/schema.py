@@ -66,12 +66,16 @@ class GPUInfo(_Model):
     name: str
     memory_gib: float = Field(gt=0)
     gpus_per_node: PositiveInt = 8
+    peak_tflops: float | None = Field(None, gt=0, description="dense bf16 peak TFLOP/s, for MFU")
 
 
 class ModelInfo(_Model):
     name: str
     layers: PositiveInt
     hidden: PositiveInt
+    ffn: PositiveInt | None = Field(None, description="SwiGLU intermediate size (for FLOPs)")
+    heads: PositiveInt | None = None
+    vocab: PositiveInt | None = None
 
 
 class ProfileMemory(_Model):
@@ -160,8 +164,19 @@ class BatchSeq(_Model):
     length: PositiveInt
 
 
+class CPShard(_Model):
+    """How a cp > 1 pipeline shards one packed micro-batch over its CP ranks (WLB-LLM §5, `pack --cp-shard`)."""
+
+    strategy: Literal["per-sequence", "per-document"]
+    ranges: list[list[tuple[int, int]]] = Field(description="per CP rank, [start, end) token ranges of the packed sequence")
+    attention_s: float = Field(description="slowest rank's tile-padded attention time, chosen strategy")
+    other_s: float = Field(description="the same for the strategy not chosen")
+
+
 class MicroBatch(_Model):
     seqs: list[int] = Field(min_length=1, description="ids of the batch's sequences, packed in this order")
+    splits: list[int] | None = Field(None, description="Seq1F1B: K+1 token offsets; split j = [splits[j], splits[j+1])")
+    cp_shard: CPShard | None = None
 
 
 class PlanPipeline(_Model):
@@ -171,6 +186,9 @@ class PlanPipeline(_Model):
     ranks: list[int]
     micro_batches: list[MicroBatch]
     estimate_s: NonNegativeFloat
+    seq1f1b_splits: PositiveInt | None = Field(None, description="Seq1F1B sub-sequences per micro-batch K")
+    seq1f1b_estimate_s: NonNegativeFloat | None = Field(None, description="simulated Seq1F1B latency")
+    seq1f1b_max_len: PositiveInt | None = Field(None, description="MaxLen under Seq1F1B with K splits")
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -179,6 +197,8 @@ class PlanPipeline(_Model):
 
 class Estimate(_Model):
     propagation_s: NonNegativeFloat
+    seq1f1b_estimate_s: NonNegativeFloat | None = Field(
+        None, description="max over pipelines of the Seq1F1B estimate (the canonical one where pp = 1)")
 
 
 class Plan(_Model):
@@ -195,6 +215,38 @@ class Plan(_Model):
 
 
 # --------------------------------------------------------------------------------------------- summary
+class CandidateSolve(_Model):
+    """How one candidate was solved in one iteration: where the time went and which solver path ran."""
+
+    name: str
+    estimate_s: float | None = Field(None, description="canonical estimate; null if infeasible")
+    dispatch_s: float = 0.0
+    pack_s: float = 0.0
+    dispatch_solver: str = ""
+    pack_solvers: list[str] = Field(default_factory=list, description="packing solver path per pipeline")
+    optimal: bool = Field(False, description="dispatch and every packing proven optimal")
+    dispatch_optimal: bool = Field(False, description="the dispatch solver proved Eq. (3) optimal")
+    bound_s: float | None = Field(None, description="lower bound on the candidate's estimate for this batch")
+    pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
+    infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
+
+
+class PackArgs(_Model):
+    """The arguments that determine a `hydraplan pack` run's output; --resume requires the same ones."""
+
+    profile: str
+    profile_sha256: str
+    dataset: str
+    gpus: PositiveInt
+    tokens_per_iter: PositiveInt
+    context_len: PositiveInt | None = None
+    seed: int
+    dispatch: str
+    strategies: str | None = Field(None, description="--strategies file (absolute), null if proposed")
+    seq1f1b: str | None = Field(None, description="--seq1f1b K|auto, null if off")
+    cp_shard: bool = Field(False, description="--cp-shard: adaptive CP sharding recorded")
+
+
 class IterationSummary(_Model):
     iteration: int
     strategy: str
@@ -203,6 +255,7 @@ class IterationSummary(_Model):
     solver: str = Field(description="which solver path produced the plan (e.g. greedy+cpsat, greedy+warm-start)")
     candidates_s: dict[str, float | None] = Field(default_factory=dict, description="estimate per candidate; null if infeasible")
     baselines_s: dict[str, float] = Field(default_factory=dict)
+    candidates: list[CandidateSolve] = Field(default_factory=list)
 
 
 class Summary(_Model):
@@ -213,6 +266,91 @@ class Summary(_Model):
     tokens_per_iter: PositiveInt
     seed: int
     iterations: list[IterationSummary] = Field(default_factory=list)
+    args: PackArgs | None = None
+    strategies_sha256: str | None = Field(None, description="digest of the run's strategies.json candidates")
+    iterations_requested: int | None = None
+    mean_estimate_s: float | None = None
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+# --------------------------------------------------------------------------------------------- compare
+COMPARE_SCHEMA = "hydraplan.compare/v1"
+
+
+class MethodResult(_Model):
+    """One method of `hydraplan compare`, per iteration on the shared batches (lists indexed by iteration)."""
+
+    description: str = ""
+    mean_estimate_s: float = Field(description="mean canonical propagation estimate per iteration")
+    iterations_s: list[float]
+    mean_sim_s: float | None = Field(None, description="mean 1F1B schedule-exact latency (timeline simulator)")
+    sim_iterations_s: list[float] = Field(default_factory=list)
+    speedup_vs_megatron: float | None = None
+    strategies: list[str] = Field(default_factory=list, description="strategy used per iteration")
+    gap: list[float] = Field(default_factory=list, description="(max - min) / max pipeline latency")
+    idle_gpu_s: list[float] = Field(default_factory=list, description="GPU-seconds not computing")
+    mfu: list[float] = Field(default_factory=list, description="modeled model-FLOPs utilization")
+    tokens: list[int] = Field(default_factory=list, description="tokens trained per iteration")
+    overhead_s: list[float] = Field(default_factory=list, description="non-compute time (HotSPa switching)")
+    tokens_per_s: float | None = None
+    imbalance: list[float] | None = Field(None, description="WLB-LLM Table 2 imbalance degree")
+    avg_delay_iters_per_token: float | None = Field(None, description="WLB-LLM outlier delay per trained token")
+
+
+class CompareResult(_Model):
+    schema_: Literal["hydraplan.compare/v1"] = Field(COMPARE_SCHEMA, alias="schema")
+    profile: str
+    dataset: str
+    gpus: PositiveInt
+    context_len: PositiveInt
+    tokens_per_iter: PositiveInt
+    iterations: PositiveInt
+    seed: int
+    methods: dict[str, MethodResult]
+    notes: dict[str, str] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+# ---------------------------------------------------------------------------------------- dataset stats
+DATASET_STATS_SCHEMA = "hydraplan.dataset-stats/v1"
+
+
+class LengthBin(_Model):
+    """Documents with lo < length <= hi (log2 bins: hi is a power of two, lo = hi // 2)."""
+
+    lo: int = Field(ge=0)
+    hi: PositiveInt
+    docs: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+
+
+class ShareAbove(_Model):
+    """Fraction of the documents and of the tokens in documents longer than `threshold` tokens."""
+
+    threshold: PositiveInt
+    docs: float = Field(ge=0, le=1)
+    tokens: float = Field(ge=0, le=1)
+
+
+class DatasetStats(_Model):
+    """`hydraplan dataset stats --json`: the length distribution after truncation to context_len."""
+
+    schema_: Literal["hydraplan.dataset-stats/v1"] = Field(DATASET_STATS_SCHEMA, alias="schema")
+    dataset: str
+    context_len: PositiveInt | None = None
+    truncated: int = Field(0, ge=0, description="documents cut to context_len")
+    count: PositiveInt
+    tokens: PositiveInt
+    min: PositiveInt
+    max: PositiveInt
+    mean: float
+    median: float
+    p90: float
+    p99: float
+    share_above: list[ShareAbove] = Field(default_factory=list)
+    histogram: list[LengthBin] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -222,4 +360,6 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "strategies": Strategies,
     "plan": Plan,
     "summary": Summary,
+    "compare": CompareResult,
+    "dataset-stats": DatasetStats,
 }
