@@ -1,0 +1,86 @@
+"""Rank placement: concrete GPUs for every pipeline of a strategy.
+
+A pipeline's ranks are listed in DESIGN.md order (ranks[(s*cp + c)*tp + t]), so a contiguous block of
+ranks puts each stage's TP x CP group on consecutive GPUs. Placement keeps those groups, and every
+pipeline that fits in one node, inside a node: pipelines of at least a node take whole free nodes
+(starting at a node boundary), the rest are first-fit-decreasing bin-packed into the nodes' free GPUs.
+Only when fragmentation leaves no such room (never for power-of-two sizes) does a pipeline take the
+lowest free ranks. Pipelines that already carry ranks (hand-written files) keep them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.errors import UserError
+from planner.schema import PipelineSpec
+
+
+def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int) -> list[PipelineSpec]:
+    """The pipelines, in the given order, with ranks in [0, gpus), disjoint, node-aware."""
+    if gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node must be positive (got {gpus_per_node})")
+    need = sum(p.gpus for p in pipelines)
+    if need > gpus:
+        raise UserError(f"strategy needs {need} GPUs but --gpus is {gpus}")
+    taken = [False] * gpus
+    for i, p in enumerate(pipelines):
+        for r in p.ranks or ():
+            if r >= gpus or taken[r]:
+                what = "is outside [0, --gpus)" if r >= gpus else "is used twice"
+                raise UserError(f"pipelines.{i}.ranks: rank {r} {what} (--gpus {gpus})")
+            taken[r] = True
+    nodes = _Nodes(taken, gpus_per_node)
+    out: list[list[int] | None] = [list(p.ranks) if p.ranks is not None else None for p in pipelines]
+    todo = sorted((i for i, p in enumerate(pipelines) if p.ranks is None), key=lambda i: -pipelines[i].gpus)
+    for i in todo:
+        g = pipelines[i].gpus
+        out[i] = nodes.whole(g) if g >= gpus_per_node else nodes.within_one(g)
+    return [p.model_copy(update={"ranks": r}) for p, r in zip(pipelines, out, strict=True)]
+
+
+class _Nodes:
+    """Free ranks per node (ascending), so each placement is one scan over nodes, not over ranks."""
+
+    def __init__(self, taken: list[bool], gpus_per_node: int):
+        gpus = len(taken)
+        self.size = [min(gpus_per_node, gpus - n) for n in range(0, gpus, gpus_per_node)]
+        self.free = [[r for r in range(n, n + sz) if not taken[r]] for n, sz in zip(range(0, gpus, gpus_per_node), self.size)]
+
+    def _take(self, node: int, g: int) -> list[int]:
+        ranks, self.free[node] = self.free[node][:g], self.free[node][g:]
+        return ranks
+
+    def whole(self, g: int) -> list[int]:
+        """g ranks from a run of consecutive entirely free nodes, starting at a node boundary."""
+        run_start, run = 0, 0
+        for n, (free, size) in enumerate(zip(self.free, self.size)):
+            if len(free) != size:
+                run_start, run = n + 1, 0
+                continue
+            run += size
+            if run >= g:
+                return self._take_run(run_start, n, g)
+        return self.lowest(g)
+
+    def _take_run(self, first: int, last: int, g: int) -> list[int]:
+        ranks: list[int] = []
+        for m in range(first, last + 1):
+            ranks += self._take(m, g - len(ranks))
+        return ranks
+
+    def within_one(self, g: int) -> list[int]:
+        """Lowest free ranks of the first node with g free GPUs (first fit)."""
+        for n, free in enumerate(self.free):
+            if len(free) >= g:
+                return self._take(n, g)
+        return self.lowest(g)
+
+    def lowest(self, g: int) -> list[int]:
+        """Fallback when fragmentation leaves no node-respecting room: the lowest free ranks."""
+        ranks: list[int] = []
+        for n in range(len(self.free)):
+            if len(ranks) == g:
+                break
+            ranks += self._take(n, g - len(ranks))
+        return sorted(ranks)

@@ -1,0 +1,302 @@
+"""Strategy proposal: the DP against exhaustive search, the relaxation against the best fractional
+assignment, rounding within N GPUs, candidates, errors and the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.costmodel import for_gpus, seq_cost
+from planner.errors import UserError
+from planner.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+
+STEP = 128
+HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
+
+
+def make_profile(schemes: list[Scheme], gpus_per_node: int = 8) -> Profile:
+    return Profile(name="test", gpu=GPUInfo(name="X", memory_gib=80, gpus_per_node=gpus_per_node),
+                   model=ModelInfo(name="m", layers=32, hidden=4096), schemes=schemes)
+
+
+def scheme(tp: int, pp: int, cp: int, max_len: int, util: int, a: float, b: float, c: float) -> Scheme:
+    return Scheme(tp=tp, pp=pp, cp=cp, max_len=max_len, util_len=util, time=TimeCoeffs(a=a, b=b, c=c))
+
+
+# ------------------------------------------------------------------ independent model of the docstring
+def cells_of(lengths: np.ndarray, L: int) -> tuple[list[np.ndarray], list[int]]:
+    """Sequences per non-empty 128-token bin (the last bin ends at L) and each cell's upper end."""
+    lengths = np.minimum(lengths, L)
+    bins = np.minimum(-(-lengths // STEP) * STEP, L)
+    his = sorted(set(bins.tolist()))
+    seqs = [lengths[bins == h] for h in his]
+    his[-1] = L
+    return seqs, his
+
+
+def interval_latency(s: Scheme, seqs: np.ndarray, d: float) -> float:
+    """W / d + B of the documented model: UtilLen-packed micro-batches, bubble of the longest one."""
+    u = min(s.util_len, s.max_len)
+    work = seq_cost(s, seqs).sum() + s.time.c * np.sum(np.minimum(seqs, u) / u)
+    lmax = float(seqs.max())
+    m = max(lmax, u)
+    return float(work / d + (s.pp - 1) * (s.time.a * lmax * m + s.time.b * m + s.time.c))
+
+
+def partitions(m: int):
+    for cuts in itertools.product([False, True], repeat=m - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [m]
+        yield list(zip(bounds[:-1], bounds[1:]))
+
+
+def brute_integer(seqs: list[np.ndarray], his: list[int], schemes: list[Scheme], N: int) -> float:
+    """Every partition into intervals, every (scheme, d) per interval with total GPUs <= N."""
+    best = np.inf
+    for parts in partitions(len(seqs)):
+        options = []
+        for i, j in parts:
+            batch = np.concatenate(seqs[i:j])
+            options.append([(s.gpus * d, interval_latency(s, batch, d)) for s in schemes if s.max_len >= his[j - 1]
+                            for d in range(1, N // s.gpus + 1)])
+
+        def walk(n: int, budget: int, worst: float) -> float:
+            if n == len(options):
+                return worst
+            return min((walk(n + 1, budget - g, max(worst, lat)) for g, lat in options[n] if g <= budget),
+                       default=np.inf)
+
+        best = min(best, walk(0, N, 0.0))
+    return best
+
+
+def brute_relaxed(seqs: list[np.ndarray], his: list[int], schemes: list[Scheme], N: int) -> float:
+    """Every partition and scheme per interval with fractional d: the smallest tau with
+    sum g * W / (tau - B) <= N."""
+    best = np.inf
+    for parts in partitions(len(seqs)):
+        for ks in itertools.product(range(len(schemes)), repeat=len(parts)):
+            terms = []
+            for (i, j), k in zip(parts, ks):
+                s = schemes[k]
+                if s.max_len < his[j - 1]:
+                    break
+                batch = np.concatenate(seqs[i:j])
+                B = interval_latency(s, batch, np.inf)
+                terms.append((s.gpus * (interval_latency(s, batch, 1.0) - B), B))
+            else:
+                A, B = np.array(terms).T
+                lo, hi = B.max(), B.max() + A.sum() / N + 1.0
+                for _ in range(200):
+                    mid = 0.5 * (lo + hi)
+                    lo, hi = (lo, mid) if (A / (mid - B)).sum() <= N else (mid, hi)
+                best = min(best, hi)
+    return best
+
+
+POOL = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (4, 1, 1)]
+
+
+def small_instance(seed: int, max_cells: int = 6):
+    rng = np.random.default_rng(seed)
+    L = STEP * max_cells
+    keys = [POOL[i] for i in rng.choice(len(POOL), size=int(rng.integers(2, 4)), replace=False)]
+    schemes = []
+    for n, (tp, pp, cp) in enumerate(keys):
+        g = tp * pp * cp
+        # the scheme holding L is the least efficient one, so short sequences want another
+        ml, slow = (L, float(rng.uniform(1.2, 3))) if n == 0 else (int(rng.integers(1, max_cells)) * STEP, 1.0)
+        schemes.append(scheme(tp, pp, cp, ml, int(rng.integers(64, 600)), a=slow * float(rng.uniform(1e-6, 1e-5)) / g,
+                              b=slow * float(rng.uniform(1e-4, 1e-3)) / g, c=float(rng.uniform(0, 0.02))))
+    bins = rng.choice(max_cells, size=int(rng.integers(2, max_cells + 1)), replace=False)
+    # long-tailed: short bins hold many sequences, long ones few
+    lengths = np.concatenate([STEP * b + rng.integers(1, STEP + 1, size=int(rng.integers(1, 2 + 12 // (1 + b))))
+                              for b in bins])
+    N = int(rng.integers(max(s.gpus for s in schemes), 9))
+    return schemes, lengths.astype(np.int64), L, N
+
+
+def cells_for(schemes, lengths, L):
+    values, counts = np.unique(np.minimum(lengths, L), return_counts=True)
+    # tokens_per_iter = the data's own tokens: the nominal batch is the data itself
+    return build_cells(schemes, values, counts, L, float(np.minimum(lengths, L).sum()))
+
+
+# -------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("seed", range(20))
+def test_integer_dp_equals_exhaustive_search(seed):
+    schemes, lengths, L, N = small_instance(seed)
+    seqs, his = cells_of(lengths, L)
+    cells = cells_for(schemes, lengths, L)
+    assert cells.hi.tolist() == his
+    sol = solve_integer(cells, N, rel_tol=1e-13)
+    want = brute_integer(seqs, his, schemes, N)
+    assert sol.latency == pytest.approx(want, rel=1e-9)
+    # the returned intervals are a real strategy: they tile the cells, fit N GPUs, hold their lengths,
+    # and reach the stated latency under the independent model
+    assert [iv[0] for iv in sol.intervals][0] == 0 and sol.intervals[-1][1] == len(his)
+    assert all(a[1] == b[0] for a, b in zip(sol.intervals, sol.intervals[1:]))
+    assert sum(schemes[k].gpus * d for _, _, k, d in sol.intervals) <= N
+    assert all(schemes[k].max_len >= his[j - 1] for _, j, k, _ in sol.intervals)
+    got = max(interval_latency(schemes[k], np.concatenate(seqs[i:j]), d) for i, j, k, d in sol.intervals)
+    assert got == pytest.approx(sol.latency, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_relaxation_equals_best_fractional_assignment_for_every_prefix(seed):
+    schemes, lengths, L, N = small_instance(100 + seed, max_cells=4)
+    seqs, his = cells_of(lengths, L)
+    cells = cells_for(schemes, lengths, L)
+    relaxed = solve_relaxed(cells, N, rel_tol=1e-12)
+    for j in range(len(his)):
+        prefix_his = his[: j + 1]
+        want = brute_relaxed(seqs[: j + 1], prefix_his, schemes, N)
+        assert relaxed.latency[j] == pytest.approx(want, rel=1e-7)
+    # a relaxation: never slower than the integer optimum
+    assert relaxed.latency[-1] <= solve_integer(cells, N, rel_tol=1e-13).latency * (1 + 1e-9)
+
+
+def wiki_like(seed: int, n: int = 4000) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.maximum(1, rng.lognormal(6.5, 1.3, size=n)).astype(np.int64)
+
+
+def mid_profile() -> Profile:
+    """Shaped like the analytic H100 profiles: more GPUs per pipeline hold longer sequences, less efficiently."""
+    out = []
+    for tp, pp, cp in [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (2, 1, 2), (8, 1, 1), (4, 2, 1)]:
+        g = tp * pp * cp
+        eff = 1 + 0.08 * np.log2(tp) + 0.05 * np.log2(cp)
+        out.append(scheme(tp, pp, cp, 4000 * tp * cp + 500 * pp, 2048, a=2e-9 * eff / g, b=1e-4 * eff / g,
+                          c=0.01 / pp + 0.004 * np.log2(tp * cp + 1)))
+    return make_profile(out)
+
+
+@pytest.mark.parametrize("gpus", [8, 24, 64])
+def test_rounding_fits_n_gpus_supports_l_and_is_no_better_than_the_relaxation(gpus):
+    prof = for_gpus(mid_profile(), gpus)
+    lengths = np.minimum(wiki_like(gpus), 30000)
+    values, counts = np.unique(lengths, return_counts=True)
+    cells = build_cells(list(prof.schemes), values, counts, 30000, 4096 * gpus)
+    relaxed = solve_relaxed(cells, gpus)
+    for j in range(cells.n_cells):
+        r = round_relaxed(cells, relaxed, j, gpus)
+        assert r is not None
+        assert sum(cells.schemes[k].gpus * d for k, d in r.counts) <= gpus
+        assert all(d >= 1 for _, d in r.counts)
+        assert max(cells.schemes[k].max_len for k, _ in r.counts) >= cells.hi[j]
+        assert r.latency >= relaxed.latency[j] * (1 - 1e-6)
+
+
+def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
+    prof = mid_profile()
+    gpus, L = 32, 30000
+    lengths = wiki_like(1)
+    s = propose(prof, lengths, gpus, L, max_candidates=None)
+    view = {p.key: p for p in for_gpus(prof, gpus).schemes}
+    assert [c.name for c in s.candidates] == [f"S{i}" for i in range(len(s.candidates))]
+    for c in s.candidates:
+        assert c.gpus <= gpus
+        assert c.max_len == max(view[p.key].max_len for p in c.pipelines)
+        assert c.max_len >= c.optimal_for[1] >= c.optimal_for[0] >= 1
+        assert c.expected_s_per_token > 0
+    assert any(c.kind == "heterogeneous" for c in s.candidates)
+    homo = [c for c in s.candidates if "homogeneous" in c.sources]
+    assert len(homo) == 1 and homo[0].max_len >= L and len({p.key for p in homo[0].pipelines}) == 1
+    # it is the fastest single-scheme strategy under the documented model
+    seqs = np.minimum(lengths, L)
+    scale = 4096 * gpus / seqs.sum()
+
+    def homo_time(sc: Scheme) -> float:
+        d = gpus // sc.gpus
+        u = min(sc.util_len, sc.max_len)
+        work = scale * (seq_cost(sc, seqs).sum() + sc.time.c * np.sum(np.minimum(seqs, u) / u))
+        m = max(seqs.max(), u)
+        return work / d + (sc.pp - 1) * (sc.time.a * seqs.max() * m + sc.time.b * m + sc.time.c)
+
+    times = {k: homo_time(sc) for k, sc in view.items() if sc.max_len >= L}
+    best = min(times, key=times.get)
+    assert {p.key for p in homo[0].pipelines} == {best}
+    assert len(homo[0].pipelines) == gpus // view[best].gpus
+    assert homo[0].expected_s_per_token * 4096 * gpus == pytest.approx(times[best], rel=1e-9)
+    # the integer DP's optimum for L is never slower than the homogeneous fallback
+    integer = next(c for c in s.candidates if "integer-dp" in c.sources)
+    assert integer.expected_s_per_token <= homo[0].expected_s_per_token * (1 + 1e-9)
+
+
+def test_max_candidates_keeps_integer_and_homogeneous():
+    prof, lengths = mid_profile(), wiki_like(2)
+    full = propose(prof, lengths, 32, 30000, max_candidates=None)
+    few = propose(prof, lengths, 32, 30000, max_candidates=3)
+    assert len(full.candidates) > 3 >= len(few.candidates)
+    assert {"integer-dp", "homogeneous"} <= {src for c in few.candidates for src in c.sources}
+    assert full.proposed == few.proposed == len(full.candidates)
+
+
+def test_propose_is_deterministic_and_ranks_are_placed():
+    from planner.fileio import model_json
+
+    prof, lengths = mid_profile(), wiki_like(3)
+    a = propose(prof, lengths, 24, 30000, gpus_per_node=4)
+    b = propose(prof, lengths, 24, 30000, gpus_per_node=4)
+    assert model_json(a) == model_json(b)
+    for c in a.candidates:
+        ranks = [r for p in c.pipelines for r in p.ranks]
+        assert len(ranks) == len(set(ranks)) and all(0 <= r < 24 for r in ranks)
+        for p in c.pipelines:
+            if p.gpus <= 4:
+                assert len({r // 4 for r in p.ranks}) == 1
+
+
+def test_context_longer_than_any_scheme_names_the_longest_supported():
+    prof = mid_profile()
+    longest = max(s.max_len for s in for_gpus(prof, 8).schemes)
+    with pytest.raises(UserError, match=f"longest supported length is {longest}"):
+        propose(prof, wiki_like(4), 8, longest + 1)
+
+
+def test_too_few_gpus_for_any_scheme():
+    prof = make_profile([scheme(2, 1, 1, 8000, 1024, 1e-9, 1e-4, 0.01), scheme(4, 1, 1, 16000, 1024, 1e-9, 1e-4, 0.01)])
+    with pytest.raises(UserError, match="smallest needs 2"):
+        propose(prof, wiki_like(5), 1, 4000)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HYDRAPLAN), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_writes_strategies_and_json_matches_file(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text(mid_profile().model_dump_json(by_alias=True))
+    data = tmp_path / "lengths.txt"
+    data.write_text("\n".join(map(str, wiki_like(6, 2000))) + "\n")
+    out = tmp_path / "s.json"
+    base = ["propose", "--profile", str(profile), "--dataset", str(data), "--gpus", "16", "--context-len", "20000",
+            "--out", str(out)]
+    table = run_cli(*base)
+    assert table.returncode == 0, table.stderr
+    s = Strategies.model_validate_json(out.read_text())
+    assert s.gpus == 16 and s.context_len == 20000 and s.candidates
+    for c in s.candidates:
+        assert c.name in table.stdout
+    as_json = run_cli(*base, "--json")
+    assert as_json.returncode == 0
+    assert json.loads(as_json.stdout) == json.loads(out.read_text())
+
+
+def test_cli_bad_context_exits_2_with_one_line(tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text(mid_profile().model_dump_json(by_alias=True))
+    data = tmp_path / "lengths.txt"
+    data.write_text("100\n200\n")
+    r = run_cli("propose", "--profile", str(profile), "--dataset", str(data), "--gpus", "8", "--context-len",
+                "10000000", "--out", str(tmp_path / "s.json"))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "longest supported length" in r.stderr
+    assert not (tmp_path / "s.json").exists()
