@@ -40,6 +40,59 @@ def schema(out_dir: Path = typer.Argument(..., help="folder to write <name>.sche
 
 
 @app.command()
+def propose(
+    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
+    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
+    out: Path = typer.Option(..., "--out", help="strategies file to write (hydraplan.strategies/v1)"),
+    context_len: int | None = typer.Option(None, "--context-len", help="longest sequence to support (default: the "
+                                           "dataset's longest); longer documents are truncated to it"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for rank placement "
+                                             "(default: the profile's)"),
+    tokens_per_iter: int | None = typer.Option(None, "--tokens-per-iter", help="nominal batch the expected cost is "
+                                               "taken on (default: 4096 per GPU)"),
+    max_candidates: int = typer.Option(10, "--max-candidates", help="keep at most this many candidates, preferring the "
+                                       "L' ranges that most often hold an iteration's longest sequence (0: all)"),
+    json_out: bool = typer.Option(False, "--json", help="print the strategies file instead of the table"),
+) -> None:
+    """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
+    relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
+
+    The candidates are written with concrete ranks (TP, then CP groups inside a node) to OUT.
+    """
+    from rich.table import Table
+
+    from planner.costmodel import load_profile
+    from planner.datasets import load_dataset
+    from planner.fileio import model_json, write_model
+    from planner.proposal import propose as run_propose
+    from planner.proposal import strategy_label
+
+    prof = load_profile(profile)
+    ds = load_dataset(dataset, context_len)
+    length = context_len or int(ds.lengths.max())
+    strategies = run_propose(prof, ds, gpus, length, gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter,
+                             max_candidates=max_candidates or None)
+    write_model(out, strategies)
+    if json_out:
+        typer.echo(model_json(strategies))
+        return
+    labels = [strategy_label(c) for c in strategies.candidates]
+    table = Table(title=f"{prof.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
+    table.add_column("name")
+    table.add_column("strategy", no_wrap=True, min_width=max(map(len, labels)))
+    for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
+        table.add_column(header, justify="right" if header != "from" else "left")
+    for c, label in zip(strategies.candidates, labels, strict=True):
+        lo, hi = c.optimal_for
+        table.add_row(c.name, label, str(c.gpus), f"{c.max_len:,}", f"{c.expected_s_per_token * 1e6:.3f}",
+                      f"{lo:,}-{hi:,}", f"{c.p_longest:.3f}", ", ".join(s.split("-")[0] for s in c.sources))
+    # rich wraps to 80 columns when stdout is not a terminal; the strategy column needs more
+    (console if console.is_terminal else Console(width=160)).print(table)
+    console.print(f"wrote {out}")
+
+
+@app.command()
 def pack(
     profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
     dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
@@ -76,7 +129,8 @@ def pack(
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
                        cp_shard=cp_shard)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                   TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console)
+                   TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
+                   disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
 
     class _Progress:
         """Iterations/s and the running mean estimate of this invocation."""
@@ -96,7 +150,7 @@ def pack(
     its = summary.iterations
     chosen = sorted({i.strategy for i in its})
     console.print(f"planned {len(its)} iterations into {out}: mean estimate "
-                  f"{summary.mean_estimate_s:.4f} s, strategies used {', '.join(chosen)}")
+                  f"{summary.mean_estimate_s:.4f} s, strategies used {', '.join(chosen)}", soft_wrap=True)
 
 
 @app.command()
@@ -145,7 +199,7 @@ def compare(
     context_len: int | None = typer.Option(None, "--context-len", help="truncate sequences to this length"),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
-        None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm flexsp "
+        None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
         "homo-maxlen homo-pack hetero-static hydraplan"),
     json_out: bool = typer.Option(False, "--json", help="print compare.json instead of the table"),
 ) -> None:
@@ -154,12 +208,13 @@ def compare(
 
     Static baselines get their best scheme, tuned on the compared batches themselves.
     """
+    from rich import box
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from planner.compare import ALL_METHODS, CompareOptions, run_compare
     from planner.fileio import model_json
-    from planner.report import TABLE_HEADER, table_rows, wlb_line, write_report
+    from planner.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
 
     chosen = tuple(m for part in (methods or list(ALL_METHODS)) for m in part.replace(",", " ").split())
     opts = CompareOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
@@ -181,10 +236,12 @@ def compare(
         console.print_json(model_json(outcome.result))
         return
     r = outcome.result
-    table = Table(*TABLE_HEADER, title=f"{r.profile} {r.dataset} {r.gpus} GPUs {r.tokens_per_iter} tokens/iter "
-                  f"context {r.context_len}, {r.iterations} iterations")
+    columns = [Column(TABLE_HEADER[i], no_wrap=True, overflow="ellipsis", max_width=18 if i == 1 else None)
+               for i in STDOUT_COLUMNS]
+    table = Table(*columns, box=box.SIMPLE_HEAD, title=f"{r.profile} {r.dataset} {r.gpus} GPUs "
+                  f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations")
     for row in table_rows(r):
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in STDOUT_COLUMNS))
     console.print(table)
     line = wlb_line(r)
     if line:
@@ -233,6 +290,138 @@ def pipeline(
                   f"{sch.M + sch.P - 1}), bubble ratio {tl.bubble_ratio:.4f}, no deadlock")
     if plot is not None:
         console.print(f"wrote {plot}")
+
+
+CPU_MEMORY_GIB = 1 / 32
+
+
+def _parse_schemes(values: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for v in values:
+        parts = v.replace("<", "").replace(">", "").split(",")
+        if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise UserError(f"--schemes: {v!r} is not TP,PP or TP,PP,CP (positive integers)")
+        if len(parts) == 3 and int(parts[2]) != 1:
+            raise UserError(f"--schemes: {v!r}: the runtime has no context parallelism yet (cp must be 1)")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+@app.command("profile")
+def profile_cmd(
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the runtime measures"),
+    model: str = typer.Option("tiny", "--model", help="runtime model config: tiny, llama2-7b, llama2-13b, llama2-32b"),
+    schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP (or TP,PP,1) to measure; repeat for "
+                                             "several (default: every power-of-two tp*pp <= --gpus the model allows)"),
+    gpus: int | None = typer.Option(None, "--gpus", help="ranks available (default: 4 on cpu, the CUDA device count on cuda)"),
+    memory_gib: float | None = typer.Option(None, "--memory-gib", help="usable memory per device for MaxLen (default: 90% of "
+                                            "the CUDA device's; on cpu 1/32 GiB, a stand-in that keeps the exact CPU "
+                                            "attention's [T, T] scores small)"),
+    out: Path | None = typer.Option(None, "--out", help="profile JSON to write (required unless --check)"),
+    check: Path | None = typer.Option(None, "--check", help="replay this run folder's plans (or one plan) and compare "
+                                      "estimated with measured propagation time"),
+    profile_name: str | None = typer.Option(None, "--profile", help="--check: the profile whose estimates are compared"),
+    dtype: str = typer.Option("fp32", "--dtype", help="compute dtype: fp32, bf16 (GPU), fp64"),
+    clock: str | None = typer.Option(None, "--clock", help="wall: barrier-to-barrier wall time (default on cuda); cpu: "
+                                     "per-action thread CPU time and the schedule's critical path (default on cpu: a "
+                                     "shared or oversubscribed CPU's wall time measures the other processes)"),
+    warmup: int = typer.Option(1, "--warmup", help="unrecorded runs before the measured ones"),
+    repeats: int = typer.Option(3, "--repeats", help="measured runs per point; the median is kept"),
+    json_out: bool = typer.Option(False, "--json", help="print the fit (or the --check rows) as JSON"),
+) -> None:
+    """Measure T(l,P) and MaxLen in the runtime on this machine and write a profile ("source": "measured"),
+    or with --check replay plans and report estimated against measured propagation time.
+
+    Timing (--clock): wall time between barriers, or on CPU the critical path of the executed schedule over
+    each action's thread CPU time; warm-up runs dropped, median of --repeats kept. A scheme's point is the 1F1B latency of pp identical micro-batches
+    divided by 2*pp - 1 (the canonical T(m)), over single sequences and 4-document packings at fractions of
+    MaxLen; a, b, c are fitted on the single sequences, the packings are held out. --check replays each
+    plan pipeline alone and times its propagation phase (no pull, push or optimizer step).
+    """
+    import json
+
+    from rich.table import Table
+
+    from planner import measure
+
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda (got {device!r})")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is visible")
+    clock = clock or ("wall" if device == "cuda" else "cpu")
+    if clock not in ("cpu", "wall") or (clock == "cpu" and device == "cuda"):
+        raise UserError(f"--clock must be wall, or cpu on --device cpu (got {clock!r} on {device})")
+    if warmup < 0 or repeats < 1:
+        raise UserError(f"--warmup must be >= 0 and --repeats >= 1 (got {warmup} and {repeats})")
+    if check is not None:
+        from planner.costmodel import load_profile
+
+        if profile_name is None:
+            raise UserError("--check needs --profile (the profile whose estimates are checked)")
+        prof = load_profile(profile_name)
+        rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
+                                    warmup=warmup, repeats=repeats)
+        errs = [r.rel_err for r in rows]
+        if json_out:
+            typer.echo(json.dumps({"profile": prof.name, "mean_rel_err": sum(errs) / len(errs), "worst_rel_err": max(errs),
+                                   "iterations": [{"iteration": r.iteration, "strategy": r.strategy, "estimate_s": r.estimate_s,
+                                                   "measured_s": r.measured_s, "rel_err": r.rel_err,
+                                                   "pipelines": [{"scheme": s, "estimate_s": e, "measured_s": m}
+                                                                 for s, e, m in r.pipelines]} for r in rows]}, indent=1))
+            return
+        table = Table("iteration", "strategy", "pipelines", "estimated s", "measured s", "error",
+                      title=f"{check}: estimated ({prof.name}) vs measured propagation per iteration", title_justify="left")
+        for r in rows:
+            table.add_row(str(r.iteration), r.strategy, " ".join(s for s, _, _ in r.pipelines), f"{r.estimate_s:.4f}",
+                          f"{r.measured_s:.4f}", f"{(r.estimate_s - r.measured_s) / r.measured_s:+.1%}")
+        console.print(table)
+        console.print(f"relative error: mean {sum(errs) / len(errs):.1%}, worst {max(errs):.1%} over {len(rows)} iterations")
+        return
+    if out is None:
+        raise UserError("--out is required (the profile JSON to write), unless --check is given")
+    from planner.fileio import write_model
+    from runtime.model import check_layout, get_config
+
+    cfg = get_config(model)
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if device == "cuda" else 4
+    if memory_gib is None:
+        import torch
+
+        memory_gib = 0.9 * torch.cuda.get_device_properties(0).total_memory / 2**30 if device == "cuda" else CPU_MEMORY_GIB
+    if memory_gib <= 0:
+        raise UserError(f"--memory-gib must be positive (got {memory_gib})")
+    pow2 = [1 << i for i in range(gpus.bit_length())]
+    todo = _parse_schemes(schemes) if schemes else sorted(
+        ((t, p) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None), key=lambda k: (k[0] * k[1], k))
+    for t, p in todo:
+        if (why := check_layout(cfg, t, p)) is not None:
+            raise UserError(f"--schemes: <{t},{p},1>: {why}")
+        if t * p > gpus:
+            raise UserError(f"--schemes: <{t},{p},1> needs {t * p} ranks but --gpus is {gpus}")
+    with console.status("measuring") as status:
+        prof, fits = measure.measure_profile(out.stem, model, device, todo, memory_gib * 2**30, gpus_per_node=gpus,
+                                             clock=clock, dtype=dtype, warmup=warmup, repeats=repeats,
+                                             progress=lambda s: status.update(f"measuring {s} in the runtime"))
+    write_model(out, prof)
+    if json_out:
+        typer.echo(json.dumps([{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len, **s.time.model_dump(),
+                                "r2": f.r2, "worst_rel_err": f.worst_rel_err, "packed_worst_rel_err": f.packed_worst_rel_err}
+                               for s, f in zip(prof.schemes, fits)], indent=1))
+        return
+    table = Table("scheme", "MaxLen", "UtilLen", "a", "b", "c", "R^2", "worst err", "packed worst err",
+                  title=f"{prof.name}: measured on {prof.gpu.name}, {memory_gib:g} GiB per device", title_justify="left")
+    for s, f in zip(prof.schemes, fits):
+        packed = "-" if f.packed_worst_rel_err is None else f"{f.packed_worst_rel_err:.1%}"
+        table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",
+                      f"{f.r2:.4f}", f"{f.worst_rel_err:.1%}", packed)
+    console.print(table)
+    console.print(f"wrote {out}")
 
 
 @dataset_app.command("stats")

@@ -288,6 +288,7 @@ class MethodResult(_Model):
     sim_iterations_s: list[float] = Field(default_factory=list)
     speedup_vs_megatron: float | None = None
     strategies: list[str] = Field(default_factory=list, description="strategy used per iteration")
+    strategy_labels: dict[str, str] = Field(default_factory=dict, description="pipelines of each named strategy")
     gap: list[float] = Field(default_factory=list, description="(max - min) / max pipeline latency")
     idle_gpu_s: list[float] = Field(default_factory=list, description="GPU-seconds not computing")
     mfu: list[float] = Field(default_factory=list, description="modeled model-FLOPs utilization")

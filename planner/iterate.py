@@ -1,0 +1,615 @@
+"""The per-iteration loop (Hydraulis §6): for every candidate strategy dispatch the batch to pipelines,
+pack each pipeline into micro-batches, take the canonical estimate, and keep the fastest candidate.
+
+`Planner` is the in-memory API a data loader uses to plan upcoming iterations while training runs
+(the producer-consumer design of Hydraulis appendix F); `run_pack` is `hydraplan pack`: it samples in
+the parent, solves in a process pool and writes plans in iteration order, so the output depends only on
+the arguments and --seed, never on the worker count or on timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from planner.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq_cost
+from planner.errors import UserError
+from planner.fileio import atomic_write_text, load_model, model_json, write_model
+from planner.schema import (
+    BatchSeq,
+    Candidate,
+    CandidateSolve,
+    Estimate,
+    IterationSummary,
+    MicroBatch,
+    PackArgs,
+    PipelineSpec,
+    Plan,
+    PlanPipeline,
+    Profile,
+    Scheme,
+    Strategies,
+    Summary,
+)
+from planner.placement import place_ranks
+from planner.validate import PLAN_FILE, check_ranks
+
+DispatchMethod = Literal["greedy", "ilp"]
+SAMPLE_CHUNK = 64  # iterations sampled at once: bounds parent memory on long runs
+PRUNE_RTOL = 1e-9
+
+
+# ---------------------------------------------------------------------------------------------- batch
+@dataclass(frozen=True)
+class SeqBatch:
+    """One iteration's sampled sequences (the fields of datasets.Batch the planner needs)."""
+
+    iteration: int
+    ids: np.ndarray
+    lengths: np.ndarray
+    docs: np.ndarray | None = None
+
+
+def as_batch(batch: Any, iteration: int = 0) -> SeqBatch:
+    """A datasets.Batch (or anything with .lengths/.ids/.docs) or a plain array of lengths."""
+    if hasattr(batch, "lengths"):
+        lengths = np.asarray(batch.lengths, dtype=np.int64)
+        ids = getattr(batch, "ids", None)
+        docs = getattr(batch, "docs", None)
+        return SeqBatch(
+            iteration=int(getattr(batch, "iteration", iteration)),
+            ids=np.arange(lengths.size, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64),
+            lengths=lengths,
+            docs=None if docs is None else np.asarray(docs, dtype=np.int64),
+        )
+    lengths = np.asarray(batch, dtype=np.int64)
+    if lengths.ndim != 1 or lengths.size == 0 or lengths.min() < 1:
+        raise UserError(f"plan: lengths must be a non-empty 1-D list of positive integers (got shape {lengths.shape})")
+    return SeqBatch(iteration=iteration, ids=np.arange(lengths.size, dtype=np.int64), lengths=lengths)
+
+
+def solver_seed(seed: int, iteration: int) -> int:
+    """Per-iteration solver seed: independent of which worker solves the iteration, or in which order.
+    31 bits, because CP-SAT's random_seed is a signed 32-bit integer."""
+    return int(np.random.SeedSequence([seed, iteration]).generate_state(1)[0] >> 1)
+
+
+# ----------------------------------------------------------------------------------------- strategies
+@dataclass(frozen=True)
+class ResolvedCandidate:
+    """A candidate ready to solve: ranks placed, one scheme per pipeline with MaxLen for this --gpus."""
+
+    name: str
+    specs: tuple[PipelineSpec, ...]
+    schemes: tuple[Scheme, ...]
+
+    @property
+    def max_len(self) -> int:
+        return max(s.max_len for s in self.schemes)
+
+
+def resolve_strategies(
+    strategies: Strategies, view: Profile, gpus: int, *, context_len: int | None = None, source: str = "strategies"
+) -> Strategies:
+    """Check a (possibly hand-written) strategies file against the profile and fill its derived fields:
+    ranks (placed around any the file gives), max_len per candidate, profile, gpus and context_len."""
+    names = [c.name for c in strategies.candidates]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise UserError(f"{source}: field candidates.{i}.name: duplicate candidate name (got {name!r})")
+    gpus_per_node = view.gpu.gpus_per_node
+    out: list[Candidate] = []
+    for ci, cand in enumerate(strategies.candidates):
+        where = f"{source}: field candidates.{ci}"
+        schemes = []
+        for pi, p in enumerate(cand.pipelines):
+            scheme = view.scheme(*p.key)
+            if scheme is None:
+                have = " ".join(s.label for s in view.schemes)
+                raise UserError(
+                    f"{where}.pipelines.{pi}: scheme <{p.tp},{p.pp},{p.cp}> is not in profile {view.name} "
+                    f"for {gpus} GPUs (it has {have})"
+                )
+            schemes.append(scheme)
+        if cand.gpus > gpus:
+            raise UserError(f"{where}: candidate {cand.name} uses {cand.gpus} GPUs, --gpus is {gpus}")
+        problems = check_ranks([p.ranks or [] for p in cand.pipelines], gpus)
+        if problems:
+            pi, problem = problems[0]
+            raise UserError(f"{where}.pipelines.{pi}.ranks: {problem}")
+        pipelines = list(cand.pipelines)
+        if any(p.ranks is None for p in pipelines):  # placed around the ranks the file gives
+            pipelines = place_ranks(pipelines, gpus, gpus_per_node)
+        out.append(cand.model_copy(update={"pipelines": pipelines, "max_len": max(s.max_len for s in schemes)}))
+    return strategies.model_copy(update={
+        "profile": view.name, "gpus": gpus, "context_len": context_len or strategies.context_len, "candidates": out,
+    })
+
+
+def strategies_digest(strategies: Strategies) -> str:
+    return hashlib.sha256(model_json(strategies).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------- one iteration
+@dataclass(frozen=True)
+class PipelineSolution:
+    micro_batches: list[np.ndarray]  # indices into the batch
+    estimate_s: float
+    solver: str
+    optimal: bool
+
+
+@dataclass(frozen=True)
+class CandidateSolution:
+    solve: CandidateSolve
+    pipelines: list[PipelineSolution] | None  # None: infeasible or pruned
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    plan: Plan
+    summary: IterationSummary
+
+
+def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batches: list[np.ndarray]) -> float:
+    """The DESIGN.md estimate, computed exactly as `hydraplan validate` recomputes it."""
+    mb = [float(seq_cost(scheme, lengths[g]).sum()) + scheme.time.c for g in micro_batches]
+    return pipeline_time_from_mb(mb, scheme.pp)
+
+
+def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
+    """A lower bound on every plan of the candidate for this batch, before any solving (inf if it cannot
+    hold the batch): each sequence runs whole on a pipeline that can hold it, costing at least
+    pp * (a l^2 + b l + c) there; and the slowest pipeline is at least the mean of the cheapest work."""
+    uniq = list({s.key: s for s in cand.schemes}.values())
+    a, b, c = (np.array([getattr(s.time, f) for s in uniq]) for f in "abc")
+    pp = np.array([s.pp for s in uniq], dtype=np.float64)
+    ok = lengths[:, None] <= np.array([s.max_len for s in uniq])[None, :]
+    if not ok.any(axis=1).all():
+        return float("inf")
+    l = lengths.astype(np.float64)[:, None]
+    w = (a * l + b) * l
+    alone = np.where(ok, pp * (w + c), np.inf).min(axis=1).max()
+    mean_work = np.where(ok, w, np.inf).min(axis=1).sum() / len(cand.schemes)
+    return float(max(alone, mean_work))
+
+
+def solve_candidate(
+    cand: ResolvedCandidate, lengths: np.ndarray, *, method: DispatchMethod, seed: int,
+    dispatch_kwargs: dict[str, Any], pack_kwargs: dict[str, Any], loses: Callable[[float], bool] | None = None,
+) -> CandidateSolution:
+    """Dispatch, then pack every pipeline. With `loses` (true for a lower bound that rules the candidate
+    out), stop as soon as the Eq. (2) bound of the dispatch or one packed pipeline proves it cannot win;
+    the result is then `pruned` with no pipelines."""
+    from planner.dispatch import Infeasible, dispatch, lower_bound
+    from planner.packing import pack
+
+    longest = int(lengths.max())
+    if longest > cand.max_len:
+        reason = f"a sequence of length {longest} exceeds its largest MaxLen {cand.max_len}"
+        return CandidateSolution(CandidateSolve(name=cand.name, infeasible=reason), None)
+    t0 = perf_counter()
+    try:
+        d = dispatch(lengths, list(cand.schemes), method=method, seed=seed, **dispatch_kwargs)
+    except Infeasible as e:
+        return CandidateSolution(CandidateSolve(name=cand.name, infeasible=str(e)), None)
+    t1 = perf_counter()
+    assign = np.asarray(d.assign)
+    bounds = lower_bound(lengths, assign, list(cand.schemes))
+    done: dict[int, PipelineSolution] = {}
+
+    def record(pruned: bool) -> CandidateSolve:
+        proven = max([float(bounds.max(initial=0.0)), *(p.estimate_s for p in done.values())])
+        return CandidateSolve(
+            name=cand.name, estimate_s=None if pruned else max(p.estimate_s for p in done.values()),
+            dispatch_s=t1 - t0, pack_s=perf_counter() - t1, dispatch_solver=d.solver,
+            pack_solvers=[] if pruned else [done[j].solver for j in range(len(cand.schemes))],
+            optimal=not pruned and bool(d.optimal) and all(p.optimal for p in done.values()),
+            dispatch_optimal=bool(d.optimal), bound_s=proven, pruned=pruned,
+        )
+
+    if loses is not None and loses(float(bounds.max(initial=0.0))):
+        return CandidateSolution(record(pruned=True), None)
+    for j in np.argsort(-bounds, kind="stable"):  # the slowest pipeline first: the likeliest to rule it out
+        scheme = cand.schemes[j]
+        idx = np.flatnonzero(assign == j)
+        if idx.size == 0:
+            done[j] = PipelineSolution([], 0.0, "empty", True)
+            continue
+        r = pack(lengths[idx], scheme, seed=seed, **pack_kwargs)
+        groups = [idx[np.asarray(mb, dtype=np.int64)] for mb in r.micro_batches]
+        est = canonical_pipeline_estimate(scheme, lengths, groups)
+        done[j] = PipelineSolution(groups, est, r.solver, bool(r.optimal))
+        if loses is not None and loses(done[j].estimate_s):
+            return CandidateSolution(record(pruned=True), None)
+    return CandidateSolution(record(pruned=False), [done[j] for j in range(len(cand.schemes))])
+
+
+def loses_to(best: tuple[float, int] | None, k: int) -> Callable[[float], bool]:
+    """Whether a lower bound rules candidate k out against the best (estimate, index) so far. Ties go to
+    the lower index; PRUNE_RTOL absorbs rounding between bound and estimate, so pruning changes the choice
+    only between candidates within 1e-9 of each other."""
+    def loses(bound: float) -> bool:
+        if best is None:
+            return False
+        est, idx = best
+        return bound > est * (1 + PRUNE_RTOL) or (k > idx and bound >= est * (1 - PRUNE_RTOL))
+
+    return loses
+
+
+def solver_path(solve: CandidateSolve) -> str:
+    """e.g. 'greedy+cpsat' or 'greedy+cpsat/warm-start': the dispatch solver and the packing solvers used."""
+    packs = sorted({s for s in solve.pack_solvers if s != "empty"}) or ["empty"]
+    return f"{solve.dispatch_solver}+{'/'.join(packs)}"
+
+
+def build_plan(
+    batch: SeqBatch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], profile_name: str, gpus: int,
+) -> Plan:
+    docs = batch.docs
+    seqs = [
+        BatchSeq(id=int(i), length=int(l), doc=None if docs is None else int(docs[k]))
+        for k, (i, l) in enumerate(zip(batch.ids, batch.lengths, strict=True))
+    ]
+    plan_pipes = [
+        PlanPipeline(
+            tp=spec.tp, pp=spec.pp, cp=spec.cp, ranks=list(spec.ranks or []),
+            micro_batches=[MicroBatch(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
+            estimate_s=sol.estimate_s,
+        )
+        for spec, sol in zip(cand.specs, pipelines, strict=True)
+    ]
+    return Plan(
+        iteration=batch.iteration, profile=profile_name, gpus=gpus, batch=seqs, strategy=cand.name,
+        pipelines=plan_pipes, estimate=Estimate(propagation_s=max((p.estimate_s for p in plan_pipes), default=0.0)),
+    )
+
+
+def infeasible_error(batch: SeqBatch, candidates: Iterable[ResolvedCandidate]) -> UserError:
+    longest = int(batch.lengths.max())
+    best = max(c.max_len for c in candidates)
+    return UserError(
+        f"iteration {batch.iteration}: no candidate can hold a sequence of length {longest} "
+        f"(the largest MaxLen is {best}); lower --context-len or add a scheme with a larger max_len"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Planner
+class Planner:
+    """Plans iterations for a fixed set of candidate strategies.
+
+    Cheap to pickle, so `plan_stream` (or your own process pool) can plan the next iterations while the
+    current one trains. Output depends only on (profile, strategies, gpus, dispatch, seed, batch,
+    iteration): solver seeds derive from (seed, iteration), never from call order.
+    """
+
+    def __init__(
+        self,
+        profile: Profile | str,
+        strategies: Strategies | str | Path,
+        gpus: int,
+        *,
+        dispatch: DispatchMethod = "greedy",
+        seed: int = 0,
+        context_len: int | None = None,
+        dispatch_kwargs: dict[str, Any] | None = None,
+        pack_kwargs: dict[str, Any] | None = None,
+        prune: bool = True,
+        seq1f1b: str | None = None,
+        cp_shard: bool = False,
+    ) -> None:
+        if dispatch not in ("greedy", "ilp"):
+            raise UserError(f"--dispatch must be greedy or ilp (got {dispatch!r})")
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.view = for_gpus(self.profile, gpus)
+        self.gpus = gpus
+        self.dispatch = dispatch
+        self.seed = seed
+        self.prune = prune
+        self.dispatch_kwargs = dict(dispatch_kwargs or {})
+        self.pack_kwargs = dict(pack_kwargs or {})
+        source = "strategies"
+        if not isinstance(strategies, Strategies):
+            source = str(strategies)
+            strategies = load_model(Strategies, strategies)
+        self.strategies = resolve_strategies(strategies, self.view, gpus, context_len=context_len, source=source)
+        self.candidates = [
+            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines))
+            for c in self.strategies.candidates
+        ]
+        from planner.seqsplit import parse_seq1f1b, seq1f1b_scheme
+
+        # Seq1F1B (planner.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
+        self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
+        self.cp_shard = cp_shard
+        if self.seq1f1b is not None:
+            self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
+                               for c in self.candidates]
+
+    @property
+    def max_len(self) -> int:
+        """Longest sequence some candidate can hold."""
+        return max(c.max_len for c in self.candidates)
+
+    def check_feasible(self, batch: SeqBatch) -> None:
+        if int(batch.lengths.max()) > self.max_len:
+            raise infeasible_error(batch, self.candidates)
+
+    def solve(self, batch: Any, iteration: int = 0) -> IterationResult:
+        """Plan one batch with every candidate; the lowest canonical estimate wins (ties: earlier candidate).
+
+        Candidates are solved in order of a cheap lower bound; with `prune` one whose bound (before
+        dispatch, after it, or after any packed pipeline) already exceeds the best estimate is abandoned.
+        The chosen plan is the same as solving every candidate to the end.
+        """
+        b = as_batch(batch, iteration)
+        self.check_feasible(b)
+        t0 = perf_counter()
+        seed = solver_seed(self.seed, b.iteration)
+        bounds = [candidate_bound(c, b.lengths) for c in self.candidates]
+        order = sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k))
+        sols: list[CandidateSolution] = [None] * len(bounds)  # type: ignore[list-item]
+        best: tuple[float, int] | None = None
+        for k in order:
+            cand = self.candidates[k]
+            loses = loses_to(best, k) if self.prune else None
+            if loses is not None and loses(bounds[k]) and np.isfinite(bounds[k]):
+                sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=bounds[k], pruned=True), None)
+                continue
+            sols[k] = solve_candidate(cand, b.lengths, method=self.dispatch, seed=seed, loses=loses,
+                                      dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs)
+            est = sols[k].solve.estimate_s
+            if est is not None and (best is None or (est, k) < best):
+                best = (est, k)
+        if best is None:
+            raise infeasible_error(b, self.candidates)
+        won = sols[best[1]]
+        plan = build_plan(b, self.candidates[best[1]], won.pipelines, self.profile.name, self.gpus)
+        if self.seq1f1b is not None or self.cp_shard:
+            from planner.seqsplit import refine_plan
+
+            refine_plan(plan, [self.view.scheme(*p.key) for p in plan.pipelines],  # 1F1B MaxLen: splits cap from it
+                        [p.micro_batches for p in won.pipelines], b.lengths, self.seq1f1b, self.cp_shard)
+        summary = IterationSummary(
+            iteration=b.iteration,
+            strategy=plan.strategy,
+            estimate_s=plan.estimate.propagation_s,
+            solver_s=perf_counter() - t0,
+            solver=solver_path(won.solve),
+            candidates_s={s.solve.name: s.solve.estimate_s for s in sols},
+            candidates=[s.solve for s in sols],
+        )
+        return IterationResult(plan, summary)
+
+    def plan(self, batch: Any, iteration: int = 0) -> Plan:
+        """The plan for one batch: a datasets.Batch or a plain list of sequence lengths."""
+        return self.solve(batch, iteration).plan
+
+    def plan_stream(self, batches: Iterable[Any], *, workers: int = 1, lookahead: int | None = None,
+                    start: int = 0) -> Iterator[IterationResult]:
+        """Plan batches in order, `workers` processes solving up to `lookahead` batches ahead.
+
+        `batches` is consumed lazily (a data loader can keep feeding it); plain length arrays are numbered
+        from `start`. Results come back in input order whatever the worker count.
+        """
+        items = (as_batch(b, start + k) for k, b in enumerate(batches))
+        if workers <= 1:
+            for b in items:
+                yield self.solve(b)
+            return
+        window = lookahead or 2 * workers
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("forkserver"),
+                                   initializer=_init_worker, initargs=(self,))
+        pending: deque[Future[IterationResult]] = deque()
+        try:
+            for b in items:
+                self.check_feasible(b)
+                pending.append(pool.submit(_solve_in_worker, b))
+                if len(pending) >= window:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER_PLANNER: Planner | None = None
+
+
+def _init_worker(worker_planner: Planner) -> None:
+    """Keep the planner, and import the solvers now so the first iteration's solver_s is not import time."""
+    global _WORKER_PLANNER
+    importlib.import_module("planner.dispatch")
+    importlib.import_module("planner.packing")
+    _WORKER_PLANNER = worker_planner
+
+
+def _solve_in_worker(batch: SeqBatch) -> IterationResult:
+    assert _WORKER_PLANNER is not None
+    return _WORKER_PLANNER.solve(batch)
+
+
+# ---------------------------------------------------------------------------------------- run_pack
+@dataclass(frozen=True)
+class PackOptions:
+    """The arguments of `hydraplan pack`."""
+
+    profile: str
+    dataset: str
+    gpus: int
+    tokens_per_iter: int
+    iterations: int
+    out: Path
+    strategies: Path | None = None
+    context_len: int | None = None
+    seed: int = 0
+    workers: int | None = None
+    dispatch: DispatchMethod = "greedy"
+    resume: bool = False
+    seq1f1b: str | None = None
+    cp_shard: bool = False
+
+
+class PackProgress(Protocol):
+    def start(self, done: int, total: int) -> None: ...
+    def advance(self, it: IterationSummary) -> None: ...
+
+
+def plan_path(out: Path, iteration: int) -> Path:
+    return out / f"iter_{iteration:06d}.json"
+
+
+def _remove_plans_from(out: Path, first: int) -> None:
+    """Drop plan files a new or resumed run will (re)write, so the folder never mixes two runs."""
+    for p in out.glob("iter_*.json"):
+        m = PLAN_FILE.match(p.name)
+        if m and int(m.group(1)) >= first:
+            p.unlink()
+
+
+def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
+    return PackArgs(
+        profile=opts.profile, profile_sha256=hashlib.sha256(model_json(profile).encode()).hexdigest(),
+        dataset=opts.dataset, gpus=opts.gpus, tokens_per_iter=opts.tokens_per_iter, context_len=opts.context_len,
+        seed=opts.seed, dispatch=opts.dispatch,
+        strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
+        seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard,
+    )
+
+
+def _resume_state(opts: PackOptions, args: PackArgs) -> Summary | None:
+    """The interrupted run's summary, checked against this run's arguments and its plan files."""
+    path = opts.out / "summary.json"
+    if not opts.resume or not path.exists():
+        return None
+    summary = load_model(Summary, path)
+    if summary.args is None:
+        raise UserError(f"{path}: field args: missing, so this run cannot be resumed safely")
+    old, new = summary.args.model_dump(), args.model_dump()
+    diff = [k for k in new if old.get(k) != new[k]]
+    if diff:
+        k = diff[0]
+        raise UserError(f"{path}: field args.{k}: the run was started with {old.get(k)!r}, now {new[k]!r}; "
+                        "--resume needs the same arguments")
+    for i, it in enumerate(summary.iterations):
+        if it.iteration != i:
+            raise UserError(f"{path}: field iterations.{i}.iteration: expected {i} (got {it.iteration})")
+        if not plan_path(opts.out, i).exists():
+            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(opts.out, i)} is missing")
+    return summary
+
+
+def _load_strategies(opts: PackOptions, profile: Profile, dataset: Any, resumed: Summary | None) -> Strategies:
+    view = for_gpus(profile, opts.gpus)
+    if opts.strategies is not None:
+        raw = load_model(Strategies, opts.strategies)
+        return resolve_strategies(raw, view, opts.gpus, context_len=opts.context_len, source=str(opts.strategies))
+    if resumed is not None:
+        path = opts.out / "strategies.json"
+        return resolve_strategies(load_model(Strategies, path), view, opts.gpus,
+                                  context_len=opts.context_len, source=str(path))
+    from planner.proposal import propose
+
+    context_len = opts.context_len or int(dataset.lengths.max())
+    longest = max(s.max_len for s in view.schemes)
+    if opts.context_len is None and context_len > longest:
+        raise UserError(f"dataset {opts.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
+                        f"MaxLen of profile {profile.name} at {opts.gpus} GPUs ({longest}); pass --context-len")
+    return propose(profile, dataset, opts.gpus, context_len, tokens_per_iter=opts.tokens_per_iter)
+
+
+def _sampled(dataset: Any, opts: PackOptions, start: int) -> Iterator[Any]:
+    from planner.datasets import sample_iterations
+
+    for first in range(start, opts.iterations, SAMPLE_CHUNK):
+        n = min(SAMPLE_CHUNK, opts.iterations - first)
+        yield from sample_iterations(dataset, opts.tokens_per_iter, n, opts.seed, start=first)
+
+
+def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary:
+    """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point."""
+    from planner.datasets import load_dataset
+
+    if opts.iterations < 1:
+        raise UserError(f"--iterations must be positive (got {opts.iterations})")
+    if opts.tokens_per_iter < 1:
+        raise UserError(f"--tokens-per-iter must be positive (got {opts.tokens_per_iter})")
+    if opts.out.exists() and not opts.out.is_dir():
+        raise UserError(f"--out {opts.out}: exists and is not a folder")
+    if opts.dispatch not in ("greedy", "ilp"):
+        raise UserError(f"--dispatch must be greedy or ilp (got {opts.dispatch!r})")
+    profile = load_profile(opts.profile)
+    for_gpus(profile, opts.gpus)
+    args = _pack_args(opts, profile)
+    resumed = _resume_state(opts, args)
+    dataset = load_dataset(opts.dataset, opts.context_len)
+    strategies = _load_strategies(opts, profile, dataset, resumed)
+    digest = strategies_digest(strategies)
+    if resumed is not None and resumed.strategies_sha256 != digest:
+        raise UserError(f"{opts.out / 'strategies.json'}: the candidates changed since the run started; "
+                        "--resume needs the same strategies")
+    planner = Planner(profile, strategies, opts.gpus, dispatch=opts.dispatch, seed=opts.seed,
+                      context_len=opts.context_len, seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard)
+
+    done = resumed.iterations if resumed is not None else []
+    summary = Summary(
+        profile=profile.name, gpus=opts.gpus, dataset=dataset.name, tokens_per_iter=opts.tokens_per_iter,
+        seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
+        iterations_requested=opts.iterations, context_len=opts.context_len,
+    )
+    opts.out.mkdir(parents=True, exist_ok=True)
+    _remove_plans_from(opts.out, len(done))
+    write_model(opts.out / "strategies.json", planner.strategies)
+    if progress is not None:
+        progress.start(len(done), opts.iterations)
+    workers = opts.workers or os.cpu_count() or 1
+    writer = _SummaryWriter(opts.out, summary)
+    try:
+        with closing(planner.plan_stream(_sampled(dataset, opts, len(done)), workers=workers)) as stream:
+            for result in stream:
+                atomic_write_text(plan_path(opts.out, result.plan.iteration), model_json(result.plan) + "\n")
+                summary.iterations.append(result.summary)
+                writer.maybe_write()
+                if progress is not None:
+                    progress.advance(result.summary)
+    finally:  # interrupted or not, record every plan written so far
+        writer.write()
+    return summary
+
+
+class _SummaryWriter:
+    """Rewrites summary.json after a plan is written, at most every SUMMARY_EVERY_S seconds (or 5x the
+    last write's duration on long runs) so a 10,000-iteration run does not spend its time rewriting it.
+    A plan newer than the summary is simply redone by --resume."""
+
+    SUMMARY_EVERY_S = 0.5
+
+    def __init__(self, out: Path, summary: Summary) -> None:
+        self.out, self.summary = out, summary
+        self.next_at = 0.0
+        self.write()
+
+    def maybe_write(self) -> None:
+        if perf_counter() >= self.next_at:
+            self.write()
+
+    def write(self) -> None:
+        t0 = perf_counter()
+        its = self.summary.iterations
+        self.summary.mean_estimate_s = float(np.mean([i.estimate_s for i in its])) if its else None
+        write_model(self.out / "summary.json", self.summary)
+        t1 = perf_counter()
+        self.next_at = t1 + max(self.SUMMARY_EVERY_S, 5 * (t1 - t0))

@@ -1,0 +1,290 @@
+"""The per-iteration loop: strategy resolution, selection, the Planner API, determinism and --resume."""
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.costmodel import pipeline_time
+from planner.errors import UserError
+from planner.fileio import model_json, write_model
+from planner.iterate import (
+    PackOptions, Planner, ResolvedCandidate, as_batch, candidate_bound, canonical_pipeline_estimate,
+    resolve_strategies, run_pack, solver_seed,
+)
+from planner.schema import GPUInfo, ModelInfo, Plan, Profile, Scheme, Strategies, TimeCoeffs
+from planner.validate import check_plan, validate_path
+
+
+def tiny_profile() -> Profile:
+    """Two schemes with the trade-off of the paper: <2,1,1> holds longer sequences, <1,1,1> is cheaper
+    per token on short ones; <1,2,1> adds a pipeline bubble."""
+    return Profile(
+        name="tiny", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4),
+        model=ModelInfo(name="m", layers=2, hidden=8),
+        schemes=[
+            Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=TimeCoeffs(a=2e-9, b=1e-4, c=0.01)),
+            Scheme(tp=2, pp=1, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=1.1e-9, b=5.5e-5, c=0.01)),
+            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=256, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
+        ],
+    )
+
+
+def strategies(ranks: bool = True) -> Strategies:
+    def p(tp, pp, r):
+        return {"tp": tp, "pp": pp, "cp": 1, **({"ranks": r} if ranks else {})}
+
+    return Strategies(candidates=[
+        {"name": "mixed", "pipelines": [p(2, 1, [0, 1]), p(1, 1, [2]), p(1, 1, [3])]},
+        {"name": "tp2", "pipelines": [p(2, 1, [0, 1]), p(2, 1, [2, 3])]},
+        {"name": "pp2", "pipelines": [p(1, 2, [0, 1]), p(1, 2, [2, 3])]},
+    ])
+
+
+# ------------------------------------------------------------------------------------- pure helpers
+def test_canonical_pipeline_estimate_matches_costmodel():
+    s = tiny_profile().schemes[2]
+    lengths = np.array([100, 2000, 37, 900, 5])
+    groups = [np.array([1]), np.array([0, 3]), np.array([2, 4])]
+    expected = pipeline_time(s, [lengths[g].tolist() for g in groups])
+    assert canonical_pipeline_estimate(s, lengths, groups) == pytest.approx(expected, rel=1e-12)
+
+
+def test_solver_seed_depends_on_seed_and_iteration_only():
+    assert solver_seed(3, 7) == solver_seed(3, 7)
+    seeds = {solver_seed(s, i) for s, i in itertools.product(range(3), range(3))}
+    assert len(seeds) == 9 and all(0 <= s < 2**31 for s in seeds)
+
+
+def test_as_batch_numbers_plain_lengths_and_rejects_bad_ones():
+    b = as_batch([5, 7, 9], iteration=4)
+    assert b.iteration == 4 and b.ids.tolist() == [0, 1, 2] and b.docs is None
+    with pytest.raises(UserError):
+        as_batch([5, 0])
+
+
+def test_resolve_places_missing_ranks_disjointly():
+    view = tiny_profile()
+    out = resolve_strategies(strategies(ranks=False), view, 4)
+    assert out.gpus == 4 and out.profile == "tiny"
+    for cand in out.candidates:
+        ranks = [r for p in cand.pipelines for r in p.ranks]
+        assert sorted(ranks) == list(range(4))
+        assert all(len(p.ranks) == p.tp * p.pp * p.cp for p in cand.pipelines)
+    assert [c.max_len for c in out.candidates] == [4096, 4096, 4096]
+
+
+def test_resolve_places_only_the_pipelines_without_ranks():
+    data = strategies().model_dump(by_alias=True, exclude_none=True)
+    data["candidates"][0]["pipelines"][1].pop("ranks")  # <1,1,1> between [0, 1] and [3]
+    out = resolve_strategies(Strategies.model_validate(data), tiny_profile(), 4)
+    assert [p.ranks for p in out.candidates[0].pipelines] == [[0, 1], [2], [3]]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c[0]["pipelines"][0].update(tp=8, ranks=list(range(8))), "scheme <8,1,1> is not in profile"),
+    (lambda c: c[1]["pipelines"][1].update(ranks=[1, 2]), "rank 1 also used by pipeline 0"),
+    (lambda c: c[1]["pipelines"][1].update(ranks=[2, 9]), "out of range"),
+    (lambda c: c[2].update(name="tp2"), "duplicate candidate name"),
+    (lambda c: c[0]["pipelines"].append({"tp": 1, "pp": 1, "cp": 1, "ranks": [4]}), "uses 5 GPUs, --gpus is 4"),
+])
+def test_resolve_rejects_bad_strategies_with_one_line(mutate, message):
+    data = strategies().model_dump(by_alias=True, exclude_none=True)
+    mutate(data["candidates"])
+    with pytest.raises(UserError, match=message) as e:
+        resolve_strategies(Strategies.model_validate(data), tiny_profile(), 4, source="s.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("s.json: field candidates.")
+
+
+# ------------------------------------------------------------------------------------------ Planner
+def test_planner_plan_validates_and_picks_the_lowest_candidate():
+    rng = np.random.default_rng(1)
+    lengths = np.concatenate([rng.integers(16, 1500, 40), [3500, 3000]])
+    planner = Planner(tiny_profile(), strategies(), 4, prune=False)
+    result = planner.solve(lengths, iteration=3)
+    plan = result.plan
+    assert isinstance(plan, Plan) and plan.iteration == 3
+    assert check_plan(plan, tiny_profile()) == []
+    est = result.summary.candidates_s
+    assert all(v is not None for v in est.values()) and len(est) == 3
+    assert plan.strategy == min(est, key=lambda k: est[k])
+    assert plan.estimate.propagation_s == pytest.approx(min(est.values()), rel=1e-12)
+    # same iteration, same plan; a planner built twice agrees (no hidden state)
+    again = Planner(tiny_profile(), strategies(), 4, prune=False).plan(lengths, iteration=3)
+    assert model_json(again) == model_json(plan)
+
+
+def test_pruning_never_changes_the_plan():
+    full = Planner(tiny_profile(), strategies(), 4, prune=False)
+    pruned = Planner(tiny_profile(), strategies(), 4)
+    rng = np.random.default_rng(5)
+    skipped = 0
+    for it in range(12):
+        lengths = rng.integers(8, 4096, int(rng.integers(3, 40)))
+        a, b = full.solve(lengths, it), pruned.solve(lengths, it)
+        assert model_json(a.plan) == model_json(b.plan)
+        for c in b.summary.candidates:
+            assert c.bound_s <= a.summary.candidates_s[c.name] * (1 + 1e-9)
+            if c.pruned:
+                skipped += 1
+                assert c.bound_s >= b.plan.estimate.propagation_s * (1 - 1e-9)
+    assert skipped > 0
+
+
+def partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for p in partitions(rest):
+        for k in range(len(p)):
+            yield p[:k] + [[first] + p[k]] + p[k + 1:]
+        yield [[first]] + p
+
+
+def brute_force(schemes, lengths) -> float:
+    """The best canonical estimate over every dispatch and every packing."""
+    best = np.inf
+    for assign in itertools.product(range(len(schemes)), repeat=len(lengths)):
+        worst = 0.0
+        for j, s in enumerate(schemes):
+            mine = [int(l) for l, a in zip(lengths, assign) if a == j]
+            packs = [pipeline_time(s, p) for p in partitions(mine) if all(sum(m) <= s.max_len for m in p)]
+            worst = max(worst, min(packs, default=np.inf) if mine else 0.0)
+        best = min(best, worst)
+    return best
+
+
+def test_candidate_bound_is_below_the_brute_force_optimum():
+    planner = Planner(tiny_profile(), strategies(), 4, prune=False)
+    rng = np.random.default_rng(9)
+    for _ in range(6):
+        lengths = rng.integers(100, 4000, 5)
+        for cand in planner.candidates:
+            opt = brute_force(cand.schemes, lengths)
+            bound = candidate_bound(cand, lengths)
+            assert bound <= opt * (1 + 1e-12)
+            # exact for one sequence: it runs alone on the pipeline where it is cheapest
+            one = lengths[:1]
+            assert candidate_bound(cand, one) == pytest.approx(brute_force(cand.schemes, one), rel=1e-12)
+
+
+def test_candidate_that_cannot_hold_a_sequence_is_skipped():
+    # 3000 tokens fit <2,1,1> and <1,2,1> (4096) but not "only-small" (2048)
+    s = Strategies(candidates=[
+        {"name": "only-small", "pipelines": [{"tp": 1, "pp": 1, "cp": 1, "ranks": [i]} for i in range(4)]},
+        {"name": "tp2", "pipelines": [{"tp": 2, "pp": 1, "cp": 1}, {"tp": 2, "pp": 1, "cp": 1}]},
+    ])
+    result = Planner(tiny_profile(), s, 4).solve([100, 3000, 200])
+    assert result.summary.candidates_s["only-small"] is None
+    assert "3000" in result.summary.candidates[0].infeasible
+    assert result.plan.strategy == "tp2"
+
+
+def test_no_candidate_can_hold_the_batch():
+    with pytest.raises(UserError, match=r"length 5000 \(the largest MaxLen is 4096\)"):
+        Planner(tiny_profile(), strategies(), 4).plan([100, 5000])
+
+
+# --------------------------------------------------------------------------------------- run_pack
+@pytest.fixture
+def run_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 4096)
+    data = tmp_path / "lengths.txt"
+    data.write_text("\n".join(map(str, lengths)) + "\n")
+    profile = tmp_path / "tiny.json"
+    profile.write_text(model_json(tiny_profile()))
+    strat = tmp_path / "strategies.json"
+    write_model(strat, strategies(ranks=False))
+    return profile, data, strat
+
+
+def opts(run_inputs, out: Path, **kw) -> PackOptions:
+    profile, data, strat = run_inputs
+    base = dict(profile=str(profile), dataset=str(data), gpus=4, tokens_per_iter=20000, iterations=6, out=out,
+                strategies=strat, seed=11, workers=1)
+    return PackOptions(**{**base, **kw})
+
+
+def plan_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.json")) if p.name != "summary.json"}
+
+
+def test_run_pack_writes_valid_plans_identical_for_any_worker_count(tmp_path, run_inputs):
+    s1 = run_pack(opts(run_inputs, tmp_path / "w1", workers=1))
+    s2 = run_pack(opts(run_inputs, tmp_path / "w2", workers=2))
+    one, two = plan_bytes(tmp_path / "w1"), plan_bytes(tmp_path / "w2")
+    assert len(one) == 7 and one == two  # 6 plans + strategies.json
+    assert [i.strategy for i in s1.iterations] == [i.strategy for i in s2.iterations]
+    report = validate_path(tmp_path / "w1", tiny_profile())
+    assert report.ok and report.plans == 6, report.violations
+    assert s1.mean_estimate_s == pytest.approx(np.mean([i.estimate_s for i in s1.iterations]))
+    # ids are positions in the run's sampled stream: unique across the whole run
+    plans = [Plan.model_validate_json(f.read_text()) for f in sorted((tmp_path / "w1").glob("iter_*.json"))]
+    ids = [s.id for plan in plans for s in plan.batch]
+    assert len(ids) == len(set(ids))
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAfter:
+    def __init__(self, n):
+        self.n = n
+
+    def start(self, done, total):
+        pass
+
+    def advance(self, it):
+        self.n -= 1
+        if self.n == 0:
+            raise Interrupt
+
+
+def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inputs):
+    run_pack(opts(run_inputs, tmp_path / "full"))
+    out = tmp_path / "cut"
+    with pytest.raises(Interrupt):
+        run_pack(opts(run_inputs, out), StopAfter(2))
+    assert sorted(p.name for p in out.glob("iter_*.json")) == ["iter_000000.json", "iter_000001.json"]
+    # a plan the interrupted run wrote without recording it in summary.json is redone, not trusted
+    (out / "iter_000002.json").write_text("half-written garbage")
+    summary = run_pack(opts(run_inputs, out, resume=True))
+    assert [i.iteration for i in summary.iterations] == list(range(6))
+    assert plan_bytes(out) == plan_bytes(tmp_path / "full")
+
+
+def test_resume_refuses_different_arguments(tmp_path, run_inputs):
+    out = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        run_pack(opts(run_inputs, out), StopAfter(1))
+    with pytest.raises(UserError, match=r"args.seed: the run was started with 11, now 12"):
+        run_pack(opts(run_inputs, out, seed=12, resume=True))
+    with pytest.raises(UserError, match=r"args.tokens_per_iter"):
+        run_pack(opts(run_inputs, out, tokens_per_iter=30000, resume=True))
+
+
+def test_fresh_run_replaces_an_older_longer_run(tmp_path, run_inputs):
+    out = tmp_path / "run"
+    run_pack(opts(run_inputs, out, iterations=6))
+    run_pack(opts(run_inputs, out, iterations=2, seed=5))
+    assert sorted(p.name for p in out.glob("iter_*.json")) == ["iter_000000.json", "iter_000001.json"]
+    assert validate_path(out, tiny_profile()).ok
+
+
+def test_benchmark_lp_bound_is_below_the_brute_force_optimum():
+    from bench.bench_pack import lp_lower_bound
+
+    rng = np.random.default_rng(4)
+    schemes = tiny_profile().schemes
+    for _ in range(5):
+        cand = [schemes[0], schemes[2], schemes[int(rng.integers(0, 3))]]
+        lengths = rng.integers(100, 4000, 5)
+        lengths = lengths[lengths <= 4096]
+        opt = brute_force(cand, lengths)
+        lb = lp_lower_bound(lengths, cand)
+        assert lb <= opt * (1 + 1e-9)
+        assert lb >= candidate_bound(ResolvedCandidate("x", (), tuple(cand)), lengths) * (1 - 1e-9)

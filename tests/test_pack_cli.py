@@ -1,0 +1,124 @@
+"""`hydraplan pack` end to end: written plans validate, bad input exits 2 with one line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.fileio import model_json, write_model
+from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, Summary, TimeCoeffs
+
+HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
+
+
+def tiny_profile() -> Profile:
+    return Profile(
+        name="tiny", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4),
+        model=ModelInfo(name="m", layers=2, hidden=8),
+        schemes=[
+            Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=TimeCoeffs(a=2e-9, b=1e-4, c=0.01)),
+            Scheme(tp=2, pp=1, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=1.1e-9, b=5.5e-5, c=0.01)),
+            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=256, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
+        ],
+    )
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    rng = np.random.default_rng(2)
+    lengths = np.minimum(rng.lognormal(6.0, 1.2, 2000).astype(np.int64) + 1, 4000)
+    data = tmp_path / "lengths.txt"
+    data.write_text("\n".join(map(str, lengths)) + "\n")
+    profile = tmp_path / "tiny.json"
+    profile.write_text(model_json(tiny_profile()))
+    strat = tmp_path / "strategies.json"
+    write_model(strat, Strategies(candidates=[
+        {"name": "mixed", "pipelines": [{"tp": 2, "pp": 1, "cp": 1}, *[{"tp": 1, "pp": 1, "cp": 1}] * 2]},
+        {"name": "pp2", "pipelines": [{"tp": 1, "pp": 2, "cp": 1}, {"tp": 1, "pp": 2, "cp": 1}]},
+    ]))
+    return {"profile": profile, "data": data, "strategies": strat, "tmp": tmp_path}
+
+
+def hp(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([HYDRAPLAN, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def pack_args(inputs, out, *extra, iterations=4):
+    return ["pack", "--profile", inputs["profile"], "--dataset", inputs["data"], "--gpus", 4,
+            "--tokens-per-iter", 15000, "--iterations", iterations, "--out", out, "--workers", 1, *extra]
+
+
+def test_pack_then_validate(inputs):
+    out = inputs["tmp"] / "run"
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--seed", 3))
+    assert r.returncode == 0, r.stderr
+    assert "planned 4 iterations" in r.stdout
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    assert [i.iteration for i in summary.iterations] == [0, 1, 2, 3]
+    assert summary.args.seed == 3 and summary.args.strategies == str(inputs["strategies"].resolve())
+    for it in summary.iterations:
+        assert set(it.candidates_s) == {"mixed", "pp2"}
+        assert it.estimate_s == min(v for v in it.candidates_s.values() if v is not None)
+        assert it.solver and it.solver_s > 0
+    # hand-written candidates had no ranks: the run's strategies.json has them placed
+    placed = Strategies.model_validate_json((out / "strategies.json").read_text())
+    assert all(p.ranks is not None for c in placed.candidates for p in c.pipelines)
+    v = hp("validate", out, "--profile", inputs["profile"], "--json")
+    assert v.returncode == 0, v.stdout
+    assert json.loads(v.stdout)["plans"] == 4
+
+
+def test_no_candidate_holds_a_sequence_exits_2_naming_the_length(inputs):
+    data = inputs["tmp"] / "long.txt"
+    data.write_text("100\n5000\n200\n")
+    args = pack_args(inputs, inputs["tmp"] / "run", "--strategies", inputs["strategies"])
+    args[args.index(inputs["data"])] = data
+    r = hp(*args)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "length 5000" in r.stderr and "largest MaxLen is 4096" in r.stderr
+
+
+def test_strategies_with_an_unknown_scheme_exit_2(inputs):
+    bad = inputs["tmp"] / "bad.json"
+    bad.write_text(json.dumps({"schema": "hydraplan.strategies/v1", "candidates": [
+        {"name": "x", "pipelines": [{"tp": 4, "pp": 1, "cp": 1}]}]}))
+    r = hp(*pack_args(inputs, inputs["tmp"] / "run", "--strategies", bad))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "bad.json" in r.stderr and "<4,1,1>" in r.stderr
+
+
+def test_resume_with_other_arguments_exits_2(inputs):
+    out = inputs["tmp"] / "run"
+    assert hp(*pack_args(inputs, out, "--strategies", inputs["strategies"])).returncode == 0
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--seed", 9, "--resume"))
+    assert r.returncode == 2 and "args.seed" in r.stderr
+    again = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--resume"))
+    assert again.returncode == 0, again.stderr
+
+
+def test_resume_after_sigkill_equals_an_uninterrupted_run(inputs):
+    """The harshest interruption: atomic writes leave only whole plans, summary.json may lag behind them."""
+    import os
+    import signal
+    import time
+
+    args = ["--strategies", inputs["strategies"]]
+    full, cut = inputs["tmp"] / "full", inputs["tmp"] / "cut"
+    proc = subprocess.Popen([HYDRAPLAN, *map(str, pack_args(inputs, cut, *args, iterations=40))],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (cut / "iter_000003.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    recorded = Summary.model_validate_json((cut / "summary.json").read_text()).iterations
+    assert 0 < len(list(cut.glob("iter_*.json"))) < 40 and len(recorded) < 40
+    assert hp(*pack_args(inputs, cut, *args, "--resume", iterations=40)).returncode == 0
+    assert hp(*pack_args(inputs, full, *args, iterations=40)).returncode == 0
+    names = sorted(p.name for p in full.glob("*.json") if p.name != "summary.json")
+    assert len(names) == 41 and names == sorted(p.name for p in cut.glob("*.json") if p.name != "summary.json")
+    assert all((full / n).read_bytes() == (cut / n).read_bytes() for n in names)
