@@ -1,0 +1,444 @@
+"""What users run today, planned per iteration on the canonical cost model so every method is comparable.
+
+- megatron: one homogeneous scheme replicated over the cluster, first-fit-decreasing packing to the
+  context length (Megatron's --seq-length; at most MaxLen), packed micro-batches dealt round-robin to the
+  pipelines (Hydraulis §8 baseline).
+- hotspa: one homogeneous strategy per length range (<4K, 4K-16K, 16K+; Hydraulis appendix G), run one
+  after another inside the iteration, each range FFD-packed, plus a modeled hot-switching cost.
+- wlb-llm: one homogeneous scheme, variable-length greedy packing with the multi-level outlier delay
+  queues (WLB-LLM §4, Algorithm 1), reporting its Table 2 imbalance degree and per-token delay.
+- flexsp: sequences sorted by length, split into consecutive micro-batch steps by the memory-balanced
+  chunking DP (FlexSP Eq. 23-24); each step runs on heterogeneous pp=1 groups (FlexSP's flexible SP).
+
+Every function is pure: lengths in, an IterationPlan out (indices into the trained lengths).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel import pipeline_time_from_mb, seq_cost
+from planner.schema import ModelInfo, Scheme
+
+HOTSPA_BOUNDS = (4096, 16384)
+BF16_BYTES = 2
+
+
+# ------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class PipelineRun:
+    """One pipeline of a phase: its scheme and micro-batches (index arrays into the plan's lengths)."""
+
+    scheme: Scheme
+    micro_batches: tuple[np.ndarray, ...]
+    mb_times: np.ndarray
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Pipelines that run concurrently; `idle_gpus` of the job hold no pipeline during the phase."""
+
+    label: str
+    pipelines: tuple[PipelineRun, ...]
+    idle_gpus: int
+
+    @property
+    def latency_s(self) -> float:
+        return max((p.latency_s for p in self.pipelines), default=0.0)
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """One method's plan of one iteration. Phases run one after another; `overhead_s` is not compute
+    (HotSPa switching). `lengths` are the sequences trained this iteration (WLB-LLM's delay changes them)."""
+
+    method: str
+    strategy: str
+    lengths: np.ndarray
+    phases: tuple[Phase, ...]
+    overhead_s: float = 0.0
+    imbalance: float | None = None
+    delayed_token_iters: float = 0.0
+
+    @property
+    def estimate_s(self) -> float:
+        return sum(p.latency_s for p in self.phases) + self.overhead_s
+
+
+def run_pipeline(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> PipelineRun:
+    """Score a pipeline with the canonical estimate (sum + (pp-1)*max of micro-batch times)."""
+    mbs = tuple(np.asarray(mb, dtype=np.int64) for mb in micro_batches)
+    times = np.array([seq_cost(scheme, lengths[mb]).sum() + scheme.time.c for mb in mbs], dtype=np.float64)
+    return PipelineRun(scheme, mbs, times, pipeline_time_from_mb(times, scheme.pp))
+
+
+def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
+    if lengths.size and int(lengths.max()) > capacity:
+        raise ValueError(f"{who}: a sequence of {int(lengths.max())} tokens exceeds its MaxLen {capacity}")
+
+
+# ------------------------------------------------------------------------------------------- packing
+def ffd(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
+    """First-fit decreasing bin packing: bins of at most `capacity` tokens, as index arrays."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    _check_fits(lengths, capacity, "ffd")
+    order = np.argsort(-lengths, kind="stable")
+    room: list[int] = []
+    bins: list[list[int]] = []
+    for i, l in zip(order.tolist(), lengths[order].tolist()):
+        for b, r in enumerate(room):
+            if r >= l:
+                room[b] -= l
+                bins[b].append(i)
+                break
+        else:
+            room.append(capacity - l)
+            bins.append([i])
+    return [np.array(b, dtype=np.int64) for b in bins]
+
+
+def deal_round_robin(n_items: int, n_pipelines: int) -> list[list[int]]:
+    """Item k to pipeline k mod D: the even split by count that data loaders do."""
+    return [list(range(d, n_items, n_pipelines)) for d in range(n_pipelines)]
+
+
+# ------------------------------------------------------------------------------------------ megatron
+def megatron_phase(lengths: np.ndarray, scheme: Scheme, gpus: int, subset: np.ndarray | None = None,
+                   label: str = "", capacity: int | None = None) -> Phase:
+    """`subset` of the sequences FFD-packed to `capacity` tokens (default and at most MaxLen), micro-batches
+    dealt round-robin to N // gpus pipelines."""
+    idx = np.arange(lengths.size) if subset is None else np.asarray(subset, dtype=np.int64)
+    cap = scheme.max_len if capacity is None else min(capacity, scheme.max_len)
+    bins = [idx[b] for b in ffd(lengths[idx], cap)]
+    d = gpus // scheme.gpus
+    if d < 1:
+        raise ValueError(f"scheme {scheme.label} needs {scheme.gpus} GPUs, more than {gpus}")
+    pipes = tuple(run_pipeline(scheme, lengths, [bins[k] for k in ks]) for ks in deal_round_robin(len(bins), d))
+    return Phase(label or scheme.label, pipes, gpus - d * scheme.gpus)
+
+
+def megatron(lengths: np.ndarray, scheme: Scheme, gpus: int, capacity: int | None = None) -> IterationPlan:
+    """Megatron-LM packs to its --seq-length (`capacity`, the context length), not to the memory limit."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    label = f"{scheme.label}x{gpus // scheme.gpus}"
+    return IterationPlan("megatron", label, lengths, (megatron_phase(lengths, scheme, gpus, label=label, capacity=capacity),))
+
+
+# -------------------------------------------------------------------------------------------- hotspa
+def hotspa_ranges(context_len: int, bounds: Sequence[int] = HOTSPA_BOUNDS) -> list[tuple[int, int]]:
+    """Length ranges (lo, hi], longest first as HotSPa runs them; 2 ranges when context <= 16K."""
+    edges = [0, *[b for b in bounds if b < context_len], context_len]
+    return [(edges[i], edges[i + 1]) for i in range(len(edges) - 2, -1, -1)]
+
+
+@dataclass(frozen=True)
+class SwitchModel:
+    """HotSPa hot switching: every GPU reduce-scatters the bf16 gradients of its old stage and gathers
+    the bf16 weights of its new stage, so one switch moves param_bytes/pp_old + param_bytes/pp_new bytes
+    per GPU at `bandwidth_Bps` (effective per-GPU collective bandwidth). With 50 GB/s this gives
+    ~0.5 s per switch for a 7B model at pp=1, the order of Hydraulis appendix H, Table 4 (1.5-2.2 s per
+    iteration of 2-3 switches)."""
+
+    param_bytes: float
+    bandwidth_Bps: float = 50e9
+
+    def switch_s(self, old: Scheme, new: Scheme) -> float:
+        if old.key == new.key:
+            return 0.0
+        return (self.param_bytes / old.pp + self.param_bytes / new.pp) / self.bandwidth_Bps
+
+
+def model_param_bytes(model: ModelInfo) -> float:
+    """bf16 bytes of a LLaMA-style model: attention 4h^2 and SwiGLU 3*h*ffn per layer, input and output
+    embeddings; ffn = 8h/3 and vocab = 32000 when the profile does not say."""
+    h = model.hidden
+    ffn = model.ffn if model.ffn is not None else 8 * h / 3
+    vocab = model.vocab if model.vocab is not None else 32000
+    return BF16_BYTES * (model.layers * (4 * h * h + 3 * h * ffn) + 2 * vocab * h)
+
+
+def hotspa(lengths: np.ndarray, range_schemes: Sequence[tuple[tuple[int, int], Scheme]], gpus: int,
+           switch: SwitchModel) -> IterationPlan:
+    """One phase per non-empty length range, packed to the range's upper bound (the strategy's sequence
+    length); switching cost between consecutive distinct schemes, cyclically (the next iteration starts
+    with the first strategy again)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    phases = []
+    for (lo, hi), scheme in range_schemes:
+        subset = np.flatnonzero((lengths > lo) & (lengths <= hi))
+        if subset.size:
+            phases.append(megatron_phase(lengths, scheme, gpus, subset, f"{scheme.label}x{gpus // scheme.gpus} ({lo},{hi}]", hi))
+    schemes = [p.pipelines[0].scheme for p in phases]
+    overhead = 0.0
+    if len({s.key for s in schemes}) > 1:
+        overhead = sum(switch.switch_s(schemes[i - 1], schemes[i]) for i in range(len(schemes)))
+    strategy = "+".join(dict.fromkeys(f"{s.label}x{gpus // s.gpus}" for _, s in range_schemes))
+    return IterationPlan("hotspa", strategy, lengths, tuple(phases), overhead_s=overhead)
+
+
+# ------------------------------------------------------------------------------------------- wlb-llm
+def wlb_thresholds(tokens_per_iter: int, micro_batches: int, queues: int) -> list[int]:
+    """Outlier thresholds L_1 < ... < L_q: a document longer than half a micro-batch's fair token share
+    cannot be balanced inside one iteration, so the first queue starts there; each next queue doubles."""
+    share = tokens_per_iter / micro_batches
+    return [int(share * 2.0 ** (i - queues)) for i in range(1, queues + 1)]
+
+
+def wlb_pack(lengths: np.ndarray, scheme: Scheme, micro_batches: int, max_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """WLB-LLM Algorithm 1 packing: documents in descending length go to the least-loaded micro-batch if
+    they fit, else to the shortest one; the rest wait for the next iteration. Returns (mbs, left over)."""
+    load = np.full(micro_batches, scheme.time.c)
+    tokens = np.zeros(micro_batches, dtype=np.int64)
+    mbs: list[list[int]] = [[] for _ in range(micro_batches)]
+    left: list[int] = []
+    costs = seq_cost(scheme, lengths)
+    for i in np.argsort(-lengths, kind="stable"):
+        for m in (int(np.argmin(load)), int(np.argmin(tokens))):
+            if tokens[m] + lengths[i] <= max_tokens:
+                mbs[m].append(int(i))
+                load[m] += costs[i]
+                tokens[m] += lengths[i]
+                break
+        else:
+            left.append(int(i))
+    return mbs, left
+
+
+def imbalance_degree(mb_times: np.ndarray) -> float:
+    """WLB-LLM Table 2: slowest micro-batch over the mean micro-batch of the global batch."""
+    return float(mb_times.max() * mb_times.size / mb_times.sum())
+
+
+def _snake(order: np.ndarray, n_pipelines: int) -> list[list[int]]:
+    """Deal items (heaviest first) 0,1,..,D-1,D-1,..,0,...: equal counts, balanced loads."""
+    out: list[list[int]] = [[] for _ in range(n_pipelines)]
+    for k, item in enumerate(order):
+        r, q = divmod(k, n_pipelines)
+        out[q if r % 2 == 0 else n_pipelines - 1 - q].append(int(item))
+    return out
+
+
+def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batches_per_pipeline: int,
+            thresholds: Sequence[int], drain: bool = True) -> list[IterationPlan]:
+    """Run the outlier queues over the iterations in order (the delay makes the method stateful).
+
+    Documents longer than thresholds[0] wait in queue q (the last threshold they exceed) until it holds
+    one per micro-batch, then all are released so each micro-batch gets exactly one outlier. With
+    `drain`, the last iteration also trains everything still queued or carried (in extra rounds of
+    micro-batches if needed), so the run trains exactly the sampled tokens, like every other method.
+    """
+    d = gpus // scheme.gpus
+    m_total = d * micro_batches_per_pipeline
+    limits = np.asarray(thresholds, dtype=np.int64)
+    queues: list[deque[tuple[int, int]]] = [deque() for _ in limits]
+    carry: list[tuple[int, int]] = []
+    plans = []
+    for it, batch in enumerate(batches):
+        batch = np.asarray(batch, dtype=np.int64)
+        _check_fits(batch, scheme.max_len, f"wlb-llm {scheme.label}")
+        pending = list(carry)
+        for l in batch.tolist():
+            q = int(np.searchsorted(limits, l, side="left")) - 1
+            (queues[q].append((l, it)) if q >= 0 else pending.append((l, it)))
+        last = drain and it == len(batches) - 1
+        for queue in queues:
+            if len(queue) >= m_total or last:
+                pending.extend(queue.popleft() for _ in range(len(queue) if last else m_total))
+        lens = np.array([l for l, _ in pending], dtype=np.int64)
+        born = np.array([s for _, s in pending], dtype=np.int64)
+        mbs, left = wlb_pack(lens, scheme, m_total, scheme.max_len)
+        while last and left:
+            extra, rest = wlb_pack(lens[left], scheme, m_total, scheme.max_len)
+            mbs += [[left[i] for i in mb] for mb in extra if mb]
+            left = [left[i] for i in rest]
+        carry = [pending[i] for i in left]
+        kept = np.setdiff1d(np.arange(lens.size), np.asarray(left, dtype=np.int64))
+        remap = np.full(lens.size, -1, dtype=np.int64)
+        remap[kept] = np.arange(kept.size)
+        trained = lens[kept]
+        mb_idx = [remap[np.asarray(mb, dtype=np.int64)] for mb in mbs]
+        mb_times = np.array([seq_cost(scheme, trained[mb]).sum() + scheme.time.c for mb in mb_idx])
+        pipes = tuple(run_pipeline(scheme, trained, [mb_idx[k] for k in ks if mb_idx[k].size])
+                      for ks in _snake(np.argsort(-mb_times, kind="stable"), d))
+        label = f"{scheme.label}x{d}"
+        plans.append(IterationPlan(
+            "wlb-llm", label, trained, (Phase(label, pipes, gpus - d * scheme.gpus),),
+            imbalance=imbalance_degree(mb_times),
+            delayed_token_iters=float((trained * (it - born[kept])).sum()),
+        ))
+    return plans
+
+
+# -------------------------------------------------------------------------------------------- flexsp
+def chunk_dp(sizes: np.ndarray, parts: int) -> list[np.ndarray]:
+    """FlexSP Eq. 23-24: split `sizes` (in order) into `parts` consecutive non-empty chunks minimizing
+    the largest chunk sum. DP[k][i] = min_j max(DP[j][i-1], S[k]-S[j]); DP[.][i-1] is non-decreasing
+    and S[k]-S[j] decreasing in j, so the inner min sits where they cross: a searchsorted, exact."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    k_all = sizes.size
+    if not 1 <= parts <= k_all:
+        raise ValueError(f"cannot split {k_all} sequences into {parts} non-empty micro-batches")
+    s = np.concatenate([[0], np.cumsum(sizes)])
+    prev = np.where(np.arange(k_all + 1) == 0, 0, np.iinfo(np.int64).max // 4)
+    choice = np.zeros((parts + 1, k_all + 1), dtype=np.int64)
+    ks = np.arange(k_all + 1)
+    for i in range(1, parts + 1):
+        key = prev + s
+        key[: i - 1] = -1  # states j < i-1 are unreachable; keeps the key sorted for searchsorted
+        j = np.searchsorted(key, s, side="left")
+        lo, hi = i - 1, np.maximum(ks - 1, i - 1)
+        cands = np.stack([np.clip(j, lo, hi), np.clip(j - 1, lo, hi)])
+        vals = np.maximum(prev[cands], s[None, :] - s[cands])
+        best = np.argmin(vals, axis=0)
+        cur = vals[best, ks]
+        cur[ks < i] = np.iinfo(np.int64).max // 4
+        choice[i] = cands[best, ks]
+        prev = cur
+    bounds = [k_all]
+    for i in range(parts, 0, -1):
+        bounds.append(int(choice[i, bounds[-1]]))
+    bounds.reverse()
+    return [np.arange(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def _fastest_per_size(schemes: Sequence[Scheme], length: int) -> list[int]:
+    """For each group size, the scheme that runs a sequence of `length` fastest (FlexSP's SP degrees)."""
+    best: dict[int, int] = {}
+    for k, s in enumerate(schemes):
+        if s.max_len >= length:
+            t = float(seq_cost(s, length))
+            if s.gpus not in best or t < float(seq_cost(schemes[best[s.gpus]], length)):
+                best[s.gpus] = k
+    return sorted(best.values(), key=lambda k: schemes[k].gpus)
+
+
+@dataclass(frozen=True)
+class _StepGroups:
+    """A step's groups: scheme index, member positions (into the step's sequences) and latency per group."""
+
+    groups: tuple[tuple[int, np.ndarray], ...]
+    latencies: np.ndarray
+    free: int
+
+    @property
+    def latency_s(self) -> float:
+        return float(self.latencies.max())
+
+
+def _step_groups(sub: np.ndarray, schemes: Sequence[Scheme], gpus: int, kind: np.ndarray) -> _StepGroups | None:
+    """Groups for a given scheme per sequence (`kind`): one group per used scheme, then more groups for
+    the scheme with the most work per group while GPUs last; sequences longest first to the least-loaded
+    group of their scheme (LPT). None if the groups do not fit in the cluster."""
+    used = sorted(set(kind.tolist()))
+    free = gpus - sum(schemes[k].gpus for k in used)
+    if free < 0:
+        return None
+    members = {k: np.flatnonzero(kind == k) for k in used}
+    costs = {k: seq_cost(schemes[k], sub[members[k]]) for k in used}
+    work = {k: float(costs[k].sum()) for k in used}
+    count = dict.fromkeys(used, 1)
+    size = {k: schemes[k].gpus for k in used}
+    while True:
+        fits = [k for k in used if size[k] <= free]
+        if not fits:
+            break
+        k = max(fits, key=lambda k: (work[k] / count[k], -k))
+        count[k] += 1
+        free -= size[k]
+    groups, lats = [], []
+    for k in used:
+        s, mem = schemes[k], members[k]
+        order = np.argsort(-sub[mem], kind="stable")
+        heap = [(0.0, g) for g in range(count[k])]
+        slot = np.empty(mem.size, dtype=np.int64)
+        for i, c in zip(order.tolist(), costs[k][order].tolist()):
+            load, g = heapq.heappop(heap)
+            slot[i] = g
+            heapq.heappush(heap, (load + c, g))
+        load = np.bincount(slot, weights=costs[k], minlength=count[k])
+        tokens = np.bincount(slot, weights=sub[mem], minlength=count[k])
+        for g in range(count[k]):
+            if tokens[g] == 0:
+                n_mb = 0
+            elif tokens[g] <= s.max_len:
+                n_mb = 1
+            else:
+                n_mb = len(ffd(sub[mem[slot == g]], s.max_len))
+            groups.append((k, mem[slot == g]))
+            lats.append(load[g] + n_mb * s.time.c)
+    return _StepGroups(tuple(groups), np.array(lats), free)
+
+
+def flexsp_step(lengths: np.ndarray, subset: np.ndarray, schemes: Sequence[Scheme], gpus: int, label: str,
+                rounds: int = 16) -> Phase:
+    """One FlexSP step on heterogeneous pp=1 groups, a greedy stand-in for FlexSP's MILP: start from
+    each sequence's cheapest scheme in GPU-seconds (merging the smallest schemes upward until one group of
+    each fits), then repeatedly move the slowest group's sequences to a faster, larger scheme while that
+    lowers the step time. Groups run their sequences FFD-packed to MaxLen."""
+    sub = lengths[subset]
+    gpu_s = np.stack([np.where(s.max_len >= sub, seq_cost(s, sub) * s.gpus, np.inf) for s in schemes], axis=1)
+    kind = np.argmin(gpu_s, axis=1)
+    while sum(schemes[k].gpus for k in set(kind.tolist())) > gpus:
+        smallest = min(set(kind.tolist()), key=lambda k: (schemes[k].gpus, schemes[k].max_len))
+        moved = kind == smallest
+        gpu_s[:, smallest] = np.inf
+        kind[moved] = np.argmin(gpu_s[moved], axis=1)
+    best = _step_groups(sub, schemes, gpus, kind)
+    if best is None:
+        raise ValueError(f"flexsp: cannot form groups for {sub.size} sequences on {gpus} GPUs")
+    for _ in range(rounds):
+        k_slow, members = best.groups[int(np.argmax(best.latencies))]
+        longest = int(sub[members].max())
+        here = float(seq_cost(schemes[k_slow], longest))
+        improved = None
+        for k in _fastest_per_size(schemes, longest):
+            if float(seq_cost(schemes[k], longest)) >= here:
+                continue
+            trial = kind.copy()
+            trial[members] = k
+            cand = _step_groups(sub, schemes, gpus, trial)
+            if cand is not None and cand.latency_s < (improved or best).latency_s:
+                improved, new_kind = cand, trial
+        if improved is None:
+            break
+        best, kind = improved, new_kind
+    pipes = []
+    for k, mem in best.groups:
+        idx = subset[mem]
+        pipes.append(run_pipeline(schemes[k], lengths, [idx[b] for b in ffd(lengths[idx], schemes[k].max_len)] if idx.size else []))
+    return Phase(label, tuple(pipes), best.free)
+
+
+def flexsp(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, extra_steps: int = 3) -> IterationPlan:
+    """Sort sequences by length, chunk them into M memory-balanced steps (Eq. 23-24) and run each step
+    on flexible pp=1 groups. M is enumerated from the fewest steps whose token sums fit the cluster,
+    keeping the fastest, as FlexSP's solver does."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    sp = [s for s in schemes if s.pp == 1 and s.gpus <= gpus]
+    if not sp:
+        raise ValueError("flexsp: the profile has no pp=1 scheme that fits the cluster")
+    _check_fits(lengths, max(s.max_len for s in sp), "flexsp")
+    capacity = max((gpus // s.gpus) * s.max_len for s in sp)
+    order = np.argsort(-lengths, kind="stable")
+    m_min = max(1, math.ceil(int(lengths.sum()) / capacity))
+    best: IterationPlan | None = None
+    m, tried = m_min, 0
+    while m <= lengths.size and tried <= extra_steps:
+        chunks = chunk_dp(lengths[order], m)
+        if max(int(lengths[order[c]].sum()) for c in chunks) <= capacity:
+            tried += 1
+            phases = tuple(flexsp_step(lengths, order[c], sp, gpus, f"step {i}") for i, c in enumerate(chunks))
+            plan = IterationPlan("flexsp", f"{m} step{'s' if m > 1 else ''}", lengths, phases)
+            if best is None or plan.estimate_s < best.estimate_s:
+                best = plan
+        m += 1
+    if best is None:
+        raise ValueError("flexsp: no step count fits the cluster memory")
+    return best

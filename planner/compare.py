@@ -1,0 +1,365 @@
+"""`hydraplan compare`: every method planned on the identical sampled batches, scored by one cost model.
+
+Methods: the baselines of planner.baselines (megatron, hotspa, wlb-llm, flexsp; wlb-nodelay is wlb-llm
+without its outlier queues, isolating what the delay buys), hydraplan (propose + dispatch + pack with
+per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
+(a) homo-maxlen: the static homogeneous scheme, Eq. 3 dispatch, max-length (FFD) packing;
+(b) homo-pack:   the same with Eq. 1 packing;
+(c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
+(d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
+Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
+a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from planner import baselines as bl
+from planner.costmodel import for_gpus, load_profile, model_flops
+from planner.errors import UserError
+from planner.pipeline import simulate_1f1b
+from planner.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
+
+HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan")
+BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
+ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS
+DESCRIPTIONS = {
+    "megatron": "static homogeneous scheme, FFD packing to the context length, micro-batches dealt round-robin",
+    "hotspa": "one homogeneous scheme per length range (<4K, 4K-16K, 16K+), switched within the iteration",
+    "wlb-llm": "static homogeneous scheme, var-len packing with 2-level outlier delay queues",
+    "wlb-nodelay": "wlb-llm without the outlier queues: var-len packing of each iteration's own batch",
+    "flexsp": "sorted sequences chunked into memory-balanced steps (Eq. 23-24), flexible pp=1 groups",
+    "homo-maxlen": "ablation (a): static homogeneous scheme, Eq. 3 dispatch, max-length packing",
+    "homo-pack": "ablation (b): static homogeneous scheme, Eq. 3 dispatch, Eq. 1 packing",
+    "hetero-static": "ablation (c): best static heterogeneous candidate holding the context length",
+    "hydraplan": "propose + dispatch + pack, strategy chosen per iteration",
+}
+HOMO_NAME = "homo"
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    profile: str
+    dataset: str
+    gpus: int
+    tokens_per_iter: int
+    iterations: int
+    seed: int = 0
+    context_len: int | None = None
+    methods: tuple[str, ...] = ALL_METHODS
+    wlb_queues: int = 2
+    switch_bandwidth_gbs: float = 50.0
+
+
+class CompareProgress(Protocol):
+    def start(self, total: int) -> None: ...
+    def advance(self, what: str) -> None: ...
+
+
+@dataclass
+class MethodRun:
+    name: str
+    plans: list[bl.IterationPlan]
+    static: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CompareOutcome:
+    result: CompareResult
+    runs: dict[str, MethodRun]
+    batches: list[np.ndarray]
+    dataset_lengths: np.ndarray
+    view: Profile = field(repr=False)
+
+
+# -------------------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class IterationMetrics:
+    estimate_s: float
+    sim_s: float
+    gap: float
+    idle_gpu_s: float
+    mfu: float
+    tokens: int
+
+
+def simulated_s(plan: bl.IterationPlan) -> float:
+    """Schedule-exact latency: every pipeline's micro-batches through the 1F1B timeline simulator."""
+    total = plan.overhead_s
+    for ph in plan.phases:
+        total += max((simulate_1f1b(p.mb_times, p.scheme.pp).latency_s for p in ph.pipelines if p.mb_times.size),
+                     default=0.0)
+    return total
+
+
+def latency_gap(plan: bl.IterationPlan) -> float:
+    """(slowest - fastest) / slowest pipeline of each phase, weighted by phase latency (Hydraulis Fig. 15b);
+    a pipeline with no work counts as 0 s, so idle pipelines show as a gap of 1."""
+    num = den = 0.0
+    for ph in plan.phases:
+        lat = np.array([p.latency_s for p in ph.pipelines])
+        if lat.size and lat.max() > 0:
+            num += lat.max() - lat.min()
+            den += lat.max()
+    return num / den if den > 0 else 0.0
+
+
+def busy_gpu_s(plan: bl.IterationPlan) -> float:
+    return float(sum(p.scheme.gpus * p.mb_times.sum() for ph in plan.phases for p in ph.pipelines))
+
+
+def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flops: float) -> IterationMetrics:
+    est = plan.estimate_s
+    flops = float(model_flops(view.model, plan.lengths).sum())
+    return IterationMetrics(
+        estimate_s=est,
+        sim_s=simulated_s(plan),
+        gap=latency_gap(plan),
+        idle_gpu_s=gpus * est - busy_gpu_s(plan),
+        mfu=flops / (gpus * peak_flops * est) if est > 0 else 0.0,
+        tokens=int(plan.lengths.sum()),
+    )
+
+
+# -------------------------------------------------------------------------------------------- methods
+def holding(schemes: Sequence[Scheme], length: int, gpus: int) -> list[Scheme]:
+    return [s for s in schemes if s.max_len >= length and s.gpus <= gpus]
+
+
+def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[bl.IterationPlan]], who: str
+                ) -> tuple[Scheme, list[bl.IterationPlan]]:
+    """The scheme whose plans have the lowest mean estimate over the compared batches."""
+    if not schemes:
+        raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
+    runs = [(s, run(s)) for s in schemes]
+    return min(runs, key=lambda r: (np.mean([p.estimate_s for p in r[1]]), r[0].gpus))
+
+
+def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int) -> tuple[Scheme, list[bl.IterationPlan]]:
+    return best_static(holding(view.schemes, context_len, gpus),
+                       lambda s: [bl.megatron(b, s, gpus, context_len) for b in batches], "megatron")
+
+
+def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, switch: bl.SwitchModel
+               ) -> list[bl.IterationPlan]:
+    """Per length range the homogeneous scheme with the lowest total time on that range's sequences."""
+    choice = []
+    for lo, hi in bl.hotspa_ranges(context_len):
+        def phase_time(s: Scheme, lo: int = lo, hi: int = hi) -> float:
+            return sum(bl.megatron_phase(b, s, gpus, np.flatnonzero((b > lo) & (b <= hi)), capacity=hi).latency_s
+                       for b in batches)
+
+        cands = holding(view.schemes, hi, gpus)
+        if not cands:
+            raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
+        choice.append(((lo, hi), min(cands, key=lambda s: (phase_time(s), s.gpus))))
+    return [bl.hotspa(b, choice, gpus, switch) for b in batches]
+
+
+def run_wlb(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, tokens_per_iter: int,
+            queues: int) -> list[bl.IterationPlan]:
+    """Micro-batches per iteration as a fixed-length loader would make them (tokens / context length,
+    rounded up to a multiple of the pipelines); outlier thresholds from wlb_thresholds."""
+    def run(s: Scheme) -> list[bl.IterationPlan]:
+        d = gpus // s.gpus
+        per_pipe = max(1, -(-tokens_per_iter // (d * context_len)))
+        thresholds = bl.wlb_thresholds(tokens_per_iter, d * per_pipe, queues)
+        return bl.wlb_llm(batches, s, gpus, per_pipe, thresholds)
+
+    return best_static(holding(view.schemes, context_len, gpus), run, "wlb-llm")[1]
+
+
+def homo_candidate(scheme: Scheme, gpus: int) -> Candidate:
+    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp)
+    return Candidate(name=HOMO_NAME, pipelines=[spec] * (gpus // scheme.gpus))
+
+
+def _from_solution(name: str, schemes: Sequence[Scheme], lengths: np.ndarray, groups: Sequence[Sequence[np.ndarray]],
+                   gpus: int) -> bl.IterationPlan:
+    pipes = tuple(bl.run_pipeline(s, lengths, mbs) for s, mbs in zip(schemes, groups, strict=True))
+    used = sum(s.gpus for s in schemes)
+    return bl.IterationPlan(name, "", lengths, (bl.Phase(name, pipes, gpus - used),))
+
+
+def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
+              tokens_per_iter: int, seed: int, homo: Scheme, methods: Sequence[str], advance: Callable[[str], None]
+              ) -> dict[str, MethodRun]:
+    """Solve every candidate on every batch exactly as Planner.solve does (same per-iteration seed), then
+    read the ablations off the same solutions so they are comparable iteration by iteration. homo-maxlen
+    re-packs the homogeneous candidate's own dispatch with FFD, so (a) and (b) differ only in packing."""
+    from planner.iterate import Planner, solve_candidate, solver_seed
+    from planner.proposal import propose, strategy_label
+
+    proposed = propose(profile, dataset, gpus, context_len, tokens_per_iter=tokens_per_iter)
+    strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, gpus)], context_len=context_len)
+    planner = Planner(profile, strategies, gpus, seed=seed, context_len=context_len)
+    cands = planner.candidates
+    labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
+    per_cand: dict[str, list[bl.IterationPlan | None]] = {c.name: [] for c in cands}
+    homo_maxlen: list[bl.IterationPlan] = []
+    for it, lengths in enumerate(batches):
+        s = solver_seed(seed, it)
+        for c in cands:
+            sol = solve_candidate(c, lengths, method=planner.dispatch, seed=s,
+                                  dispatch_kwargs=planner.dispatch_kwargs, pack_kwargs=planner.pack_kwargs)
+            if sol.pipelines is None:
+                per_cand[c.name].append(None)
+                continue
+            per_cand[c.name].append(_from_solution(c.name, c.schemes, lengths, [p.micro_batches for p in sol.pipelines], gpus))
+            if c.name == HOMO_NAME:
+                owned = [np.concatenate(p.micro_batches) if p.micro_batches else np.zeros(0, np.int64) for p in sol.pipelines]
+                groups = [[idx[b] for b in bl.ffd(lengths[idx], sch.max_len)] for idx, sch in zip(owned, c.schemes)]
+                homo_maxlen.append(_from_solution("homo-maxlen", c.schemes, lengths, groups, gpus))
+        advance("hydraplan")
+    complete = {name: [p for p in plans if p is not None] for name, plans in per_cand.items()
+                if all(p is not None for p in plans)}
+
+    def named(plans: list[bl.IterationPlan], method: str, strategy: str | None = None) -> list[bl.IterationPlan]:
+        return [bl.IterationPlan(method, strategy or p.method, p.lengths, p.phases) for p in plans]
+
+    homo_label = f"{homo.label}x{gpus // homo.gpus}"
+    runs = {
+        "homo-maxlen": MethodRun("homo-maxlen", named(homo_maxlen, "homo-maxlen", homo_label), homo_label),
+        "homo-pack": MethodRun("homo-pack", named(complete[HOMO_NAME], "homo-pack", homo_label), homo_label),
+    }
+    static = [c for c in cands if c.name != HOMO_NAME and c.name in complete and c.max_len >= context_len]
+    hetero = [c for c in static if len({s.key for s in c.schemes}) > 1] or static
+    if hetero:
+        best = min(hetero, key=lambda c: np.mean([p.estimate_s for p in complete[c.name]]))
+        runs["hetero-static"] = MethodRun("hetero-static", named(complete[best.name], "hetero-static"), best.name)
+    dynamic = []
+    for it in range(len(batches)):
+        feasible = [(p.estimate_s, k, p) for k, c in enumerate(cands) if (p := per_cand[c.name][it]) is not None]
+        dynamic.append(min(feasible, key=lambda x: (x[0], x[1]))[2])
+    runs["hydraplan"] = MethodRun("hydraplan", named(dynamic, "hydraplan"), "dynamic")
+    for run in runs.values():
+        run.labels = {s: labels[s] for s in {p.strategy for p in run.plans} | {run.static} if s in labels}
+    return {k: v for k, v in runs.items() if k in methods}
+
+
+# -------------------------------------------------------------------------------------------- driver
+def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float) -> MethodResult:
+    ms = [iteration_metrics(p, gpus, view, peak_flops) for p in run.plans]
+    est = [m.estimate_s for m in ms]
+    out = MethodResult(
+        description=DESCRIPTIONS[run.name],
+        mean_estimate_s=float(np.mean(est)),
+        iterations_s=est,
+        mean_sim_s=float(np.mean([m.sim_s for m in ms])),
+        sim_iterations_s=[m.sim_s for m in ms],
+        strategies=[p.strategy for p in run.plans],
+        strategy_labels=run.labels,
+        gap=[m.gap for m in ms],
+        idle_gpu_s=[m.idle_gpu_s for m in ms],
+        mfu=[m.mfu for m in ms],
+        tokens=[m.tokens for m in ms],
+        overhead_s=[p.overhead_s for p in run.plans],
+        tokens_per_s=float(sum(m.tokens for m in ms) / sum(est)) if sum(est) > 0 else None,
+    )
+    if run.name in ("wlb-llm", "wlb-nodelay"):
+        out.imbalance = [float(p.imbalance) for p in run.plans if p.imbalance is not None]
+        trained = sum(m.tokens for m in ms)
+        out.avg_delay_iters_per_token = float(sum(p.delayed_token_iters for p in run.plans) / trained) if trained else 0.0
+    return out
+
+
+def peak_flops_of(view: Profile) -> float:
+    if view.gpu.peak_tflops is None:
+        raise UserError(f"profile {view.name}: field gpu.peak_tflops: missing, needed to compute MFU")
+    return view.gpu.peak_tflops * 1e12
+
+
+def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -> CompareOutcome:
+    from planner.datasets import load_dataset, sample_iterations
+
+    unknown = [m for m in opts.methods if m not in ALL_METHODS]
+    if unknown:
+        raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})")
+    if opts.iterations < 1 or opts.tokens_per_iter < 1:
+        raise UserError(f"--iterations and --tokens-per-iter must be positive (got {opts.iterations}, {opts.tokens_per_iter})")
+    profile = load_profile(opts.profile)
+    view = for_gpus(profile, opts.gpus)
+    dataset = load_dataset(opts.dataset, opts.context_len)
+    context_len = opts.context_len or int(dataset.lengths.max())
+    longest = max(s.max_len for s in view.schemes)
+    if context_len > longest:
+        raise UserError(f"--context-len {context_len}: no scheme of profile {profile.name} within {opts.gpus} GPUs "
+                        f"holds it (the longest MaxLen is {longest}); pass a smaller --context-len")
+    batches = [np.asarray(b.lengths, dtype=np.int64)
+               for b in sample_iterations(dataset, opts.tokens_per_iter, opts.iterations, opts.seed)]
+    peak = peak_flops_of(view)
+    methods = [m for m in ALL_METHODS if m in opts.methods]
+    hydra = [m for m in methods if m in HYDRA_METHODS]
+    total = len([m for m in methods if m not in HYDRA_METHODS]) + (opts.iterations if hydra else 0) + len(methods)
+    if progress is not None:
+        progress.start(total)
+    tick = progress.advance if progress is not None else (lambda what: None)
+
+    homo, mega = run_megatron(batches, view, opts.gpus, context_len)
+    runs: dict[str, MethodRun] = {}
+    homo_label = f"{homo.label}x{opts.gpus // homo.gpus}"
+    for m in methods:
+        if m == "megatron":
+            runs[m] = MethodRun(m, mega, homo_label)
+        elif m == "hotspa":
+            switch = bl.SwitchModel(bl.model_param_bytes(view.model),
+                                    opts.switch_bandwidth_gbs * 1e9)
+            runs[m] = MethodRun(m, run_hotspa(batches, view, opts.gpus, context_len, switch))
+        elif m in ("wlb-llm", "wlb-nodelay"):
+            queues = opts.wlb_queues if m == "wlb-llm" else 0
+            runs[m] = MethodRun(m, run_wlb(batches, view, opts.gpus, context_len, opts.tokens_per_iter, queues))
+        elif m == "flexsp":
+            try:
+                runs[m] = MethodRun(m, [bl.flexsp(b, view.schemes, opts.gpus) for b in batches])
+            except ValueError as e:
+                raise UserError(f"--methods flexsp: {e}") from None
+        else:
+            continue
+        if m != "flexsp":  # the others keep one strategy for every iteration
+            runs[m].static = runs[m].static or runs[m].plans[0].strategy
+        tick(m)
+    if hydra:
+        runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo, hydra, tick))
+    results: dict[str, MethodResult] = {}
+    for m in methods:
+        if m in runs:
+            results[m] = summarize(runs[m], opts.gpus, view, peak)
+        tick(f"metrics {m}")
+    if "megatron" in results:
+        base = results["megatron"].mean_estimate_s
+        for r in results.values():
+            r.speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
+    result = CompareResult(
+        profile=profile.name, dataset=dataset.name, gpus=opts.gpus, context_len=context_len,
+        tokens_per_iter=opts.tokens_per_iter, iterations=opts.iterations, seed=opts.seed, methods=results,
+        notes=_notes(runs, results, opts, context_len),
+    )
+    return CompareOutcome(result, runs, batches, np.asarray(dataset.lengths), view)
+
+
+def most_common(items: Sequence[str]) -> str:
+    return Counter(items).most_common(1)[0][0] if items else ""
+
+
+def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: CompareOptions,
+           context_len: int) -> dict[str, str]:
+    notes = {m: f"static strategy {r.static}" + (f" = {r.labels[r.static]}" if r.static in r.labels else "")
+             for m, r in runs.items() if r.static and r.static != "dynamic"}
+    diffs = {m: float(np.mean(np.array(r.sim_iterations_s) / np.array(r.iterations_s)) - 1.0)
+             for m, r in results.items() if r.sim_iterations_s}
+    notes["simulator"] = (
+        "closed form = sum_v T(m_v) + (pp-1) max_v T(m_v); the 1F1B simulator (F = T/3, B = 2T/3) equals it "
+        "for uniform micro-batches and pp = 1, and differs when micro-batch times vary under pp > 1; mean "
+        "sim/closed - 1 per method: " + ", ".join(f"{m} {d:+.2%}" for m, d in diffs.items()))
+    if "hotspa" in runs:
+        notes["hotspa"] += (f"; switch cost per switch = (param_bytes/pp_old + param_bytes/pp_new) / "
+                           f"{opts.switch_bandwidth_gbs:g} GB/s, bf16 weights and gradients; ranges "
+                           + ", ".join(f"({lo},{hi}]" for lo, hi in bl.hotspa_ranges(context_len)))
+    return notes
