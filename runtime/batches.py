@@ -1,0 +1,103 @@
+"""Token data of a plan's sequences, packed into micro-batches that every rank can rebuild on its own.
+
+A sequence's tokens are a pure function of the plan entry: the dataset's token ids of its document when
+a tokenized dataset is given, else synthetic ids from a torch.Generator seeded by the sequence id. So
+every rank of a pipeline, and the single-process reference, derive identical micro-batches from the plan
+alone: no data loader, no broadcast, and p2p activation shapes are known in advance ([tokens, hidden]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from planner.errors import UserError
+from planner.schema import BatchSeq, Plan
+
+if TYPE_CHECKING:
+    from planner.datasets import Dataset
+
+IGNORE = -100
+"""Label of a position with no next token (the last token of a document that ends inside the plan's length)."""
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One micro-batch: documents back to back; labels are the next tokens of each document."""
+
+    tokens: torch.Tensor  # [T] int64
+    labels: torch.Tensor  # [T] int64, IGNORE where there is no next token
+    positions: torch.Tensor  # [T] int64, restarting at 0 for each document (RoPE)
+    cu_seqlens: torch.Tensor  # [n+1] int32 document offsets
+    max_seqlen: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def synthetic_sequence(seq_id: int, length: int, vocab: int) -> torch.Tensor:
+    """length+1 deterministic tokens for sequence `seq_id` (inputs are the first length, labels the last)."""
+    gen = torch.Generator().manual_seed(int(seq_id))
+    return torch.randint(0, vocab, (length + 1,), generator=gen)
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """Where tokens come from: `dataset` (tokenized, documents untruncated) or synthetic ids."""
+
+    vocab: int
+    dataset: Dataset | None = None
+
+    def sequence(self, seq: BatchSeq) -> torch.Tensor:
+        """Up to length+1 tokens: the inputs, then one more token if the document has it."""
+        if self.dataset is None:
+            return synthetic_sequence(seq.id, seq.length, self.vocab)
+        return torch.from_numpy(self.dataset.tokens(seq.doc)[: seq.length + 1].astype(np.int64))
+
+    def labeled(self, seq: BatchSeq) -> int:
+        """Positions of `seq` that have a label (the loss is the mean over these, batch-wide)."""
+        if self.dataset is None:
+            return seq.length
+        return min(seq.length, int(self.dataset.lengths[seq.doc]) - 1)
+
+    def labeled_tokens(self, plan: Plan) -> int:
+        used = {sid for p in plan.pipelines for mb in p.micro_batches for sid in mb.seqs}
+        return sum(self.labeled(s) for s in plan.batch if s.id in used)
+
+    def check(self, plan: Plan, source: str) -> None:
+        """UserError unless the dataset can supply every planned sequence with ids the model knows."""
+        if self.dataset is None:
+            return
+        ds = self.dataset
+        for i, s in enumerate(plan.batch):
+            where = f"{source}: field batch.{i}"
+            if s.doc is None or not 0 <= s.doc < len(ds.lengths):
+                raise UserError(f"{where}.doc: {s.doc!r} is not a document of dataset {ds.name}")
+            if s.length > ds.lengths[s.doc]:
+                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {int(ds.lengths[s.doc])} tokens in {ds.name}")
+            top = int(ds.tokens(s.doc)[: s.length + 1].max())
+            if top >= self.vocab:
+                raise UserError(f"{where}.doc: document {s.doc} of {ds.name} has token id {top} >= the model's vocab {self.vocab}")
+
+    def pack(self, seqs: Sequence[BatchSeq], device: torch.device | str = "cpu") -> PackedBatch:
+        """Pack the sequences in the given order into one micro-batch of sum(length) tokens."""
+        data = [self.sequence(s) for s in seqs]
+        lengths = torch.tensor([s.length for s in seqs], dtype=torch.int64)
+        cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(lengths, 0)
+        total = int(cu[-1])
+        labels = torch.full((total,), IGNORE, dtype=torch.int64)
+        for start, d in zip(cu[:-1].tolist(), data):
+            labels[start:start + len(d) - 1] = d[1:]
+        return PackedBatch(
+            tokens=torch.cat([d[:n] for d, n in zip(data, lengths.tolist())]).to(device),
+            labels=labels.to(device),
+            positions=(torch.arange(total) - torch.repeat_interleave(cu[:-1], lengths, output_size=total)).to(device),
+            cu_seqlens=cu.to(torch.int32).to(device),
+            max_seqlen=int(lengths.max()),
+        )

@@ -1,0 +1,349 @@
+"""LLaMA-style decoder with Megatron tensor parallelism and pipeline stage slicing.
+
+Canonical parameters. Every parameter has one full-tensor definition (`param_specs`), the same for every
+strategy, so the optimizer can own fixed shards of it while pipelines of any <TP,PP> cut it differently.
+The tensor-parallel dimension is always dim 0 of the canonical tensor, so TP rank t of degree tp holds
+the contiguous slice [t*numel/tp, (t+1)*numel/tp) of the flattened tensor, and resharding between layouts
+is interval arithmetic on flat ranges (runtime/lnk.py). That is why the row-parallel weights (attention
+output `wo`, MLP `w_down`) are stored input-major, [in, out], and applied as x @ W:
+    column-parallel  wq, wk, wv [heads*head_dim, hidden]; w_gate, w_up [ffn, hidden]     y = x @ W.T
+    row-parallel     wo [heads*head_dim, hidden]; w_down [ffn, hidden]                      y = x @ W
+    vocab-parallel   embed.weight, head.weight [vocab, hidden]
+    replicated       RMSNorm weights [hidden] (identical on every TP rank, gradients too)
+Pipeline stage s of pp holds layers [s*L//pp, (s+1)*L//pp); the embedding sits on the first stage, the
+final norm and the LM head on the last.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import UserError
+from planner.hardware import MODELS
+from runtime.attention import varlen_attention
+from runtime.batches import IGNORE, PackedBatch
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+TINY = ModelConfig("tiny", vocab=128, hidden=32, layers=4, heads=4, kv_heads=4, ffn=64)
+"""CPU tests: every TP degree up to 4 divides heads, ffn and vocab, and PP up to 4 has a layer per stage."""
+
+CONFIGS: dict[str, ModelConfig] = {TINY.name: TINY} | {
+    m.key: ModelConfig(m.key, vocab=m.vocab, hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.heads, ffn=m.ffn)
+    for m in MODELS.values()  # the shapes the analytic profiles use (llama2-7b, -13b, -32b)
+}
+
+
+def get_config(name: str) -> ModelConfig:
+    if name not in CONFIGS:
+        raise UserError(f"--model: unknown model {name!r} (known: {', '.join(CONFIGS)})")
+    return CONFIGS[name]
+
+
+def check_layout(cfg: ModelConfig, tp: int, pp: int) -> str | None:
+    """Why <tp, pp> cannot run this model, or None."""
+    for what, size in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("vocab", cfg.vocab)):
+        if size % tp:
+            return f"tp={tp} does not divide the model's {what}={size}"
+    if pp > cfg.layers:
+        return f"pp={pp} exceeds the model's {cfg.layers} layers"
+    return None
+
+
+# ------------------------------------------------------------------------------------ canonical params
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    sharded: bool  # split along dim 0 across TP ranks; else replicated
+    layer: int  # -1: embedding, 0..L-1: decoder layer, L: final norm and head
+    init: Literal["normal", "ones"]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def local_shape(self, tp: int) -> tuple[int, ...]:
+        return (self.shape[0] // tp, *self.shape[1:]) if self.sharded else self.shape
+
+
+@functools.cache
+def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
+    """All parameters in canonical order (the order of the optimizer's flat shards)."""
+    H, D = cfg.hidden, cfg.head_dim
+    specs = [ParamSpec("embed.weight", (cfg.vocab, H), True, -1, "normal")]
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        specs += [
+            ParamSpec(p + "attn_norm.weight", (H,), False, i, "ones"),
+            ParamSpec(p + "attn.wq", (cfg.heads * D, H), True, i, "normal"),
+            ParamSpec(p + "attn.wk", (cfg.kv_heads * D, H), True, i, "normal"),
+            ParamSpec(p + "attn.wv", (cfg.kv_heads * D, H), True, i, "normal"),
+            ParamSpec(p + "attn.wo", (cfg.heads * D, H), True, i, "normal"),
+            ParamSpec(p + "mlp_norm.weight", (H,), False, i, "ones"),
+            ParamSpec(p + "mlp.w_gate", (cfg.ffn, H), True, i, "normal"),
+            ParamSpec(p + "mlp.w_up", (cfg.ffn, H), True, i, "normal"),
+            ParamSpec(p + "mlp.w_down", (cfg.ffn, H), True, i, "normal"),
+        ]
+    specs += [
+        ParamSpec("norm.weight", (H,), False, cfg.layers, "ones"),
+        ParamSpec("head.weight", (cfg.vocab, H), True, cfg.layers, "normal"),
+    ]
+    return tuple(specs)
+
+
+def stage_layers(layers: int, pp: int, stage: int) -> range:
+    return range(stage * layers // pp, (stage + 1) * layers // pp)
+
+
+def stage_param_indices(cfg: ModelConfig, pp: int, stage: int) -> list[int]:
+    """Indices into `param_specs(cfg)` of the parameters pipeline stage `stage` of `pp` holds."""
+    own = set(stage_layers(cfg.layers, pp, stage))
+    if stage == 0:
+        own.add(-1)
+    if stage == pp - 1:
+        own.add(cfg.layers)
+    return [i for i, s in enumerate(param_specs(cfg)) if s.layer in own]
+
+
+def init_full(spec: ParamSpec, index: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The canonical initial value of parameter `index`: identical on every rank and in the reference."""
+    if spec.init == "ones":
+        return torch.ones(spec.shape, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return (torch.randn(spec.shape, generator=gen, dtype=torch.float64) * INIT_STD).to(dtype)
+
+
+# --------------------------------------------------------------------------------- tensor parallelism
+@dataclass(frozen=True)
+class TPGroup:
+    """A stage's tensor-parallel group as seen by one of its ranks (size 1: no communication)."""
+
+    group: dist.ProcessGroup | None = None
+    size: int = 1
+    rank: int = 0
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's f: identity forward; backward sums the partial input gradients of the TP ranks."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: forward sums the TP ranks' partial outputs; the (replicated) gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _CopyToTP.apply(x, tp.group)
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp.group)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPGroup) -> torch.Tensor:
+    """Per-token cross-entropy when each TP rank holds the logits of vocab [vocab_start, +local)."""
+    local = logits.shape[-1]
+    m = logits.detach().max(dim=-1).values
+    if tp.size > 1:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp.group)
+    z = logits - m[:, None]
+    sum_exp = reduce_from_tp(z.exp().sum(dim=-1), tp)
+    idx = labels - vocab_start
+    inside = (idx >= 0) & (idx < local)
+    target = z.gather(1, idx.clamp(0, local - 1)[:, None]).squeeze(1).masked_fill(~inside, 0.0)
+    return sum_exp.log() - reduce_from_tp(target, tp)
+
+
+# ------------------------------------------------------------------------------------------- modules
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, **kw):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, **kw))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+        super().__init__()
+        self.tp, self.head_dim = tp, cfg.head_dim
+        self.wq = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
+        self.wk = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
+        self.wv = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
+        self.wo = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
+
+    def forward(self, x, cos, sin, mb: PackedBatch):
+        x = copy_to_tp(x, self.tp)
+        q = F.linear(x, self.wq).unflatten(-1, (-1, self.head_dim))
+        k = F.linear(x, self.wk).unflatten(-1, (-1, self.head_dim))
+        v = F.linear(x, self.wv).unflatten(-1, (-1, self.head_dim))
+        o = varlen_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mb.cu_seqlens, mb.max_seqlen)
+        return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+        super().__init__()
+        self.tp = tp
+        self.w_gate = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
+        self.w_up = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
+        self.w_down = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
+
+    def forward(self, x):
+        x = copy_to_tp(x, self.tp)
+        return reduce_from_tp((F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up)) @ self.w_down, self.tp)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
+        self.attn = Attention(cfg, tp, **kw)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
+        self.mlp = MLP(cfg, tp, **kw)
+
+    def forward(self, x, cos, sin, mb: PackedBatch):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mb)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(cfg.vocab // tp.size, cfg.hidden, **kw))
+        self.start = tp.rank * (cfg.vocab // tp.size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        idx = tokens - self.start
+        inside = (idx >= 0) & (idx < self.weight.shape[0])
+        out = F.embedding(idx.clamp(0, self.weight.shape[0] - 1), self.weight).masked_fill(~inside[:, None], 0.0)
+        return reduce_from_tp(out, self.tp)
+
+
+class VocabParallelHead(nn.Module):
+    """LM head + cross-entropy; returns the SUM of the micro-batch's token losses (IGNORE labels skipped)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(cfg.vocab // tp.size, cfg.hidden, **kw))
+        self.start = tp.rank * (cfg.vocab // tp.size)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(copy_to_tp(x, self.tp), self.weight)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        losses = vocab_parallel_cross_entropy(logits, labels, self.start, self.tp)
+        return losses.masked_fill(labels == IGNORE, 0.0).sum()
+
+
+class StageModule(nn.Module):
+    """The part of the model one rank runs: stage `stage` of `pp`, TP shard `tp.rank` of `tp.size`.
+
+    Parameters are allocated empty: the runtime pulls their values (lnk.py), tests use `load_full`.
+    forward(x, mb): x is ignored on the first stage (it embeds mb.tokens); the last stage returns the
+    summed token loss, the others the hidden states [T, hidden] for the next stage.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, pp: int = 1, stage: int = 0, tp: TPGroup = TPGroup(),
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        super().__init__()
+        kw = {"dtype": dtype, "device": device}
+        self.cfg, self.dtype = cfg, dtype
+        self.first, self.last = stage == 0, stage == pp - 1
+        self.param_indices = stage_param_indices(cfg, pp, stage)
+        if self.first:
+            self.embed = VocabParallelEmbedding(cfg, tp, **kw)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, **kw) for i in stage_layers(cfg.layers, pp, stage)})
+        if self.last:
+            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
+            self.head = VocabParallelHead(cfg, tp, **kw)
+
+    def ordered_params(self) -> list[nn.Parameter]:
+        """Local parameters in canonical order (matching `param_indices`)."""
+        named = dict(self.named_parameters())
+        specs = param_specs(self.cfg)
+        return [named[specs[i].name] for i in self.param_indices]
+
+    def forward(self, x: torch.Tensor | None, mb: PackedBatch) -> torch.Tensor:
+        if self.first:
+            x = self.embed(mb.tokens)
+        cos, sin = rope_tables(mb.positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+        for block in self.layers.values():
+            x = block(x, cos, sin, mb)
+        return self.head(self.norm(x), mb.labels) if self.last else x
+
+
+def tp_slice(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.Tensor:
+    """TP rank `tp_rank`'s part of a canonical tensor: a contiguous dim-0 chunk (or all of it if replicated)."""
+    return full.chunk(tp, dim=0)[tp_rank] if spec.sharded else full
+
+
+@torch.no_grad()
+def load_full(module: StageModule, full: list[torch.Tensor], tp: int = 1, tp_rank: int = 0) -> None:
+    """Fill a stage from canonical full tensors (indexed like `param_specs`)."""
+    specs = param_specs(module.cfg)
+    for i, p in zip(module.param_indices, module.ordered_params()):
+        p.copy_(tp_slice(full[i], specs[i], tp, tp_rank))

@@ -1,0 +1,95 @@
+"""Reading plans for replay, checking them against the job, and each rank's role in one (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import UserError
+from planner.fileio import load_model
+from planner.schema import BatchSeq, Plan, PlanPipeline
+from runtime.lnk import Role
+from runtime.model import ModelConfig, check_layout, stage_param_indices
+
+
+def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:
+    """(source, plan) for a plan file, or for a run folder's iter_*.json in order, the first `iterations`."""
+    path = Path(path)
+    files = sorted(path.glob("iter_*.json")) if path.is_dir() else [path]
+    if not files:
+        raise UserError(f"{path}: no iter_*.json plan files in this folder")
+    if iterations is not None:
+        if iterations > len(files):
+            raise UserError(f"--iterations: {iterations} requested but {path} holds {len(files)} plan(s)")
+        files = files[:iterations]
+    return [(str(f), load_model(Plan, f)) for f in files]
+
+
+def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
+    """Raise UserError (one line: file, field, value) if this job cannot replay the plan."""
+    if plan.gpus != world:
+        raise UserError(f"{source}: field gpus: plan is for {plan.gpus} GPUs but WORLD_SIZE is {world}")
+    lengths = {s.id: s.length for s in plan.batch}
+    used: set[int] = set()
+    seen: set[int] = set()
+    for i, p in enumerate(plan.pipelines):
+        where = f"{source}: field pipelines.{i}"
+        if p.cp > 1:
+            raise UserError(f"{where}.cp: context parallelism (cp={p.cp}) is not supported by the runtime yet")
+        if len(p.ranks) != p.tp * p.pp * p.cp:
+            raise UserError(f"{where}.ranks: {len(p.ranks)} ranks but tp*pp*cp = {p.tp * p.pp * p.cp}")
+        bad = [r for r in p.ranks if not 0 <= r < world or r in seen]
+        if bad:
+            raise UserError(f"{where}.ranks: rank {bad[0]} is out of range or used by another pipeline")
+        seen.update(p.ranks)
+        if (why := check_layout(cfg, p.tp, p.pp)) is not None:
+            raise UserError(f"{where}: {why}")
+        for j, mb in enumerate(p.micro_batches):
+            for sid in mb.seqs:
+                if sid not in lengths or sid in used:
+                    raise UserError(f"{where}.micro_batches.{j}.seqs: sequence id {sid} is not in batch or is used twice")
+                used.add(sid)
+    if not used:
+        raise UserError(f"{source}: field pipelines: no micro-batches, nothing to train on")
+
+
+def strategy_key(plan: Plan) -> tuple:
+    return tuple((p.tp, p.pp, p.cp, tuple(p.ranks)) for p in plan.pipelines)
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """Where one rank sits in an iteration: pipeline, stage, TP rank, and its neighbours."""
+
+    pipeline: int
+    stage: int
+    tp_rank: int
+    tp: int
+    pp: int
+    tp_ranks: tuple[int, ...]
+    prev: int | None  # same TP rank on the previous stage
+    next: int | None
+
+    def link_role(self, cfg: ModelConfig) -> Role:
+        return Role(tuple(stage_param_indices(cfg, self.pp, self.stage)), self.tp, self.tp_rank)
+
+
+def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
+    """Role of every rank (None: idle this iteration). Rank order per DESIGN.md: ranks[(s*cp + c)*tp + t]."""
+    roles: list[RankRole | None] = [None] * world
+    for i, p in enumerate(plan.pipelines):
+        for s in range(p.pp):
+            for t in range(p.tp):
+                roles[p.ranks[s * p.tp + t]] = RankRole(
+                    pipeline=i, stage=s, tp_rank=t, tp=p.tp, pp=p.pp,
+                    tp_ranks=tuple(p.ranks[s * p.tp:(s + 1) * p.tp]),
+                    prev=p.ranks[(s - 1) * p.tp + t] if s > 0 else None,
+                    next=p.ranks[(s + 1) * p.tp + t] if s < p.pp - 1 else None,
+                )
+    return roles
+
+
+def micro_batch_seqs(plan: Plan, pipeline: PlanPipeline) -> list[list[BatchSeq]]:
+    """The sequences of each of the pipeline's micro-batches, in packing order."""
+    by_id = {s.id: s for s in plan.batch}
+    return [[by_id[sid] for sid in mb.seqs] for mb in pipeline.micro_batches]

@@ -1,0 +1,49 @@
+"""Single-process training on the same batches: the ground truth `run_plan.py --verify` compares against.
+
+It mirrors the distributed job's numerics (master weights in the master dtype, a compute copy in the
+compute dtype, the same AdamW and the same 1/labeled-tokens loss scaling) but has no TP, PP, shards or
+heterogeneous pipelines, so any resharding or scheduling bug shows up as a parameter difference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from planner.schema import Plan
+from runtime.batches import TokenData
+from runtime.model import ModelConfig, StageModule, init_full, param_specs
+from runtime.optim import make_optimizer, master_dtype
+from runtime.plans import micro_batch_seqs
+
+
+class Reference:
+    def __init__(self, cfg: ModelConfig, data: TokenData, seed: int, dtype: torch.dtype, lr: float,
+                 device: torch.device | str = "cpu"):
+        self.data, self.device = data, device
+        mdt = master_dtype(dtype)
+        self.master = [nn.Parameter(init_full(s, i, seed, mdt).to(device)) for i, s in enumerate(param_specs(cfg))]
+        self.model = StageModule(cfg, dtype=dtype, device=device)
+        self.optimizer = make_optimizer(self.master, lr)
+
+    def step(self, plan: Plan) -> float:
+        """Train one iteration on all of the plan's micro-batches; returns the token-mean loss."""
+        with torch.no_grad():
+            for p, m in zip(self.model.ordered_params(), self.master):
+                p.copy_(m)
+        self.model.zero_grad(set_to_none=True)
+        scale = 1.0 / self.data.labeled_tokens(plan)
+        loss = 0.0
+        for pipeline in plan.pipelines:
+            for seqs in micro_batch_seqs(plan, pipeline):
+                mb_loss = self.model(None, self.data.pack(seqs, self.device)) * scale
+                mb_loss.backward()
+                loss += float(mb_loss.detach())
+        for p, m in zip(self.model.ordered_params(), self.master):
+            m.grad = p.grad.to(m.dtype)
+        self.optimizer.step()
+        return loss
+
+    def flat_weights(self) -> torch.Tensor:
+        """All master weights, flattened in canonical order."""
+        return torch.cat([m.detach().reshape(-1) for m in self.master])

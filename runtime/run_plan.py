@@ -1,0 +1,155 @@
+"""Replay hydraplan plans: heterogeneous pipelines per iteration, LNK resharding, one global update.
+
+    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny]
+             [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify]
+
+Per iteration every rank: creates the TP groups of the plan's pipelines it has not seen yet (collective,
+plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its pipeline's
+micro-batches with 1F1B (pipeline_exec.py), pushes its gradients to the owners, and each owner takes one
+AdamW step on its shard. The loss is the token mean over the whole global batch, so the result equals
+single-process training on the same batch; `--verify` checks exactly that against runtime/reference.py.
+Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    # Run as a script, this file's folder would come first on sys.path and its modules (profile.py)
+    # could shadow the standard library; import the package from the repository root instead.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
+
+import argparse
+import os
+from collections import Counter
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import UserError
+from planner.schema import Plan
+from runtime.batches import TokenData
+from runtime.model import CONFIGS, ModelConfig, get_config
+from runtime.plans import check_plan, load_plans
+from runtime.reference import Reference
+from runtime.replay import Replayer
+from runtime.seq1f1b import check_splits
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
+TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 5e-2}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"run_plan: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("plan", help="a plan JSON file, or a run folder of iter_*.json (replayed in order)")
+    ap.add_argument("--iterations", type=int, default=None, help="replay only the first K plans")
+    ap.add_argument("--model", default="tiny", help=f"model config: {', '.join(CONFIGS)}")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype (masters are fp32, fp64 for fp64)")
+    ap.add_argument("--dataset", default=None,
+                    help="tokenized dataset the plans were sampled from (token ids); default: synthetic tokens per sequence id")
+    ap.add_argument("--verify", action="store_true", help="rank 0 also trains in one process and compares parameters")
+    ap.add_argument("--tolerance", type=float, default=None, help="max abs parameter difference for --verify (default per dtype)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout: a stuck peer fails the job instead of hanging it")
+    return ap.parse_args(argv)
+
+
+def describe(plan: Plan) -> str:
+    counts = Counter(f"<{p.tp},{p.pp},{p.cp}>" for p in plan.pipelines)
+    return "+".join(f"{n}x{k}" for k, n in counts.items())
+
+
+def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace, device: torch.device) -> int:
+    rank = dist.get_rank()
+    dtype = DTYPES[args.dtype]
+    tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
+    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s))
+    reference = Reference(cfg, data, args.seed, dtype, args.lr, device) if args.verify and rank == 0 else None
+    worst = 0.0
+    for _, plan in plans:
+        st = replayer.step(plan)
+        if rank == 0:
+            print(f"iteration {plan.iteration} strategy {plan.strategy} {describe(plan)} tokens={data.labeled_tokens(plan)} "
+                  f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
+                  f"push+step {st.push_s:.3f}s)", flush=True)
+        if args.verify:
+            weights = replayer.gather_weights()
+            if reference is not None:
+                reference.step(plan)
+                diff = float((weights - reference.flat_weights()).abs().max())
+                worst = max(worst, diff)
+                print(f"verify: iteration {plan.iteration} max_abs_param_diff={diff:.3e}", flush=True)
+    failed = torch.tensor([float(worst > tolerance)], device=device)
+    dist.broadcast(failed, 0)
+    if failed.item():
+        if rank == 0:
+            print(f"verify: FAILED, max_abs_param_diff={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
+    if spec is None:
+        return TokenData(cfg.vocab)
+    from planner.datasets import load_dataset
+
+    dataset = load_dataset(spec)  # untruncated: a truncated document still has the label after its cut
+    if not dataset.has_tokens:
+        raise UserError(f"--dataset: {spec} has lengths only, no token ids (omit --dataset for synthetic tokens)")
+    return TokenData(cfg.vocab, dataset)
+
+
+def _init(timeout: timedelta) -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return device
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = _init(timedelta(seconds=args.timeout_s))
+    try:
+        error, plans, cfg, data = None, [], None, None
+        try:
+            cfg = get_config(args.model)
+            data = _token_data(args.dataset, cfg)
+            plans = load_plans(args.plan, args.iterations)
+            for source, plan in plans:
+                check_plan(plan, source, dist.get_world_size(), cfg)
+                check_splits(plan, source)
+                data.check(plan, source)
+        except UserError as e:
+            error = str(e)
+        # Every rank must agree before the first collective of training, or one would wait forever.
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e), None)
+        if first is not None:
+            print(f"run_plan: {first}", file=sys.stderr, flush=True)
+            return 2
+        return train(cfg, data, plans, args, device)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""LNK pull/push planning against slicing full tensors (pure), plus one small gloo run of the real comms."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from runtime import lnk
+from runtime.lnk import Role, plan_link
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+def make_params(rng, count: int, row_multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random numels (rows a multiple of every TP degree, like real dim-0 sharding) and sharded flags."""
+    rows = rng.integers(1, 6, count) * row_multiple
+    cols = rng.integers(1, 7, count)
+    return (rows * cols).astype(np.int64), rng.random(count) < 0.7
+
+
+def random_strategy(rng, world: int, n_params: int, tps: list[int]) -> tuple[list[Role | None], list[list[tuple[int, list[int]]]]]:
+    """Pipelines over a random subset of ranks: roles per rank, and per pipeline its (tp, rank list per stage)
+    -- each pipeline holds every parameter in exactly one stage (contiguous blocks, like layers)."""
+    ranks = list(rng.permutation(world))
+    roles: list[Role | None] = [None] * world
+    pipelines = []
+    while ranks:
+        fits = [t for t in tps if t <= len(ranks)]
+        tp = int(rng.choice(fits))
+        pp = int(rng.integers(1, min(3, len(ranks) // tp, n_params) + 1))
+        if rng.random() < 0.15:  # leave the rest idle
+            break
+        cut = np.sort(rng.choice(np.arange(1, n_params), pp - 1, replace=False)) if pp > 1 else np.array([], int)
+        blocks = np.split(np.arange(n_params), cut)
+        stages = []
+        for s in range(pp):
+            group = [int(ranks.pop()) for _ in range(tp)]
+            for t, r in enumerate(group):
+                roles[r] = Role(tuple(int(p) for p in blocks[s]), tp, t)
+            stages.append((tp, group))
+        pipelines.append(stages)
+    return roles, pipelines
+
+
+def expected_local(full: list[np.ndarray], sharded: np.ndarray, role: Role | None) -> np.ndarray:
+    if role is None:
+        return np.zeros(0)
+    parts = [np.split(full[p], role.tp)[role.tp_rank] if sharded[p] else full[p] for p in role.params]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def simulate(plans: list[lnk.LinkPlan], which: str, sources: list[np.ndarray], accumulate: bool) -> list[np.ndarray]:
+    """Route every piece through an in-memory 'network' exactly as the comms would."""
+    world = len(plans)
+    inbox = {}
+    for src, pl in enumerate(plans):
+        ex, layout = getattr(pl, which), (pl.owned if which == "pull" else pl.local)
+        starts = layout.starts(ex.send)
+        for peer in range(world):
+            m = ex.send.peer == peer
+            inbox[src, peer] = [sources[src][a:a + n] for a, n in zip(starts[m], ex.send.size[m])]
+    out = []
+    for dst, pl in enumerate(plans):
+        ex, layout = getattr(pl, which), (pl.local if which == "pull" else pl.owned)
+        buf = np.zeros(layout.total)
+        starts = layout.starts(ex.recv)
+        for src in range(world):
+            m = ex.recv.peer == src
+            got = inbox[src, dst]
+            assert [len(g) for g in got] == list(ex.recv.size[m]), "sender and receiver disagree on pieces"
+            for a, g in zip(starts[m], got):
+                if accumulate:
+                    buf[a:a + len(g)] += g
+                else:
+                    buf[a:a + len(g)] = g
+        out.append(buf)
+    return out
+
+
+def owner_shards(full: list[np.ndarray], world: int) -> list[np.ndarray]:
+    return [np.concatenate([f[r * len(f) // world:(r + 1) * len(f) // world] for f in full]) for r in range(world)]
+
+
+CASES = [(world, tps, seed) for world, tps in [(1, [1]), (2, [1, 2]), (3, [1, 3]), (4, [1, 2, 4]), (5, [1, 2]),
+                                                (6, [1, 2, 3]), (8, [1, 2, 4, 8]), (12, [1, 2, 3, 4, 6])]
+         for seed in range(4)]
+
+
+# -------------------------------------------------------------------------------------------- pure
+@pytest.mark.parametrize("world,tps,seed", CASES)
+def test_pull_delivers_exactly_each_ranks_tp_slices(world, tps, seed):
+    rng = np.random.default_rng(seed * 100 + world)
+    numels, sharded = make_params(rng, 7, math.lcm(*tps))
+    full = [rng.standard_normal(n) for n in numels]
+    roles, _ = random_strategy(rng, world, len(numels), tps)
+    plans = [plan_link(numels, sharded, roles, r) for r in range(world)]
+    got = simulate(plans, "pull", owner_shards(full, world), accumulate=False)
+    for r in range(world):
+        np.testing.assert_array_equal(got[r], expected_local(full, sharded, roles[r]))
+
+
+@pytest.mark.parametrize("world,tps,seed", CASES)
+def test_push_sums_every_pipelines_gradient_once_at_the_owner(world, tps, seed):
+    rng = np.random.default_rng(seed * 100 + world + 7)
+    numels, sharded = make_params(rng, 7, math.lcm(*tps))
+    roles, pipelines = random_strategy(rng, world, len(numels), tps)
+    # Each pipeline has its own full gradient; replicated params' grads are identical across TP ranks.
+    local = [np.zeros(0)] * world
+    total = [np.zeros(n) for n in numels]
+    for stages in pipelines:
+        g = [rng.standard_normal(n) for n in numels]
+        total = [a + b for a, b in zip(total, g)]
+        for _tp, group in stages:
+            for r in group:
+                local[r] = expected_local(g, sharded, roles[r])
+    plans = [plan_link(numels, sharded, roles, r) for r in range(world)]
+    got = simulate(plans, "push", local, accumulate=True)
+    for r, want in enumerate(owner_shards(total, world)):
+        np.testing.assert_allclose(got[r], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("world,tps", [(2, [1, 2]), (4, [1, 2, 4]), (8, [2, 4]), (6, [1, 2])])
+def test_pieces_are_runs_of_mutual_slices_of_granularity_lcm(world, tps):
+    """Hydraulis §5.2: mutual slices cut every tensor into LCM(N, TPmax) even segments; no piece may
+    start or end inside one (powers of two and 2 | 6: each degree divides TPmax)."""
+    rng = np.random.default_rng(world)
+    g = math.lcm(world, max(tps))
+    numels = (rng.integers(1, 4, 5) * g * 3).astype(np.int64)
+    sharded = np.ones(5, bool)
+    roles, _ = random_strategy(rng, world, 5, tps)
+    for r in range(world):
+        pl = plan_link(numels, sharded, roles, r)
+        for pieces in (pl.pull.send, pl.pull.recv, pl.push.send, pl.push.recv):
+            seg = numels[pieces.param] // g
+            assert np.all(pieces.lo % seg == 0) and np.all(pieces.hi % seg == 0)
+
+
+@pytest.mark.parametrize("world,tp", [(4, 1), (8, 1), (4, 2), (8, 4), (6, 3)])
+def test_homogeneous_strategy_pull_is_all_gather_and_push_is_reduce_scatter(world, tp):
+    numels = np.array([world * tp * 5, world * tp * 2, world * 3], dtype=np.int64)
+    sharded = np.array([True, True, False])
+    roles = [Role((0, 1, 2), tp, r % tp) for r in range(world)]
+    shard = numels // world
+    for r in range(world):
+        pl = plan_link(numels, sharded, roles, r)
+        # pull: every piece is one owner's whole shard (all-gather), and a sharded param comes from the
+        # world/tp owners of this TP rank's chunk, a replicated one from all owners.
+        np.testing.assert_array_equal(pl.pull.recv.size, shard[pl.pull.recv.param])
+        np.testing.assert_array_equal(pl.pull.recv.lo, pl.pull.recv.peer * shard[pl.pull.recv.param])
+        assert sorted(np.bincount(pl.pull.recv.param).tolist()) == sorted([world // tp, world // tp, world])
+        # push: each owner receives its whole shard of every param from each of the world/tp replicas
+        # (a reduce-scatter over the replicas), no more.
+        np.testing.assert_array_equal(pl.push.recv.size, shard[pl.push.recv.param])
+        np.testing.assert_array_equal(pl.push.recv.lo, r * shard[pl.push.recv.param])
+        assert np.bincount(pl.push.recv.param).tolist() == [world // tp] * 3
+
+
+def test_communication_volume_bound_of_appendix_b():
+    """A rank receives W/tp of its stage's sharded params; it sends at most W in pull (B.1)."""
+    world, tps = 8, [1, 2, 4]
+    rng = np.random.default_rng(3)
+    numels, sharded = make_params(rng, 9, 4)
+    roles, _ = random_strategy(rng, world, 9, tps)
+    for r in range(world):
+        pl = plan_link(numels, sharded, roles, r)
+        assert pl.pull.send.size.sum() <= numels.sum()
+        assert pl.pull.recv.size.sum() == len(expected_local([np.zeros(n) for n in numels], sharded, roles[r]))
+
+
+# ---------------------------------------------------------------------------------- gloo processes
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        rng = np.random.default_rng(0)  # same on every rank
+        numels = np.array([24, 36, 12, 30], dtype=np.int64)
+        sharded = np.array([True, True, False, True])
+        full = [torch.from_numpy(rng.standard_normal(n)) for n in numels]
+        shard = torch.cat([f[rank * len(f) // world:(rank + 1) * len(f) // world] for f in full])
+        # Heterogeneous: pipeline A = <2,1,1> on ranks 0,1 (all params); pipeline B = <1,2,1> on ranks 2,3
+        # (stage 0: params 0-1, stage 1: params 2-3).
+        roles = [Role((0, 1, 2, 3), 2, 0), Role((0, 1, 2, 3), 2, 1), Role((0, 1), 1, 0), Role((2, 3), 1, 0)]
+        pl = plan_link(numels, sharded, roles, rank)
+        got = lnk.pull(pl, shard, torch.float64)
+        want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        # push: pipeline A's gradient is all ones, pipeline B's all twos: owners must see 3 everywhere.
+        grads = got.new_full((pl.local.total,), 1.0 if rank < 2 else 2.0)
+        torch.testing.assert_close(lnk.push(pl, grads, torch.float64), torch.full((pl.owned.total,), 3.0, dtype=torch.float64))
+        # homogeneous <1,1,1> x world: pull == all_gather, push == reduce_scatter (equal shards here).
+        even = np.array([world * 5, world * 3], dtype=np.int64)
+        params = [torch.arange(n, dtype=torch.float64) * (i + 1) for i, n in enumerate(even)]
+        pl = plan_link(even, np.array([True, False]), [Role((0, 1))] * world, rank)
+        mine = torch.cat([p.chunk(world)[rank] for p in params])
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        regroup = torch.cat([torch.cat([g[o:o + n // world] for g in gathered]) for o, n in zip([0, even[0] // world], even)])
+        torch.testing.assert_close(lnk.pull(pl, mine, torch.float64), regroup, rtol=0, atol=0)
+        local_grad = torch.cat(params) * (rank + 1)
+        pushed = lnk.push(pl, local_grad, torch.float64)
+        for i, p in enumerate(params):
+            rs = torch.empty(even[i] // world, dtype=torch.float64)
+            dist.reduce_scatter_single(rs, p * (rank + 1))
+            off = sum(even[:i]) // world
+            torch.testing.assert_close(pushed[off:off + len(rs)], rs, rtol=0, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_pull_and_push_over_gloo_match_slicing_and_collectives():
+    mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)

@@ -1,0 +1,278 @@
+"""Replaying plans: roles and checks (pure), the cpu-tiny profile, and torchrun runs with --verify."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.costmodel import load_profile
+from planner.datasets import load_dataset
+from planner.errors import UserError
+from planner.fileio import write_model
+from planner.paths import ROOT
+from planner.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
+from runtime.batches import IGNORE, TokenData
+from runtime.model import CONFIGS, check_layout
+from runtime.plans import check_plan, load_plans, rank_roles
+from runtime.run_plan import main
+
+SCRIPT = ROOT / "runtime" / "run_plan.py"
+PY = sys.executable
+TINY = CONFIGS["tiny"]
+
+
+def make_plan(iteration: int, strategy: str, pipelines: list[tuple[int, int, list[int], list[list[int]]]],
+              gpus: int = 4, first_id: int = 0, cp: int = 1) -> Plan:
+    """pipelines: (tp, pp, ranks, micro-batches as lists of sequence lengths); ids are numbered from first_id."""
+    batch, out, sid = [], [], first_id
+    for tp, pp, ranks, mbs in pipelines:
+        micro = []
+        for lengths in mbs:
+            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
+            batch += [BatchSeq(id=sid + k, length=n) for k, n in enumerate(lengths)]
+            sid += len(lengths)
+        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
+    return Plan(iteration=iteration, profile="cpu-tiny", gpus=gpus, batch=batch, strategy=strategy,
+                pipelines=out, estimate=Estimate(propagation_s=0.0))
+
+
+# --------------------------------------------------------------------------------------------- pure
+def test_roles_follow_the_design_rank_order():
+    plan = make_plan(0, "S", [(2, 2, [5, 3, 0, 1], [[4], [4]]), (1, 1, [2], [[3]])], gpus=7)
+    roles = rank_roles(plan, 7)
+    assert [(r.pipeline, r.stage, r.tp_rank) if r else None for r in roles] == [
+        (0, 1, 0), (0, 1, 1), (1, 0, 0), (0, 0, 1), None, (0, 0, 0), None]
+    assert roles[5].next == 0 and roles[3].next == 1 and roles[0].prev == 5 and roles[1].prev == 3
+    assert roles[5].tp_ranks == (5, 3) and roles[0].tp_ranks == (0, 1)
+    assert roles[2].prev is None and roles[2].next is None
+
+
+@pytest.mark.parametrize("plan,world,field", [
+    (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=2, cp=2), 2, "pipelines.0.cp"),
+    (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=4), 2, "gpus"),
+    (make_plan(0, "S", [(1, 1, [0], [[3]]), (1, 1, [0], [[2]])], gpus=2), 2, "pipelines.1.ranks"),
+    (make_plan(0, "S", [(1, 1, [3], [[3]])], gpus=2), 2, "pipelines.0.ranks"),
+    (make_plan(0, "S", [(3, 1, [0, 1, 2], [[3]])], gpus=3), 3, "pipelines.0"),
+    (make_plan(0, "S", [(1, 1, [0], [])], gpus=1), 1, "pipelines"),
+])
+def test_check_plan_refuses_what_the_runtime_cannot_replay(plan, world, field):
+    with pytest.raises(UserError, match=rf"^p\.json: field {re.escape(field)}[:.]"):
+        check_plan(plan, "p.json", world, TINY)
+
+
+def test_check_plan_refuses_unknown_sequence_ids():
+    plan = make_plan(0, "S", [(1, 1, [0], [[3, 4]])], gpus=1)
+    plan.pipelines[0].micro_batches[0].seqs.append(99)
+    with pytest.raises(UserError, match="sequence id 99"):
+        check_plan(plan, "p.json", 1, TINY)
+
+
+def test_load_plans_reads_a_folder_in_order_and_checks_iterations(tmp_path):
+    for it in (2, 0, 1):
+        write_model(tmp_path / f"iter_{it:06d}.json", make_plan(it, f"S{it}", [(1, 1, [0], [[3]])], gpus=1))
+    assert [p.iteration for _, p in load_plans(tmp_path, None)] == [0, 1, 2]
+    assert [p.iteration for _, p in load_plans(tmp_path, 2)] == [0, 1]
+    with pytest.raises(UserError, match="--iterations"):
+        load_plans(tmp_path, 4)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="no iter_"):
+        load_plans(empty, None)
+
+
+def test_cpu_tiny_profile_matches_the_tiny_model():
+    prof = load_profile("cpu-tiny")
+    assert (prof.model.layers, prof.model.hidden) == (TINY.layers, TINY.hidden)
+    keys = {s.key for s in prof.schemes}
+    assert {(1, 1, 1), (2, 1, 1), (1, 2, 1), (4, 1, 1), (2, 2, 1), (1, 4, 1)} <= keys
+    for s in prof.schemes:
+        assert s.gpus <= 4 and check_layout(TINY, s.tp, s.pp) is None
+
+
+def write_tokenized(path: Path, docs: list[list[int]]) -> Path:
+    path.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
+    return path
+
+
+def test_dataset_tokens_are_packed_with_next_token_labels(tmp_path):
+    ds = load_dataset(str(write_tokenized(tmp_path / "tok.jsonl", [[5, 6, 7, 8], [9, 10, 11], [1, 2]])))
+    data = TokenData(TINY.vocab, ds)
+    # doc 0 cut to 3 tokens keeps its 4th as the last label; doc 1 used whole has no label after its end.
+    seqs = [BatchSeq(id=0, doc=0, length=3), BatchSeq(id=1, doc=1, length=3)]
+    mb = data.pack(seqs)
+    assert mb.tokens.tolist() == [5, 6, 7, 9, 10, 11]
+    assert mb.labels.tolist() == [6, 7, 8, 10, 11, IGNORE]
+    assert [data.labeled(s) for s in seqs] == [3, 2]
+
+
+# ---------------------------------------------------------------------------- in-process, 1 rank
+def _no_torchrun_env(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_single_process_replay_verifies(tmp_path, monkeypatch, capsys):
+    _no_torchrun_env(monkeypatch)
+    write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5, 3], [7]])], gpus=1))
+    write_model(tmp_path / "iter_000001.json", make_plan(1, "S0", [(1, 1, [0], [[4, 4, 2]])], gpus=1, first_id=3))
+    assert main([str(tmp_path), "--dtype", "fp64", "--verify"]) == 0
+    out = capsys.readouterr().out
+    diffs = [float(x) for x in re.findall(r"verify: iteration \d+ max_abs_param_diff=(\S+)", out)]
+    assert len(diffs) == 2 and max(diffs) <= 1e-12
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "gpt5"], "unknown model 'gpt5'"),
+    (["--iterations", "9"], "--iterations: 9 requested"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    _no_torchrun_env(monkeypatch)
+    write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5]])], gpus=1))
+    assert main([str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_single_process_replay_of_dataset_tokens_verifies(tmp_path, monkeypatch, capsys):
+    _no_torchrun_env(monkeypatch)
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, TINY.vocab, n).tolist() for n in (9, 4, 12, 6)]
+    tok = write_tokenized(tmp_path / "tok.jsonl", docs)
+    plan = make_plan(0, "S0", [(1, 1, [0], [[9, 4], [10]])], gpus=1)
+    for seq, doc in zip(plan.batch, (0, 1, 2)):
+        seq.doc = doc
+    write_model(tmp_path / "iter_000000.json", plan)
+    assert main([str(tmp_path / "iter_000000.json"), "--dataset", str(tok), "--dtype", "fp64", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens=21 " in out  # 8 + 3 (docs 0 and 1 end: no label after) + 10 (doc 2 goes on)
+    assert float(re.search(r"max_abs_param_diff=(\S+)", out).group(1)) <= 1e-12
+
+
+def test_dataset_token_ids_beyond_the_vocab_are_refused(tmp_path, monkeypatch, capsys):
+    _no_torchrun_env(monkeypatch)
+    tok = write_tokenized(tmp_path / "tok.jsonl", [[1, 2, TINY.vocab + 5]])
+    plan = make_plan(0, "S0", [(1, 1, [0], [[3]])], gpus=1)
+    plan.batch[0].doc = 0
+    write_model(tmp_path / "plan.json", plan)
+    assert main([str(tmp_path / "plan.json"), "--dataset", str(tok)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"token id {TINY.vocab + 5}" in err
+
+
+def test_unreadable_plan_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    _no_torchrun_env(monkeypatch)
+    (tmp_path / "plan.json").write_text("{not json")
+    assert main([str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid JSON" in err
+
+
+# ------------------------------------------------------------------------------ multi-process runs
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run with a hard timeout that kills the whole process group, so a hang fails instead of blocking CI."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd} timed out after {timeout}s\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(_free_port()),
+           str(SCRIPT), *args, "--timeout-s", "60"]
+    return _run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.slow
+def test_changing_heterogeneous_strategies_train_exactly_like_one_process(tmp_path):
+    plans = [
+        make_plan(0, "A", [(2, 1, [0, 1], [[9, 5], [12]]), (1, 1, [2], [[7, 3, 4]]), (1, 1, [3], [[6], [8]])]),
+        make_plan(1, "B", [(1, 2, [0, 1], [[9, 5], [12], [3, 3]]), (1, 2, [2, 3], [[7, 3, 4], [6]])], first_id=100),
+        make_plan(2, "C", [(4, 1, [0, 1, 2, 3], [[9, 5, 2], [12], [6]])], first_id=200),
+        # beyond the issue's three: deeper 1F1B (more and fewer micro-batches than stages), TP x PP, odd rank order
+        make_plan(3, "D", [(2, 2, [3, 2, 1, 0], [[4, 4], [11], [2, 2, 2]])], first_id=300),
+        make_plan(4, "E", [(1, 4, [0, 1, 2, 3], [[5], [3, 3], [8], [2], [6]])], first_id=400),
+        make_plan(5, "F", [(1, 4, [2, 0, 3, 1], [[7], [3, 9]])], first_id=500),
+        make_plan(6, "G", [(2, 1, [3, 1], [[6, 6]])], first_id=600),  # ranks 0 and 2 idle: they only own shards
+    ]
+    for p in plans:
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify")
+    assert res.returncode == 0, res.stdout + res.stderr
+    strategies = re.findall(r"^iteration (\d+) strategy (\S+) (\S+) ", res.stdout, re.M)
+    assert strategies == [("0", "A", "1x<2,1,1>+2x<1,1,1>"), ("1", "B", "2x<1,2,1>"), ("2", "C", "1x<4,1,1>"),
+                          ("3", "D", "1x<2,2,1>"), ("4", "E", "1x<1,4,1>"), ("5", "F", "1x<1,4,1>"),
+                          ("6", "G", "1x<2,1,1>")]
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+    assert len(diffs) == 7 and max(diffs) <= 1e-9
+    losses = [float(x) for x in re.findall(r"loss=(\S+)", res.stdout)]
+    assert len(losses) == 7 and all(4.0 < x < 6.0 for x in losses)  # ~ln(128) for a fresh tiny model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan,message", [
+    (make_plan(0, "S", [(1, 1, [0], [[3]]), (1, 1, [1], [[2]])], gpus=2, cp=2), "context parallelism (cp=2) is not supported"),
+    (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=3), "plan is for 3 GPUs but WORLD_SIZE is 2"),
+])
+def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
+    """Two ranks launched directly (not via torchrun) so each one's own exit code is visible."""
+    write_model(tmp_path / "plan.json", plan)
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([PY, str(SCRIPT), str(tmp_path / "plan.json"), "--timeout-s", "30"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail("a rank hung instead of exiting")
+        assert proc.returncode == 2, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.slow
+def test_pack_with_cpu_tiny_then_replay(tmp_path):
+    """The README's two steps: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.schema import Candidate, PipelineSpec, Strategies
+
+    strategies = Strategies(candidates=[
+        Candidate(name="H", pipelines=[PipelineSpec(tp=2, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1)]),
+        Candidate(name="P", pipelines=[PipelineSpec(tp=1, pp=2, cp=1), PipelineSpec(tp=1, pp=2, cp=1)]),
+    ])
+    write_model(tmp_path / "candidates.json", strategies)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["pack", "--profile", "cpu-tiny", "--dataset", "builtin:wikipedia", "--gpus", "4",
+                                   "--tokens-per-iter", "1024", "--iterations", "2", "--context-len", "256",
+                                   "--strategies", str(tmp_path / "candidates.json"), "--out", str(out), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    run = _torchrun(4, str(out), "--dtype", "fp64", "--verify")
+    assert run.returncode == 0, run.stdout + run.stderr
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", run.stdout, re.M)]
+    assert len(diffs) == 2 and max(diffs) <= 1e-9
