@@ -1,0 +1,139 @@
+"""The runtime, measured on this machine (tiny model, CPU, fp32, one thread). Writes bench/results/profile.json.
+
+1. Seq1F1B against 1F1B in the executor: a 4-stage pipeline run in one process over 8 packed
+   micro-batches of builtin:wikipedia documents (~1K tokens each), K = 1, 2, 4 computation-wise splits.
+   Peak activation bytes held by each stage (bytes autograd saved in each split's forward, summed over
+   the splits live at once in the executed order) against K = 1, next to the planner's memory factor
+   (P - 1 + K) / (K * P) (planner/seqsplit.py), and the pipeline's CPU time (critical path over each
+   action's thread CPU time) against K = 1.
+2. Packed-micro-batch attention cost: one 1024-token document against 4 x 256 and 16 x 64, forward +
+   backward of one layer's attention, with attention.py's CPU fallback (one block-diagonal mask) and the
+   executor's per-document attention. The cost model assumes sum(l_i^2): only the latter follows it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from planner.datasets import load_dataset
+from planner.pipeline import schedule_seq1f1b, simulate
+from planner.schema import BatchSeq
+from planner.seqsplit import computation_splits
+from runtime.attention import varlen_attention
+from runtime.batches import TokenData
+from runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
+from runtime.profile import critical_path
+from runtime.seq1f1b import Seq1F1BStage, cached_attention, run_in_process, split_views
+
+RESULTS = Path(__file__).parent / "results" / "profile.json"
+P, M, TOKENS = 4, 8, 1024
+CFG = CONFIGS["tiny"]
+
+
+def micro_batches() -> list[list[int]]:
+    """M micro-batches of wikipedia documents (context 512) in sampled order, packed up to TOKENS."""
+    lengths = load_dataset("builtin:wikipedia", 512).lengths
+    rng = np.random.default_rng(0)
+    out, cur = [], []
+    for n in rng.choice(lengths, size=4 * M * TOKENS // 64):
+        if sum(cur) + n > TOKENS:
+            out.append(cur)
+            cur = []
+            if len(out) == M:
+                break
+        cur.append(int(n))
+    return out
+
+
+def seq1f1b_vs_1f1b() -> list[dict[str, float]]:
+    docs = micro_batches()
+    data = TokenData(CFG.vocab)
+    mbs, sid = [], 0
+    for d in docs:
+        mbs.append(data.pack([BatchSeq(id=sid + i, length=n) for i, n in enumerate(d)]))
+        sid += len(d)
+    full = [init_full(s, i, 0, torch.float32) for i, s in enumerate(param_specs(CFG))]
+    rows = []
+    for K in (1, 1, 2, 4):  # the first K = 1 pass warms up torch's kernels and allocator and is dropped
+        splits = [computation_splits(np.array(d), 3e-7, 2e-5, K).bounds.tolist() for d in docs]
+        stages = []
+        for r in range(P):
+            mod = StageModule(CFG, pp=P, stage=r)
+            load_full(mod, full)
+            stages.append(Seq1F1BStage(mod, mbs, splits, 1.0))
+        params = {p.untyped_storage().data_ptr() for st in stages for p in st.module.parameters()}
+        saved: dict[tuple[int, int, int], dict[int, int]] = {}
+        current: list = [None]
+
+        def before(r, a):
+            current[0] = (r, a.mb, a.split) if a.op == "F" else None
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if current[0] is not None and ptr not in params:
+                saved.setdefault(current[0], {})[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run_in_process(stages, before)
+        tl = simulate(schedule_seq1f1b(P, M, K), 1.0, 1.0,
+                      act_bytes=lambda r, m, s, c: float(sum(saved.get((r, m, s), {}).values())))
+        cpu = critical_path([(r, P, st.cpu_s) for r, st in enumerate(stages)])
+        rows.append({"K": K, "peak_bytes_per_stage": tl.peak_live_bytes, "cpu_s": cpu,
+                     "planner_memory_factor": (P - 1 + K) / (K * P)})
+    rows = rows[1:]
+    base = rows[0]
+    for row in rows:
+        row["peak_vs_1f1b"] = max(row["peak_bytes_per_stage"]) / max(base["peak_bytes_per_stage"])
+        row["cpu_vs_1f1b"] = row["cpu_s"] / base["cpu_s"]
+    return rows
+
+
+def attention_cost() -> list[dict[str, float]]:
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for docs in ([1024], [256] * 4, [64] * 16):
+        T = sum(docs)
+        q, k, v = (torch.randn(T, CFG.heads, CFG.head_dim, generator=gen, requires_grad=True) for _ in range(3))
+        mb = TokenData(CFG.vocab).pack([BatchSeq(id=i, length=n) for i, n in enumerate(docs)])
+        view = split_views(mb, [0, T])[0]
+        row: dict[str, float] = {"documents": len(docs)}
+        for name, fn in (("block_mask_s", lambda: varlen_attention(q, k, v, mb.cu_seqlens, mb.max_seqlen)),
+                         ("per_document_s", lambda: cached_attention(q, k, v, view))):
+            runs = []
+            for i in range(7):
+                t0 = time.thread_time()
+                fn().sum().backward()
+                if i:
+                    runs.append(time.thread_time() - t0)
+            row[name] = statistics.median(runs)
+        rows.append(row)
+    for row in rows:
+        for name in ("block_mask_s", "per_document_s"):
+            row[name.replace("_s", "_vs_one_doc")] = row[name] / rows[0][name]
+    return rows
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    out = {"seq1f1b_vs_1f1b": seq1f1b_vs_1f1b(), "attention": attention_cost()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1))
+    print(f"Seq1F1B in the executor, P={P}, M={M} micro-batches of ~{TOKENS} tokens (tiny model, CPU):")
+    print("  K  peak act. vs 1F1B  planner factor  CPU time vs 1F1B")
+    for r in out["seq1f1b_vs_1f1b"]:
+        print(f"  {r['K']}  {r['peak_vs_1f1b']:17.3f}  {r['planner_memory_factor']:14.3f}  {r['cpu_vs_1f1b']:16.3f}")
+    print("attention F+B of 1024 packed tokens, relative to one document (the cost model says 1, 1/4, 1/16):")
+    print("  documents  block mask  per document")
+    for r in out["attention"]:
+        print(f"  {r['documents']:9d}  {r['block_mask_vs_one_doc']:10.3f}  {r['per_document_vs_one_doc']:12.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Measured profiles, the planner side of `hydraplan profile`: the measuring grid, MaxLen from measured
+memory, the T(l) fit and its quality, the profile file, and --check (estimated against measured time).
+The measuring itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+
+Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
+of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
+on the single sequences (costmodel.fit_time_coeffs, NNLS on relative error); the packed points are held
+out and test the cost model's premise that a packed micro-batch costs sum(a*l_i^2 + b*l_i) + c.
+
+MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B pipeline holds pp - r
+micro-batches at its peak; with fixed bytes F_r and activation bytes act_r(l) = q*l^2 + p*l of one
+micro-batch (q: attention kernels that materialize scores, ~0 with FlashAttention) the scheme's MaxLen
+is the largest l with F_r + (pp - r) * act_r(l) <= capacity on every stage. A measured profile carries
+no memory constants, so its MaxLen holds for any --gpus (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.costmodel import fit_time_coeffs, pipeline_time, util_len
+from planner.errors import UserError
+from planner.paths import ROOT
+from planner.schema import GPUInfo, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+
+MEMORY_LENGTHS = (64, 128, 256, 512)
+TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
+PACKED_DOCS = 4
+LENGTH_QUANTUM = 16
+SCRIPT = ROOT / "runtime" / "profile.py"
+
+
+# ------------------------------------------------------------------------------------ memory, grid
+@dataclass(frozen=True)
+class StageMemory:
+    """One rank's memory measurement: fixed bytes, micro-batches stashed at the 1F1B peak, and the
+    activation bytes of one micro-batch at each length."""
+
+    stage: int
+    fixed_bytes: float
+    stash: int
+    lengths: list[int]
+    act_bytes: list[float]
+
+
+def activation_fit(lengths: Sequence[int], act_bytes: Sequence[float]) -> tuple[float, float]:
+    """(q, p) of act(l) = q*l^2 + p*l, least squares with both nonnegative."""
+    l = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(act_bytes, dtype=np.float64)
+    (q, p), *_ = np.linalg.lstsq(np.column_stack([l * l, l]), y, rcond=None)
+    if q < 0:
+        q, p = 0.0, float(l @ y / (l @ l))
+    elif p < 0:
+        q, p = float((l * l) @ y / ((l * l) @ (l * l))), 0.0
+    return float(q), float(p)
+
+
+def stage_max_len(m: StageMemory, capacity_bytes: float) -> int:
+    """Largest l with fixed + stash * act(l) <= capacity."""
+    q, p = activation_fit(m.lengths, m.act_bytes)
+    free = (capacity_bytes - m.fixed_bytes) / m.stash
+    if free <= 0:
+        return 0
+    if q == 0:
+        return int(free // p)
+    return int((-p + math.sqrt(p * p + 4 * q * free)) / (2 * q))
+
+
+def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:
+    """MaxLen of a scheme: the tightest stage, a multiple of LENGTH_QUANTUM."""
+    ml = min(stage_max_len(m, capacity_bytes) for m in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
+    if ml < PACKED_DOCS * LENGTH_QUANTUM:
+        raise UserError(f"--memory-gib: {capacity_bytes / 2**30:g} GiB leaves room for only {ml} tokens per micro-batch "
+                        f"(need at least {PACKED_DOCS * LENGTH_QUANTUM})")
+    return ml
+
+
+def time_grid(max_len: int) -> list[list[int]]:
+    """The timing grid of a scheme: single sequences at TIME_FRACTIONS of MaxLen, then the same totals
+    as PACKED_DOCS equal documents (deterministic for a MaxLen)."""
+    q = LENGTH_QUANTUM
+    totals = sorted({max(PACKED_DOCS * q, int(max_len * f) // q * q) for f in TIME_FRACTIONS})
+    return [[n] for n in totals] + [[n // PACKED_DOCS] * PACKED_DOCS for n in totals]
+
+
+# ------------------------------------------------------------------------------------------ fitting
+@dataclass(frozen=True)
+class SchemeFit:
+    """a, b, c fitted on single sequences; R^2 and worst relative error there; worst relative error of
+    the held-out packed points (None without any)."""
+
+    time: TimeCoeffs
+    r2: float
+    worst_rel_err: float
+    packed_worst_rel_err: float | None
+    points: int
+
+
+def fit_points(points: Sequence[tuple[Sequence[int], float]]) -> SchemeFit:
+    """Fit T(l) on the single-sequence points of (packed lengths, seconds) and test it on the others."""
+    single = [(ls[0], s) for ls, s in points if len(ls) == 1]
+    if len(single) < 3:
+        raise ValueError(f"need at least 3 single-sequence points to fit a, b, c (got {len(single)})")
+    fit = fit_time_coeffs([l for l, _ in single], [s for _, s in single])
+    time = TimeCoeffs(a=fit.a, b=fit.b, c=fit.c)
+    packed = [(np.asarray(ls, dtype=np.float64), s) for ls, s in points if len(ls) > 1]
+    errs = [abs(float(((time.a * ls + time.b) * ls).sum()) + time.c - s) / s for ls, s in packed]
+    return SchemeFit(time, fit.r2, fit.worst_rel_err, max(errs) if errs else None, len(points))
+
+
+# ------------------------------------------------------------------------------------------ running
+def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
+    """Run runtime/profile.py on `ranks` processes (torchrun when more than one), one thread each, and
+    return the JSON it writes. Its one-line errors become UserError."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        launcher = [sys.executable]
+        if ranks > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(_free_port())]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        cmd = [*launcher, str(SCRIPT), *args, "--out", str(out)]
+        try:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise UserError(f"runtime/profile.py {' '.join(args)}: no result after {timeout_s:g}s") from e
+        if res.returncode != 0 or not out.exists():
+            lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
+            why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
+            raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
+        return json.loads(out.read_text())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int]], capacity_bytes: float,
+                    *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
+                    timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
+    """Measure every <tp, pp, 1> in the runtime and build a v1 profile with "source": "measured"."""
+    from runtime.model import get_config
+
+    cfg = get_config(model)
+    out, fits = [], []
+    for tp, pp in schemes:
+        if progress is not None:
+            progress(f"<{tp},{pp},1>")
+        raw = run_runtime(["--tp", str(tp), "--pp", str(pp), "--model", model, "--dtype", dtype,
+                           "--clock", clock, "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node),
+                           "--warmup", str(warmup), "--repeats", str(repeats)], tp * pp, device, timeout_s)
+        fit = fit_points([(p["lengths"], p["seconds"]) for p in raw["points"]])
+        fits.append(fit)
+        max_len = int(raw["max_len"])
+        out.append(Scheme(tp=tp, pp=pp, cp=1, max_len=max_len, util_len=util_len(fit.time, max_len), time=fit.time,
+                          fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
+                               "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
+                          measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
+                                            "act_bytes_per_token2": q, "act_bytes_per_token": p}
+                                           for m in raw["memory"] for q, p in [activation_fit(m["lengths"], m["act_bytes"])]],
+                          measured_points=raw["points"]))
+    gpu = _device_name(device)
+    profile = Profile(
+        name=name, gpu=GPUInfo(name=gpu, memory_gib=capacity_bytes / 2**30, gpus_per_node=gpus_per_node),
+        model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab),
+        schemes=out, reference_gpus=gpus_per_node, source="measured",
+        notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: 1F1B latency of pp identical micro-batches / "
+                       f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; a, b, c fitted on single "
+                       "sequences (NNLS, relative error), packed micro-batches held out (fit.packed_worst_rel_err)",
+               "max_len": f"largest l with fixed + (pp - stage) * act(l) <= {capacity_bytes / 2**30:g} GiB on every stage; "
+                          "act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward (measured_memory)",
+               "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
+    return profile, fits
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return "CPU (gloo)"
+
+
+# -------------------------------------------------------------------------------------------- check
+@dataclass(frozen=True)
+class CheckRow:
+    iteration: int
+    strategy: str
+    estimate_s: float
+    measured_s: float
+    pipelines: list[tuple[str, float, float]]  # (scheme label, estimate, measured) per pipeline
+
+    @property
+    def rel_err(self) -> float:
+        return abs(self.estimate_s - self.measured_s) / self.measured_s
+
+
+def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[int, int]) -> float:
+    """Estimated propagation of one plan pipeline under the profile: the Seq1F1B schedule simulated with
+    split times when the plan carries splits, else the canonical 1F1B estimate."""
+    mbs = [np.array([lengths_by_id[s] for s in mb.seqs], dtype=np.int64) for mb in pipe.micro_batches]
+    if not pipe.micro_batches or pipe.micro_batches[0].splits is None:
+        return pipeline_time(scheme, mbs)
+    from planner.seqsplit import SplitPlan, cumulative_cost, seq1f1b_estimate
+
+    t = scheme.time
+    plans = [SplitPlan(np.asarray(mb.splits), np.diff(cumulative_cost(ls, t.a, t.b, np.asarray(mb.splits))))
+             for mb, ls in zip(pipe.micro_batches, mbs)]
+    return seq1f1b_estimate(scheme, plans)[0]
+
+
+def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[CheckRow]:
+    """Estimated (max over pipelines) against measured propagation per plan; `measured` is the JSON of
+    runtime/profile.py --check for the same plans."""
+    rows = []
+    for plan, got in zip(plans, measured["plans"], strict=True):
+        lengths = {s.id: s.length for s in plan.batch}
+        pipes = []
+        for i, (pipe, m) in enumerate(zip(plan.pipelines, got["pipelines"], strict=True)):
+            scheme = profile.scheme(pipe.tp, pipe.pp, pipe.cp)
+            if scheme is None:
+                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
+                                f"is not in profile {profile.name}")
+            pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
+        rows.append(CheckRow(plan.iteration, plan.strategy, max(p[1] for p in pipes), max(p[2] for p in pipes), pipes))
+    return rows
+
+
+def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
+                warmup: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> list[CheckRow]:
+    """Replay every plan of a run (each pipeline alone) and compare with the profile's estimates."""
+    from runtime.plans import load_plans
+
+    plans = [p for _, p in load_plans(plan_dir, None)]
+    ranks = max(len(pipe.ranks) for p in plans for pipe in p.pipelines)
+    measured = run_runtime(["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock, "--warmup", str(warmup),
+                            "--repeats", str(repeats)], ranks, device, timeout_s)
+    return compare(plans, measured, profile)

@@ -1,0 +1,252 @@
+"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, 1>, or the
+propagation time of every pipeline of a run's plans (`hydraplan profile` launches it; it prints JSON).
+
+    torchrun --nproc-per-node TP*PP runtime/profile.py --tp TP --pp PP --model tiny --capacity-bytes B --out m.json
+    torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
+(one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
+
+How time is measured. Pipelines run through the Seq1F1B executor (runtime/seq1f1b.py; K = 1 is
+1F1B) with real TP all-reduces and p2p. Its attention works per document (runtime.seq1f1b.cached_attention:
+sum of l^2, like the GPU varlen kernels; attention.py's CPU fallback masks the whole micro-batch, which
+costs (sum of l)^2 and breaks the cost model's premise). Two clocks:
+- wall (GPUs, dedicated machines): each run sits between two barriers and is timed with perf_counter;
+- cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
+  stage's action takes the longest of its TP ranks, and the run's latency is the critical path of the
+  executed schedule over those durations (planner.pipeline.simulate, no p2p latency). On a CPU shared
+  with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
+After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
+identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
+--check replays each plan pipeline alone (ranks 0..g-1, the others idle; pipelines of one plan occupy
+disjoint GPUs on a cluster) with the plan's micro-batches and splits, and times its propagation only
+(no pull, push or optimizer step, which the cost model does not estimate).
+
+How memory is measured. Activation bytes of one micro-batch on a stage are the bytes autograd saves for
+backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
+few lengths; fixed bytes are the stage's weights and gradients plus its 1/N share of the fp32 master
+weights and the two AdamW states. planner/measure.py turns them into MaxLen.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    # As a script this folder would come first on sys.path and this file would shadow the standard
+    # library's `profile`; import the package from the repository root instead.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
+
+import argparse
+import json
+import os
+import statistics
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import UserError
+from planner.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
+from planner.pipeline import schedule_seq1f1b, simulate
+from planner.schema import BatchSeq
+from runtime.batches import PackedBatch, TokenData
+from runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
+from runtime.pipeline_exec import StageComm
+from runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
+STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--check", default=None, help="plan folder (or file) to replay pipeline by pipeline")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="wall", help="see the module docstring")
+    ap.add_argument("--capacity-bytes", type=float, default=2**30, help="usable memory per device for MaxLen")
+    ap.add_argument("--reference-gpus", type=int, default=4, help="N sharing the optimizer states")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout-s", type=float, default=300.0)
+    return ap.parse_args(argv)
+
+
+def _init(timeout: timedelta) -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return device
+
+
+def timed_pipeline(module: StageModule, mbs: list[PackedBatch], splits: list[list[int]], comm: StageComm,
+                   args: argparse.Namespace, device: torch.device) -> list[float]:
+    """Latency of `repeats` runs of one pipeline (after `warmup`), the same list on every rank of the job
+    (collective: ranks outside the pipeline pass comm=None and module=None)."""
+    out = []
+    for i in range(args.warmup + args.repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        cpu = None
+        if comm is not None:
+            module.zero_grad(set_to_none=True)
+            _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0)
+            cpu = (comm.stage, comm.pp, stage.cpu_s)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        if args.clock == "cpu":
+            got: list = [None] * dist.get_world_size()
+            dist.all_gather_object(got, cpu)
+            wall = critical_path([g for g in got if g is not None])
+        if i >= args.warmup:
+            out.append(wall)
+    return out
+
+
+def critical_path(stages: list[tuple[int, int, dict[tuple[str, int, int], float]]]) -> float:
+    """Latency of the executed Seq1F1B schedule from each rank's (stage, pp, CPU seconds per action); a
+    stage's action lasts as long as on its slowest TP rank."""
+    pp = stages[0][1]
+    per: list[dict[tuple[str, int, int], float]] = [{} for _ in range(pp)]
+    for stage, _, secs in stages:
+        for key, t in secs.items():
+            per[stage][key] = max(per[stage].get(key, 0.0), t)
+    M = 1 + max(m for _, m, _ in per[0])
+    K = 1 + max(s for _, _, s in per[0])
+    return simulate(schedule_seq1f1b(pp, M, K), lambda r, m, s, c: per[r][("F", m, s)],
+                    lambda r, m, s, c: per[r][("B", m, s)]).latency_s
+
+
+def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch) -> int:
+    """Bytes autograd keeps for backward from one forward of the stage through the executor the
+    measurements time (storages counted once, parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0).forward(0, 0, x)
+    return sum(seen.values())
+
+
+def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatch:
+    return data.pack([BatchSeq(id=first_id + i, length=n) for i, n in enumerate(lengths)])
+
+
+def measure_scheme(cfg: ModelConfig, tp: int, pp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
+    """Memory then time of <tp, pp, 1> on this job's tp*pp ranks; the result on rank 0 (None elsewhere)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != tp * pp:
+        raise UserError(f"--tp {tp} --pp {pp} needs {tp * pp} ranks but WORLD_SIZE is {world}")
+    dtype = DTYPES[args.dtype]
+    stage, tp_rank = divmod(rank, tp)
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) if tp > 1 else None for s in range(pp)]
+    module = StageModule(cfg, pp=pp, stage=stage, tp=TPGroup(groups[stage], tp, tp_rank), dtype=dtype, device=device)
+    load_full(module, [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))], tp, tp_rank)
+    data = TokenData(cfg.vocab)
+
+    gen = torch.Generator().manual_seed(rank)
+    act = []
+    for n in MEMORY_LENGTHS:
+        x = None if module.first else torch.randn(n, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
+        act.append(saved_bytes(module, x, _device_batch(_synthetic(data, [n], 0), device)))
+    stage_params = sum(p.numel() for p in module.parameters())
+    total_params = sum(s.numel for s in param_specs(cfg))
+    fixed = 2 * stage_params * dtype.itemsize + STATE_BYTES_PER_PARAM * total_params / args.reference_gpus
+    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act)
+    mems: list[StageMemory | None] = [None] * world
+    dist.all_gather_object(mems, mem)
+    max_len = scheme_max_len(mems, args.capacity_bytes)
+
+    comm = StageComm(stage, pp, rank - tp if stage > 0 else None, rank + tp if stage < pp - 1 else None, cfg.hidden,
+                     dtype, device)
+    points = []
+    for lengths in time_grid(max_len):
+        mbs = [_device_batch(_synthetic(data, lengths, 1000 * m), device) for m in range(pp)]
+        runs = timed_pipeline(module, mbs, [[0, sum(lengths)]] * pp, comm, args, device)
+        points.append({"lengths": lengths, "seconds": statistics.median(runs) / (2 * pp - 1), "runs": runs})
+    if rank != 0:
+        return None
+    return {"tp": tp, "pp": pp, "max_len": max_len, "micro_batches": pp, "points": points,
+            "memory": [m.__dict__ for m in mems]}
+
+
+def _device_batch(mb: PackedBatch, device: torch.device) -> PackedBatch:
+    if device.type == "cpu":
+        return mb
+    return PackedBatch(mb.tokens.to(device), mb.labels.to(device), mb.positions.to(device), mb.cu_seqlens.to(device),
+                       mb.max_seqlen)
+
+
+def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:
+    """Propagation seconds of every pipeline of every plan, each replayed alone (median of repeats)."""
+    from runtime.groups import GroupCache
+    from runtime.plans import check_plan, load_plans, micro_batch_seqs, rank_roles
+    from runtime.seq1f1b import check_splits
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = DTYPES[args.dtype]
+    data = TokenData(cfg.vocab)
+    full = [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))]
+    groups = GroupCache(timedelta(seconds=args.timeout_s))
+    out = []
+    for source, plan in load_plans(args.check, None):
+        pipes = []
+        for pipe in plan.pipelines:
+            alone = plan.model_copy(update={"gpus": world, "pipelines": [pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})]})
+            check_plan(alone, source, world, cfg)
+            check_splits(alone, source)
+            groups.ensure(alone)
+            role = rank_roles(alone, world)[rank]
+            module, comm = None, None
+            mbs = [_device_batch(data.pack(seqs), device) for seqs in micro_batch_seqs(alone, alone.pipelines[0])]
+            splits = [list(mb.splits) if mb.splits is not None else [0, b.num_tokens]
+                      for mb, b in zip(pipe.micro_batches, mbs)]
+            if role is not None:
+                tp = TPGroup(groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
+                module = StageModule(cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=dtype, device=device)
+                load_full(module, full, role.tp, role.tp_rank)
+                comm = StageComm(role.stage, role.pp, role.prev, role.next, cfg.hidden, dtype, device)
+            runs = timed_pipeline(module, mbs, splits, comm, args, device)
+            pipes.append({"seconds": statistics.median(runs), "runs": runs})
+        out.append({"source": source, "iteration": plan.iteration, "pipelines": pipes})
+    return {"plans": out} if rank == 0 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    device = _init(timedelta(seconds=args.timeout_s))
+    try:
+        cfg = get_config(args.model)
+        result = check_plans(cfg, args, device) if args.check else measure_scheme(cfg, args.tp, args.pp, args, device)
+        if result is not None:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return 0
+    except UserError as e:
+        print(f"profile: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

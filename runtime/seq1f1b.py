@@ -1,0 +1,351 @@
+"""Seq1F1B on one pipeline stage (seq1f1b.txt §3): each micro-batch is cut into K causal sub-sequences
+("splits", token offsets from the plan) and the stage runs the planner's action list for it
+(planner.pipeline.schedule_seq1f1b: forwards in order, backwards LIFO within a micro-batch).
+
+Why it is exact. Only attention mixes tokens, so a split needs nothing from the earlier splits of its
+micro-batch but their keys and values, per layer. The forward of split s keeps its post-RoPE K/V as
+detached leaves; a later split attends to [cached K/V of its key window, its own K/V]. The window
+starts at the first token of the document that holds the split's first token, so a document crossing
+a split boundary keeps its whole causal context (positions come from the packed micro-batch, so RoPE
+is unchanged), with the split's queries aligned bottom-right against the longer keys. The backward of
+a later split leaves the gradient of those K/V in the leaves' .grad: the stash, summed over every later
+split. The backward of split s runs after all later splits of its micro-batch (the LIFO order), so it
+backpropagates its output gradient and its K/V stash in one autograd call and then drops both.
+
+model.py's Attention attends within its own micro-batch only, so `_split_forward` runs the stage's
+layers itself, with the same parameters and sub-modules, and swaps in `cached_attention`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from planner.errors import UserError
+from planner.pipeline import Action, schedule_seq1f1b
+from planner.schema import Plan
+from runtime.batches import PackedBatch
+from runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
+from runtime.pipeline_exec import StageComm
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------ splits
+@dataclass(frozen=True)
+class SplitView:
+    """Split [lo, hi) of a packed micro-batch. Its queries are the split's tokens, its keys the packed
+    tokens [key_lo, hi); cu_q/cu_k are the per-document query and key offsets into those (a document's
+    keys end where its queries end, so causal alignment is bottom-right)."""
+
+    batch: PackedBatch
+    lo: int
+    hi: int
+    key_lo: int
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_k: int
+
+    @property
+    def tokens(self) -> int:
+        return self.hi - self.lo
+
+    @functools.cached_property
+    def doc_lengths(self) -> tuple[list[int], list[int]]:
+        """Query and key counts of each document, as Python ints (the window is their concatenation)."""
+        return torch.diff(self.cu_q).tolist(), torch.diff(self.cu_k).tolist()
+
+
+def split_views(mb: PackedBatch, bounds: Sequence[int]) -> list[SplitView]:
+    """The K = len(bounds) - 1 splits of a micro-batch (bounds: token offsets, 0 first, total last)."""
+    device = mb.tokens.device
+    cu = mb.cu_seqlens.long().cpu()
+    views = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        lo, hi = int(lo), int(hi)
+        d0 = int(np.searchsorted(cu.numpy(), lo, side="right")) - 1  # the document holding token lo
+        d1 = int(np.searchsorted(cu.numpy(), hi, side="left"))  # one past the document holding token hi - 1
+        if lo == hi:
+            d0 = d1 = 0
+        key_lo = int(cu[d0]) if hi > lo else lo
+        starts, ends = cu[d0:d1], cu[d0 + 1:d1 + 1].clamp(max=hi)
+        q_len, k_len = ends - starts.clamp(min=lo), ends - starts
+        cu_q = torch.cat([torch.zeros(1, dtype=torch.long), q_len.cumsum(0)]).to(torch.int32)
+        cu_k = torch.cat([torch.zeros(1, dtype=torch.long), k_len.cumsum(0)]).to(torch.int32)
+        batch = PackedBatch(tokens=mb.tokens[lo:hi], labels=mb.labels[lo:hi], positions=mb.positions[lo:hi],
+                            cu_seqlens=cu_q.to(device), max_seqlen=int(q_len.max()) if hi > lo else 0)
+        views.append(SplitView(batch, lo, hi, key_lo, cu_q.to(device), cu_k.to(device), int(k_len.max()) if hi > lo else 0))
+    return views
+
+
+def check_splits(plan: Plan, source: str) -> None:
+    """UserError (file, field, value) unless every pipeline's splits are K+1 non-decreasing offsets from
+    0 to its micro-batch's token count, with one K per pipeline, on all micro-batches or on none."""
+    lengths = {s.id: s.length for s in plan.batch}
+    for i, p in enumerate(plan.pipelines):
+        ks = {None if mb.splits is None else len(mb.splits) - 1 for mb in p.micro_batches}
+        if len(ks) > 1:
+            raise UserError(f"{source}: field pipelines.{i}.micro_batches: splits must be given for all micro-batches "
+                            f"with the same K, or for none (got K values {sorted(map(str, ks))})")
+        for j, mb in enumerate(p.micro_batches):
+            b = mb.splits
+            if b is None:
+                continue
+            total = sum(lengths.get(sid, 0) for sid in mb.seqs)
+            if len(b) < 2 or b[0] != 0 or b[-1] != total or any(x > y for x, y in zip(b, b[1:])):
+                raise UserError(f"{source}: field pipelines.{i}.micro_batches.{j}.splits: {b} is not K+1 non-decreasing "
+                                f"token offsets from 0 to the micro-batch's {total} tokens")
+
+
+def pipeline_splits(plan: Plan, pipeline: int) -> list[list[int]] | None:
+    """Per micro-batch split offsets of a pipeline, or None when it runs plain 1F1B."""
+    mbs = plan.pipelines[pipeline].micro_batches
+    return None if not mbs or mbs[0].splits is None else [list(mb.splits) for mb in mbs]
+
+
+# --------------------------------------------------------------------------------------- attention
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view: SplitView) -> torch.Tensor:
+    """Causal attention of a split's queries q [n, Hq, D] to its key window k, v [hi - key_lo, Hkv, D].
+
+    CUDA fp16/bf16 with flash-attn installed: flash_attn_varlen_func with per-document query and key
+    offsets (causal masks are bottom-right aligned since flash-attn 2.1). Otherwise exact SDPA one
+    document at a time with a bottom-right causal mask: its work is sum(l_q * l_k) over documents like the
+    varlen kernels', not (tokens x window) as one block-diagonal mask over the whole split would cost.
+    """
+    if q.is_cuda and q.dtype in _FLASH_DTYPES and importlib.util.find_spec("flash_attn") is not None:
+        from flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(q, k, v, view.cu_q, view.cu_k, view.batch.max_seqlen, view.max_k, causal=True)
+    gqa = k.shape[1] != q.shape[1]
+    q_len, k_len = view.doc_lengths
+    outs = []
+    # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
+    for qd, kd, vd in zip(q.split(q_len), k.split(k_len), v.split(k_len)):
+        qd, kd, vd = qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1)
+        lq, lk = qd.shape[1], kd.shape[1]
+        if lq == lk:
+            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+# ------------------------------------------------------------------------------------------- stage
+@dataclass
+class _LayerKV:
+    k: torch.Tensor  # attached to the split's graph
+    v: torch.Tensor
+    k_leaf: torch.Tensor  # the same values, detached: what later splits attend to; .grad is the stash
+    v_leaf: torch.Tensor
+
+
+@dataclass
+class _Held:
+    """What a split keeps from its forward until its backward."""
+
+    input: torch.Tensor | None
+    output: torch.Tensor | None
+    kv: list[_LayerKV] = field(default_factory=list)
+
+
+class Seq1F1BStage:
+    """One stage's Seq1F1B state over an iteration's micro-batches: forward/backward of one split at a
+    time in any order the dependencies allow (F(m, s-1) before F(m, s); B(m, s+1) before B(m, s)).
+
+    peak_live: most splits held at once (forward done, backward not yet), to compare with the schedule's
+    prediction (planner.pipeline Timeline.peak_live); `live` is 0 again once every backward ran.
+    cpu_s[(op, m, s)]: this thread's CPU seconds in each action (runtime/profile.py's clock on shared CPUs).
+    """
+
+    def __init__(self, module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], loss_scale: float):
+        if len(mbs) != len(splits):
+            raise ValueError(f"{len(mbs)} micro-batches but {len(splits)} split lists")
+        self.module, self.loss_scale = module, loss_scale
+        self.views = [split_views(mb, b) for mb, b in zip(mbs, splits)]
+        self.loss = torch.zeros((), dtype=torch.float64)
+        self._held: dict[tuple[int, int], _Held] = {}
+        self.peak_live = 0
+        self.cpu_s: dict[tuple[str, int, int], float] = {}
+
+    def tokens(self, m: int, s: int) -> int:
+        return self.views[m][s].tokens
+
+    def forward(self, m: int, s: int, x: torch.Tensor | None) -> torch.Tensor | None:
+        """Forward of split s of micro-batch m (x: its input activations, None on the first stage).
+        Returns what goes to the next stage (None on the last stage or for an empty split)."""
+        start = time.thread_time()
+        view = self.views[m][s]
+        held = _Held(input=x, output=None)
+        self._held[(m, s)] = held
+        self.peak_live = max(self.peak_live, len(self._held))
+        if view.tokens and x is not None:
+            x.requires_grad_()
+        if view.tokens:
+            y = self._split_forward(x, view, m, s, held.kv)
+            if self.module.last:
+                y = y * self.loss_scale
+                self.loss += y.detach().double().cpu()
+            held.output = y
+        self.cpu_s[("F", m, s)] = time.thread_time() - start
+        return None if self.module.last or held.output is None else held.output.detach()
+
+    def backward(self, m: int, s: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of split s of micro-batch m with the gradient of its output (None on the last stage),
+        plus the K/V gradients the later splits stashed. Returns the input gradient for the previous stage."""
+        start = time.thread_time()
+        held = self._held.pop((m, s))
+        dx = None
+        if held.output is not None:
+            tensors, grads = [held.output], [grad]
+            for kv in held.kv:
+                for t, leaf in ((kv.k, kv.k_leaf), (kv.v, kv.v_leaf)):
+                    if leaf.grad is not None:
+                        tensors.append(t)
+                        grads.append(leaf.grad)
+            torch.autograd.backward(tensors, grads)
+            dx = None if self.module.first else held.input.grad
+        self.cpu_s[("B", m, s)] = time.thread_time() - start
+        return dx
+
+    @property
+    def live(self) -> int:
+        return len(self._held)
+
+    def _window(self, m: int, s: int, layer: int, own: torch.Tensor, which: str) -> torch.Tensor:
+        """Keys (or values) of split s's window: cached leaves of the earlier splits it reaches, then its own."""
+        view = self.views[m][s]
+        parts, start = [], view.lo
+        for j in range(s - 1, -1, -1):
+            if start <= view.key_lo:
+                break
+            prev = self.views[m][j]
+            if prev.tokens:
+                parts.append(getattr(self._held[(m, j)].kv[layer], which))
+            start = prev.lo
+        if not parts:
+            return own
+        return torch.cat([*reversed(parts), own])[view.key_lo - start:]
+
+    def _split_forward(self, x: torch.Tensor | None, view: SplitView, m: int, s: int, kvs: list[_LayerKV]) -> torch.Tensor:
+        """StageModule.forward for one split, attending to the cached K/V of the earlier ones."""
+        mod, cfg = self.module, self.module.cfg
+        mb = view.batch
+        if mod.first:
+            x = mod.embed(mb.tokens)
+        cos, sin = rope_tables(mb.positions, cfg.head_dim, cfg.rope_theta, mod.dtype)
+        for layer, block in enumerate(mod.layers.values()):
+            attn = block.attn
+            h = copy_to_tp(block.attn_norm(x), attn.tp)
+            q = apply_rope(F.linear(h, attn.wq).unflatten(-1, (-1, attn.head_dim)), cos, sin)
+            k = apply_rope(F.linear(h, attn.wk).unflatten(-1, (-1, attn.head_dim)), cos, sin)
+            v = F.linear(h, attn.wv).unflatten(-1, (-1, attn.head_dim))
+            kvs.append(_LayerKV(k, v, k.detach().requires_grad_(), v.detach().requires_grad_()))
+            o = cached_attention(q, self._window(m, s, layer, k, "k_leaf"), self._window(m, s, layer, v, "v_leaf"), view)
+            x = x + reduce_from_tp(o.flatten(-2) @ attn.wo, attn.tp)
+            x = x + block.mlp(block.mlp_norm(x))
+        return mod.head(mod.norm(x), mb.labels) if mod.last else x
+
+
+# ------------------------------------------------------------------------------------- one process
+def run_in_process(stages: Sequence[Seq1F1BStage], before: Callable[[int, Action], None] | None = None) -> None:
+    """Run a whole pipeline's stages in this process (tests, benchmarks): each stage's action list, an
+    action as soon as its input exists (the order of planner.pipeline.simulate); a tensor handed to the
+    next stage is cloned, as a receive buffer would be. `before(stage, action)` is called before each
+    action. Raises RuntimeError if no stage can advance."""
+    P = len(stages)
+    sched = schedule_seq1f1b(P, len(stages[0].views), len(stages[0].views[0]) if stages[0].views else 1)
+    sent: dict[tuple[str, int, int, int], torch.Tensor | None] = {}
+    ptr = [0] * P
+    while any(ptr[r] < len(sched.stages[r]) for r in range(P)):
+        progressed = False
+        for r in range(P):
+            while ptr[r] < len(sched.stages[r]):
+                a = sched.stages[r][ptr[r]]
+                needs = r > 0 if a.op == "F" else r < P - 1
+                src = (a.op, a.mb, a.split, r - 1 if a.op == "F" else r + 1)
+                if needs and src not in sent:
+                    break
+                inp = sent.pop(src) if needs else None
+                if before is not None:
+                    before(r, a)
+                step = stages[r].forward if a.op == "F" else stages[r].backward
+                sent[(a.op, a.mb, a.split, r)] = step(a.mb, a.split, None if inp is None else inp.clone())
+                ptr[r] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"Seq1F1B pipeline of {P} stages cannot advance")
+
+
+# ------------------------------------------------------------------------------------ distributed
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point message of a stage, to (send) or from the neighbouring stage `peer`."""
+
+    send: bool
+    peer: int
+    tag: int
+
+
+def p2p_batches(actions: Sequence[Action], stage: int, pp: int, K: int,
+                tokens: Callable[[int, int], int]) -> list[list[Transfer]]:
+    """batches[i] is posted right before action i as one batch_isend_irecv: the send of action i-1's
+    result together with action i's receive (batches[-1]: the last action's send). Pairing each send with
+    the next receive generalizes Megatron's send_forward_recv_backward: the run cannot deadlock even
+    where a send waits for its receive (NCCL), which tests check by simulation. Empty splits move nothing;
+    tags are unique per (micro-batch, split, direction)."""
+    out: list[list[Transfer]] = []
+    pending: list[Transfer] = []
+    for a in actions:
+        batch, pending = pending, []
+        if tokens(a.mb, a.split):
+            tag = 2 * (a.mb * K + a.split) + (a.op == "B")
+            src, dst = (stage - 1, stage + 1) if a.op == "F" else (stage + 1, stage - 1)
+            if 0 <= src < pp:
+                batch.append(Transfer(False, src, tag))
+            if 0 <= dst < pp:
+                pending.append(Transfer(True, dst, tag))
+        out.append(batch)
+    out.append(pending)
+    return out
+
+
+def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], comm: StageComm,
+                loss_scale: float) -> tuple[torch.Tensor, Seq1F1BStage]:
+    """Run this stage's Seq1F1B action list over the micro-batches; gradients accumulate in the module's
+    .grad. Returns the scaled loss summed over splits (0 except on the last stage) and the stage state.
+
+    Every rank derives the action list and each split's size from the plan, so receive buffers need no
+    shape handshake and empty splits are skipped by all stages alike; messages go in `p2p_batches`.
+    """
+    K = len(splits[0]) - 1
+    stage = Seq1F1BStage(module, mbs, splits, loss_scale)
+    actions = schedule_seq1f1b(comm.pp, len(mbs), K).stages[comm.stage]
+    batches = p2p_batches(actions, comm.stage, comm.pp, K, stage.tokens)
+    rank = {comm.stage - 1: comm.prev, comm.stage + 1: comm.next}
+    result: torch.Tensor | None = None
+    for i, batch in enumerate(batches):
+        ops, received = [], None
+        for t in batch:
+            if t.send:
+                ops.append(dist.P2POp(dist.isend, result, rank[t.peer], tag=t.tag))
+            else:
+                a = actions[i]
+                received = torch.empty(stage.tokens(a.mb, a.split), comm.hidden, dtype=comm.dtype, device=comm.device)
+                ops.append(dist.P2POp(dist.irecv, received, rank[t.peer], tag=t.tag))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        if i < len(actions):
+            a = actions[i]
+            result = (stage.forward if a.op == "F" else stage.backward)(a.mb, a.split, received)
+    return stage.loss, stage

@@ -1,0 +1,222 @@
+"""Measured profiles: MaxLen from measured memory, the grid, the fit on synthetic timings, the
+estimates --check compares against, the critical-path clock, and the `hydraplan profile` command
+(one real measurement and one --check on a 2-iteration plan, under torchrun)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.costmodel import fit_time_coeffs, load_profile, pipeline_time
+from planner.errors import UserError
+from planner.fileio import write_model
+from planner.measure import (LENGTH_QUANTUM, PACKED_DOCS, StageMemory, activation_fit, compare, fit_points,
+                             pipeline_estimate, scheme_max_len, stage_max_len, time_grid)
+from planner.pipeline import fb_split, schedule_seq1f1b, simulate
+from planner.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from runtime.profile import critical_path
+
+runner = CliRunner()
+
+
+def mem(stage: int, fixed: float, stash: int, q: float, p: float) -> StageMemory:
+    ls = [64, 128, 256, 512]
+    return StageMemory(stage, fixed, stash, ls, [q * n * n + p * n for n in ls])
+
+
+# -------------------------------------------------------------------------------------------- memory
+def test_activation_fit_recovers_quadratic_and_linear_parts():
+    m = mem(0, 0, 1, 80.0, 3000.0)
+    assert activation_fit(m.lengths, m.act_bytes) == pytest.approx((80.0, 3000.0), rel=1e-9)
+    lin = mem(0, 0, 1, 0.0, 5000.0)  # FlashAttention-like: no l^2 term
+    q, p = activation_fit(lin.lengths, lin.act_bytes)
+    assert q == pytest.approx(0.0, abs=1e-9) and p == pytest.approx(5000.0)
+
+
+@pytest.mark.parametrize("q,p,fixed,stash,cap", [(80.0, 3000.0, 5e5, 1, 32 * 2**20), (0.0, 4096.0, 1e6, 4, 64 * 2**20),
+                                                  (12.5, 700.0, 2e6, 3, 2**27)])
+def test_stage_max_len_is_the_largest_length_that_fits(q, p, fixed, stash, cap):
+    ml = stage_max_len(mem(0, fixed, stash, q, p), cap)
+    peak = lambda n: fixed + stash * (q * n * n + p * n)  # noqa: E731
+    assert peak(ml) <= cap * (1 + 1e-12) and peak(ml + 1) > cap
+
+
+def test_scheme_max_len_takes_the_tightest_stage_and_rounds_down():
+    # stage 0 stashes 2 micro-batches of 1 layer each, stage 1 one micro-batch of twice the activations
+    stages = [mem(0, 1e5, 2, 40.0, 1000.0), mem(1, 1e5, 1, 90.0, 2000.0)]
+    cap = 2**24
+    want = min(stage_max_len(s, cap) for s in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
+    assert scheme_max_len(stages, cap) == want and want % LENGTH_QUANTUM == 0 and want > 0
+    with pytest.raises(UserError, match="--memory-gib"):
+        scheme_max_len(stages, 1.2e5)
+
+
+def test_time_grid_covers_fractions_of_max_len_single_and_packed():
+    grid = time_grid(928)
+    singles = [g[0] for g in grid if len(g) == 1]
+    packed = [g for g in grid if len(g) > 1]
+    assert singles == sorted(singles) and max(singles) == 928 and all(n % LENGTH_QUANTUM == 0 for n in singles)
+    assert len(packed) == len(singles) and all(len(g) == PACKED_DOCS and len(set(g)) == 1 for g in packed)
+    assert [sum(g) for g in packed] == [n - n % PACKED_DOCS for n in singles]
+    assert time_grid(928) == grid
+
+
+# ----------------------------------------------------------------------------------------------- fit
+def test_fit_points_recovers_known_coefficients_and_tests_packing():
+    a, b, c = 3e-7, 2e-5, 8e-3
+    grid = time_grid(1024)
+    exact = [(g, sum(a * n * n + b * n for n in g) + c) for g in grid]
+    fit = fit_points(exact)
+    assert (fit.time.a, fit.time.b, fit.time.c) == pytest.approx((a, b, c), rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0) and fit.worst_rel_err < 1e-9 and fit.packed_worst_rel_err < 1e-9
+    # a backend that attends across packed documents costs a*(sum l)^2: the held-out packings expose it
+    dense = [(g, a * sum(g) ** 2 + b * sum(g) + c) for g in grid]
+    fit = fit_points(dense)
+    assert fit.worst_rel_err < 1e-9 and fit.packed_worst_rel_err > 0.3
+
+
+def test_fit_points_needs_three_single_sequences():
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_points([([64], 0.1), ([128], 0.2), ([16, 16], 0.1)])
+
+
+# ------------------------------------------------------------------------------------------- check
+def tiny_profile(**time) -> Profile:
+    t = TimeCoeffs(**(dict(a=2e-7, b=3e-5, c=5e-3) | time))
+    return Profile(name="p", gpu=GPUInfo(name="cpu", memory_gib=1), model=ModelInfo(name="tiny", layers=4, hidden=32),
+                   schemes=[Scheme(tp=1, pp=1, cp=1, max_len=4096, util_len=64, time=t),
+                            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=64, time=t)])
+
+
+def plan_of(iteration: int, pipelines, first_id: int = 0, gpus: int = 3) -> Plan:
+    """pipelines: (pp, ranks, micro-batches as lengths, splits per micro-batch or None)."""
+    batch, out, sid = [], [], first_id
+    for pp, ranks, mbs, splits in pipelines:
+        micro = []
+        for j, lengths in enumerate(mbs):
+            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths))), splits=None if splits is None else splits[j]))
+            batch += [BatchSeq(id=sid + k, length=n) for k, n in enumerate(lengths)]
+            sid += len(lengths)
+        out.append(PlanPipeline(tp=1, pp=pp, cp=1, ranks=ranks, micro_batches=micro, estimate_s=0.0))
+    return Plan(iteration=iteration, profile="p", gpus=gpus, batch=batch, strategy="S", pipelines=out,
+                estimate=Estimate(propagation_s=0.0))
+
+
+def test_pipeline_estimate_is_canonical_without_splits_and_the_schedule_with_them():
+    prof = tiny_profile()
+    s2 = prof.scheme(1, 2, 1)
+    plan = plan_of(0, [(2, [0, 1], [[40, 24], [64], [30]], None),
+                       (2, [0, 1], [[40, 24], [64], [30]], [[0, 20, 64], [0, 40, 64], [0, 15, 30]])])
+    lengths = {s.id: s.length for s in plan.batch}
+    assert pipeline_estimate(s2, plan.pipelines[0], lengths) == pytest.approx(pipeline_time(s2, [[40, 24], [64], [30]]))
+    # by hand: split costs of the token ranges under a*(2p-1)+b per token at position p of its document
+    t = s2.time
+
+    def cost(doc_lengths, lo, hi):
+        total, start = 0.0, 0
+        for n in doc_lengths:
+            p = np.arange(start, start + n)
+            inside = (p >= lo) & (p < hi)
+            total += float(np.sum((t.a * (2 * (p - start + 1) - 1) + t.b)[inside]))
+            start += n
+        return total
+
+    docs = [[40, 24], [64], [30]]
+    bounds = [[0, 20, 64], [0, 40, 64], [0, 15, 30]]
+    times = np.array([[cost(d, b[k], b[k + 1]) + t.c for k in range(2)] for d, b in zip(docs, bounds)])
+    want = simulate(schedule_seq1f1b(2, 3, 2), *fb_split(times)).latency_s
+    assert pipeline_estimate(s2, plan.pipelines[1], lengths) == pytest.approx(want, rel=1e-12)
+
+
+def test_compare_takes_the_slowest_pipeline_and_names_a_missing_scheme():
+    prof = tiny_profile()
+    plan = plan_of(4, [(1, [0], [[100]], None), (2, [1, 2], [[50], [60]], None)])
+    rows = compare([plan], {"plans": [{"pipelines": [{"seconds": 0.02}, {"seconds": 0.05}]}]}, prof)
+    est = [pipeline_time(prof.scheme(1, 1, 1), [[100]]), pipeline_time(prof.scheme(1, 2, 1), [[50], [60]])]
+    assert rows[0].estimate_s == pytest.approx(max(est)) and rows[0].measured_s == 0.05
+    assert rows[0].rel_err == pytest.approx(abs(max(est) - 0.05) / 0.05)
+    plan.pipelines[0].tp = 4
+    with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p"):
+        compare([plan], {"plans": [{"pipelines": [{"seconds": 0.02}, {"seconds": 0.05}]}]}, prof)
+
+
+def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
+    P, M, F, B = 3, 5, 0.01, 0.02
+    stages = [(r, P, {(op, m, 0): (F if op == "F" else B) for op in "FB" for m in range(M)}) for r in range(P)]
+    assert critical_path(stages) == pytest.approx((M + P - 1) * (F + B))
+    # a stage's action lasts as long as on its slowest TP rank
+    slow = (1, P, {(op, m, 0): 2 * (F if op == "F" else B) for op in "FB" for m in range(M)})
+    assert critical_path([*stages, slow]) > (M + P - 1) * (F + B)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("args,message", [
+    (["--schemes", "3,1", "--out", "x.json"], "tp=3 does not divide"),
+    (["--schemes", "1,1,2", "--out", "x.json"], "cp must be 1"),
+    (["--schemes", "2,2", "--gpus", "2", "--out", "x.json"], "needs 4 ranks"),
+    (["--check", "plans"], "--check needs --profile"),
+    ([], "--out is required"),
+    (["--device", "tpu", "--out", "x.json"], "--device must be cpu or cuda"),
+])
+def test_profile_bad_input_is_a_one_line_user_error(args, message):
+    res = runner.invoke(app, ["profile", *args])  # planner.cli.main prints a UserError in one line, exit 2
+    assert isinstance(res.exception, UserError) and message in str(res.exception) and "\n" not in str(res.exception)
+
+
+def test_profile_bad_input_exits_2():
+    proc = subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "profile", "--schemes", "3,1", "--out", "x.json"],
+                          capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
+
+
+@pytest.mark.slow
+def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--memory-gib", "0.015625", "--repeats", "2", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(str(out))
+    assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1)]
+    s = prof.scheme(1, 1, 1)
+    # MaxLen: the largest multiple of 16 whose peak (fixed + 1 stashed micro-batch) fits in 16 MiB
+    (m,) = s.measured_memory
+    peak = lambda n: m["fixed_bytes"] + m["act_bytes_per_token2"] * n * n + m["act_bytes_per_token"] * n  # noqa: E731
+    assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
+    # a, b, c are the fit of the recorded single-sequence timings, which grow with length
+    single = [(p["lengths"][0], p["seconds"]) for p in s.measured_points if len(p["lengths"]) == 1]
+    fit = fit_time_coeffs(*zip(*single))
+    assert (s.time.a, s.time.b, s.time.c) == pytest.approx((fit.a, fit.b, fit.c))
+    assert single[-1][1] > single[0][1] and s.time.a > 0
+    printed = json.loads(res.output)
+    assert printed[0]["scheme"] == "<1,1,1>" and printed[0]["max_len"] == s.max_len
+
+
+@pytest.mark.slow
+def test_profile_check_replays_a_two_iteration_plan(tmp_path):
+    prof = tiny_profile()
+    write_model(tmp_path / "p.json", prof)
+    run = tmp_path / "run"
+    run.mkdir()
+    plans = [plan_of(0, [(1, [0], [[48, 16]], None), (2, [1, 2], [[40], [32, 8]], [[0, 20, 40], [0, 24, 40]])]),
+             plan_of(1, [(2, [0, 2], [[64], [30, 10]], None)], first_id=10)]
+    for p in plans:
+        write_model(run / f"iter_{p.iteration:06d}.json", p)
+    res = runner.invoke(app, ["profile", "--check", str(run), "--profile", str(tmp_path / "p.json"), "--repeats", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    rows = got["iterations"]
+    assert [r["iteration"] for r in rows] == [0, 1] and [len(r["pipelines"]) for r in rows] == [2, 1]
+    lengths = [{s.id: s.length for s in p.batch} for p in plans]
+    want = [max(pipeline_estimate(prof.scheme(1, q.pp, 1), q, lengths[i]) for q in p.pipelines) for i, p in enumerate(plans)]
+    assert [r["estimate_s"] for r in rows] == pytest.approx(want)
+    assert all(0 < r["measured_s"] < 60 and math.isclose(r["rel_err"], abs(r["estimate_s"] - r["measured_s"]) / r["measured_s"])
+               for r in rows)
+    assert got["worst_rel_err"] == pytest.approx(max(r["rel_err"] for r in rows))
