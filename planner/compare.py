@@ -208,7 +208,8 @@ def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus
         s = solver_seed(seed, it)
         for c in cands:
             sol = solve_candidate(c, lengths, method=planner.dispatch, seed=s,
-                                  dispatch_kwargs=planner.dispatch_kwargs, pack_kwargs=planner.pack_kwargs)
+                                  dispatch_kwargs=planner.dispatch_kwargs, pack_kwargs=planner.pack_kwargs,
+                                  pack_budget_s=planner.pack_budget_s / len(cands))
             if sol.pipelines is None:
                 per_cand[c.name].append(None)
                 continue

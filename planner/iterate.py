@@ -49,6 +49,9 @@ from planner.validate import PLAN_FILE, check_ranks
 DispatchMethod = Literal["greedy", "ilp"]
 SAMPLE_CHUNK = 64  # iterations sampled at once: bounds parent memory on long runs
 PRUNE_RTOL = 1e-9
+# CP-SAT deterministic seconds for all packing of one iteration, shared equally by the candidates. Without it
+# every (candidate, pipeline) pack call had its own 2 s: dozens of calls per iteration, minutes on 2 cores.
+ITERATION_PACK_BUDGET_S = 2.0
 
 
 # ---------------------------------------------------------------------------------------------- batch
@@ -189,12 +192,15 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
 def solve_candidate(
     cand: ResolvedCandidate, lengths: np.ndarray, *, method: DispatchMethod, seed: int,
     dispatch_kwargs: dict[str, Any], pack_kwargs: dict[str, Any], loses: Callable[[float], bool] | None = None,
+    pack_budget_s: float | None = None,
 ) -> CandidateSolution:
     """Dispatch, then pack every pipeline. With `loses` (true for a lower bound that rules the candidate
     out), stop as soon as the Eq. (2) bound of the dispatch or one packed pipeline proves it cannot win;
-    the result is then `pruned` with no pipelines."""
+    the result is then `pruned` with no pipelines. `pack_budget_s` caps the CP-SAT deterministic time of all
+    its pack calls together (each still at most its own time limit; greedy only once it is spent); the
+    budget depends on nothing outside the candidate, so pruning never changes which plan wins."""
     from planner.dispatch import Infeasible, dispatch, lower_bound
-    from planner.packing import pack
+    from planner.packing import DEFAULT_TIME_LIMIT_S, pack
 
     longest = int(lengths.max())
     if longest > cand.max_len:
@@ -228,7 +234,13 @@ def solve_candidate(
         if idx.size == 0:
             done[j] = PipelineSolution([], 0.0, "empty", True)
             continue
-        r = pack(lengths[idx], scheme, seed=seed, **pack_kwargs)
+        kwargs = pack_kwargs
+        if pack_budget_s is not None:
+            cap = min(pack_kwargs.get("time_limit_s", DEFAULT_TIME_LIMIT_S), max(pack_budget_s, 0.0))
+            kwargs = {**pack_kwargs, "time_limit_s": cap}
+        r = pack(lengths[idx], scheme, seed=seed, **kwargs)
+        if pack_budget_s is not None:
+            pack_budget_s -= r.dtime_s
         groups = [idx[np.asarray(mb, dtype=np.int64)] for mb in r.micro_batches]
         est = canonical_pipeline_estimate(scheme, lengths, groups)
         done[j] = PipelineSolution(groups, est, r.solver, bool(r.optimal))
@@ -307,6 +319,7 @@ class Planner:
         context_len: int | None = None,
         dispatch_kwargs: dict[str, Any] | None = None,
         pack_kwargs: dict[str, Any] | None = None,
+        pack_budget_s: float = ITERATION_PACK_BUDGET_S,
         prune: bool = True,
         seq1f1b: str | None = None,
         cp_shard: bool = False,
@@ -321,6 +334,7 @@ class Planner:
         self.prune = prune
         self.dispatch_kwargs = dict(dispatch_kwargs or {})
         self.pack_kwargs = dict(pack_kwargs or {})
+        self.pack_budget_s = pack_budget_s
         source = "strategies"
         if not isinstance(strategies, Strategies):
             source = str(strategies)
@@ -353,7 +367,8 @@ class Planner:
 
         Candidates are solved in order of a cheap lower bound; with `prune` one whose bound (before
         dispatch, after it, or after any packed pipeline) already exceeds the best estimate is abandoned.
-        The chosen plan is the same as solving every candidate to the end.
+        The chosen plan is the same as solving every candidate to the end. Packing's CP-SAT time is at
+        most `pack_budget_s` (deterministic seconds) per iteration, `pack_budget_s / candidates` each.
         """
         b = as_batch(batch, iteration)
         self.check_feasible(b)
@@ -363,6 +378,7 @@ class Planner:
         order = sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k))
         sols: list[CandidateSolution] = [None] * len(bounds)  # type: ignore[list-item]
         best: tuple[float, int] | None = None
+        share = self.pack_budget_s / len(self.candidates)
         for k in order:
             cand = self.candidates[k]
             loses = loses_to(best, k) if self.prune else None
@@ -370,7 +386,8 @@ class Planner:
                 sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=bounds[k], pruned=True), None)
                 continue
             sols[k] = solve_candidate(cand, b.lengths, method=self.dispatch, seed=seed, loses=loses,
-                                      dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs)
+                                      dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs,
+                                      pack_budget_s=share)
             est = sols[k].solve.estimate_s
             if est is not None and (best is None or (est, k) < best):
                 best = (est, k)

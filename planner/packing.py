@@ -24,6 +24,11 @@ from planner.schema import Scheme
 
 _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units in CP-SAT
 _TOL = 1e-12
+DEFAULT_TIME_LIMIT_S = 2.0  # CP-SAT deterministic seconds per pack() call
+# Largest Eq. (1) model handed to CP-SAT, in item-bin variables. Building and loading the model is Python
+# work outside the deterministic time limit (~2 s per 100k variables, measured): 627 items x 205 bins took
+# 2.2 s with a 0.01 s limit. Bigger V values keep the greedy, which the ILP rarely beats at that size.
+_MAX_CPSAT_VARS = 25_000
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class PackResult:
     solver: str  # greedy | greedy+cpsat | greedy+cpsat-limit | greedy+warm-start | cpsat | empty
     optimal: bool  # proven optimal over the enumerated V range (for pack_fixed_v: for that V)
     warm_start_s: float  # the greedy warm start's estimate for the chosen V (>= estimate_s)
+    dtime_s: float = 0.0  # CP-SAT deterministic time spent: callers sharing one budget charge this
 
 
 @dataclass(frozen=True)
@@ -190,9 +196,17 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
     return bins, ("optimal" if proven else "feasible"), dt
 
 
+def _cpsat_vars(U: int, V: int) -> int:
+    """Item-bin variables of `_cpsat`'s model: item i may use bins 0..min(i, V-1)."""
+    k = min(U, V)
+    return k * (k + 1) // 2 + (U - k) * V
+
+
 def _solve_v(l: np.ndarray, w: np.ndarray, V: int, M: int, pp: int, c: float, ffd: np.ndarray,
              budget: float, rel_gap: float, seed: int) -> _Fixed:
     """Eq. (1) for one V; mx is inf when no packing was found (optimal then means proven infeasible)."""
+    if _cpsat_vars(len(l), V) > _MAX_CPSAT_VARS:
+        budget = 0.0
     lb = _bound(w, V)
     greedy = _lpt(l, w, V, M)
     if greedy is None and V >= int(ffd.max()) + 1:
@@ -275,30 +289,30 @@ def _pack_sorted(key: bytes, M: int, util: int, a: float, b: float, c: float, pp
     if pp == 1 and n_ffd == max(only_v, -(-int(l.sum()) // M)):
         # pp=1 costs S + V*c whatever the packing: FFD meeting the volume bound is optimal (the common case)
         est = float(w.sum()) + n_ffd * c
-        return ffd, est, "greedy", True, est
+        return ffd, est, "greedy", True, est, 0.0
     if only_v:
-        best, proven, _ = _search(l, w, [only_v], M, c, pp, ffd, time_limit_s, rel_gap, seed)
+        best, proven, left = _search(l, w, [only_v], M, c, pp, ffd, time_limit_s, rel_gap, seed)
     else:
         lo, hi = v_range(int(l.sum()), len(l), M, util)
         best, proven, left = _search(l, w, list(range(lo, hi + 1)), M, c, pp, ffd, time_limit_s, rel_gap, seed)
         if best is None:  # nothing in the range packs: grow V up to FFD's bin count, which always does
-            best, _, _ = _search(l, w, list(range(hi + 1, n_ffd + 1)), M, c, pp, ffd, left,
-                                 rel_gap, seed)
+            best, _, left = _search(l, w, list(range(hi + 1, n_ffd + 1)), M, c, pp, ffd, left,
+                                    rel_gap, seed)
             proven = False
     if best is None:
         return None
     est, V, fx = best
-    return fx.bins, est, fx.solver, proven, _estimate(float(w.sum()), V, fx.warm_mx, c, pp)
+    return fx.bins, est, fx.solver, proven, _estimate(float(w.sum()), V, fx.warm_mx, c, pp), time_limit_s - left
 
 
 def _result(lengths: np.ndarray, out: tuple | None) -> PackResult | None:
     if out is None:
         return None
-    bins, est, solver, optimal, warm = out
+    bins, est, solver, optimal, warm, dtime = out
     order = np.argsort(-lengths, kind="stable")  # sorted position -> input index
     by_bin = np.argsort(bins, kind="stable")
     mbs = np.split(order[by_bin], np.flatnonzero(np.diff(bins[by_bin])) + 1)
-    return PackResult(mbs, float(est), solver, bool(optimal), float(warm))
+    return PackResult(mbs, float(est), solver, bool(optimal), float(warm), float(dtime))
 
 
 def _prepare(lengths: np.ndarray, scheme: Scheme) -> np.ndarray:
@@ -308,7 +322,7 @@ def _prepare(lengths: np.ndarray, scheme: Scheme) -> np.ndarray:
     return lengths
 
 
-def pack(lengths: np.ndarray, scheme: Scheme, *, time_limit_s: float = 2.0, seed: int = 0,
+def pack(lengths: np.ndarray, scheme: Scheme, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, seed: int = 0,
          rel_gap: float = 1e-3) -> PackResult:
     """Pack one pipeline's sequences into micro-batches minimizing the canonical pipeline estimate over
     the appendix-D range of V. `time_limit_s` is CP-SAT deterministic time for the whole call;
@@ -322,8 +336,8 @@ def pack(lengths: np.ndarray, scheme: Scheme, *, time_limit_s: float = 2.0, seed
                                          float(time_limit_s), float(rel_gap), int(seed), 0))
 
 
-def pack_fixed_v(lengths: np.ndarray, scheme: Scheme, V: int, *, time_limit_s: float = 2.0, seed: int = 0,
-                 rel_gap: float = 1e-3) -> PackResult | None:
+def pack_fixed_v(lengths: np.ndarray, scheme: Scheme, V: int, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                 seed: int = 0, rel_gap: float = 1e-3) -> PackResult | None:
     """Eq. (1) for exactly V micro-batches; None when no packing into V was found."""
     lengths = _prepare(lengths, scheme)
     if not 1 <= V <= len(lengths):

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner import packing
 from planner.costmodel import pipeline_time
 from planner.errors import UserError
 from planner.fileio import model_json, write_model
@@ -288,3 +289,24 @@ def test_benchmark_lp_bound_is_below_the_brute_force_optimum():
         lb = lp_lower_bound(lengths, cand)
         assert lb <= opt * (1 + 1e-9)
         assert lb >= candidate_bound(ResolvedCandidate("x", (), tuple(cand)), lengths) * (1 - 1e-9)
+
+
+def test_packing_cpsat_time_per_iteration_is_capped(cpsat_calls):
+    """Every (candidate, pipeline) pack call used to get its own time limit, so an iteration's CP-SAT time
+    grew with candidates x pipelines (minutes at 32 GPUs); now they share `pack_budget_s`."""
+    pp4 = Scheme(tp=1, pp=4, cp=1, max_len=640, util_len=640, time=TimeCoeffs(a=6.6e-8, b=0.0, c=0.0022))
+    profile = Profile(name="pp4", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=8),
+                      model=ModelInfo(name="m", layers=4, hidden=8), schemes=[pp4])
+    four = Strategies(candidates=[{"name": "pp4x4", "pipelines": [{"tp": 1, "pp": 4, "cp": 1}] * 4}])
+    lengths = np.random.default_rng(0).integers(20, 257, 300)
+    budget, per_call = 0.3, 0.25
+    runs = []
+    for _ in range(2):
+        packing._pack_sorted.cache_clear()
+        cpsat_calls.clear()
+        planner = Planner(profile, four, 16, pack_kwargs={"time_limit_s": per_call}, pack_budget_s=budget)
+        runs.append(planner.solve(lengths, 0))
+        assert len(cpsat_calls) >= 2  # CP-SAT ran on more than one pipeline: uncapped it would spend ~4 x per_call
+        assert sum(cpsat_calls) <= budget + 0.01 * len(cpsat_calls)  # a call may overrun its limit by a few ms
+        assert check_plan(runs[-1].plan, profile) == []
+    assert model_json(runs[0].plan) == model_json(runs[1].plan)  # deterministic, not wall-clock, budget

@@ -158,3 +158,28 @@ def test_too_long_sequence_and_empty():
     assert e.value.length == 1001 and e.value.max_len == 1000
     empty = pack(np.array([], dtype=np.int64), s)
     assert empty.micro_batches == [] and empty.estimate_s == 0.0
+
+
+def test_dtime_reports_the_cpsat_time_spent(cpsat_calls):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(100, 4000, size=60)
+    res = pack_fixed_v(lengths, scheme(pp=4, a=1e-4, c=1.0, max_len=20000), 12, time_limit_s=0.05, rel_gap=0.0)
+    assert cpsat_calls and res.dtime_s == pytest.approx(sum(cpsat_calls), rel=1e-12)
+
+
+def test_models_too_large_to_build_in_the_budget_keep_the_greedy(cpsat_calls):
+    """Building a CP-SAT model is Python work outside its deterministic limit: a model with more item-bin
+    variables than _MAX_CPSAT_VARS is never built, whatever the time limit."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(100, 4000, size=400)
+    V = 100
+    assert packing._cpsat_vars(len(lengths), V) > packing._MAX_CPSAT_VARS
+    s = scheme(pp=4, a=1e-4, c=1.0, max_len=200_000)
+    res = pack_fixed_v(lengths, s, V, time_limit_s=5.0, rel_gap=0.0)
+    check_valid(lengths, s, res)
+    assert cpsat_calls == [] and res.dtime_s == 0.0 and res.solver == "greedy" and len(res.micro_batches) == V
+
+
+def test_cpsat_vars_counts_the_symmetry_broken_model():
+    for U, V in [(1, 1), (5, 3), (3, 5), (10, 10)]:
+        assert packing._cpsat_vars(U, V) == sum(min(i + 1, V) for i in range(U))

@@ -1,0 +1,24 @@
+"""Fixtures shared by the solver tests."""
+
+import pytest
+
+
+@pytest.fixture
+def cpsat_calls(monkeypatch):
+    """Every CP-SAT solve made during the test, as its deterministic time (packing's cache cleared first,
+    so cached results cannot hide solves)."""
+    from ortools.sat.python import cp_model
+
+    from planner import packing
+
+    calls: list[float] = []
+    solve = cp_model.CpSolver.solve
+
+    def spy(self, model, *args, **kwargs):
+        status = solve(self, model, *args, **kwargs)
+        calls.append(self.deterministic_time)
+        return status
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", spy)
+    packing._pack_sorted.cache_clear()
+    return calls
