@@ -5,8 +5,10 @@ document never attends to another one (Hydraulis §2.1: the varlen interface cos
 (sum l_i)^2). Backends, best first:
 - CUDA, fp16/bf16: torch's own `torch.nn.attention.varlen.varlen_attn` (FlashAttention kernels), else
   `flash_attn.flash_attn_varlen_func` when that package is installed;
-- everything else (CPU, fp32/fp64): exact `scaled_dot_product_attention` with a block-diagonal causal
-  mask. Exact (no approximation), so it is also the reference the fast kernels are tested against.
+- everything else (CPU, fp32/fp64): exact causal `scaled_dot_product_attention` per document, documents
+  of equal length batched into one call. Its work is sum(l_i^2) like the varlen kernels' and the cost
+  model's (a block-diagonal mask over the packed micro-batch would cost (sum l_i)^2). Exact (no
+  approximation), so it is also the reference the fast kernels are tested against.
 """
 
 from __future__ import annotations
@@ -34,28 +36,27 @@ def backend_for(q: torch.Tensor) -> str:
             return "torch-varlen"
         if importlib.util.find_spec("flash_attn") is not None:
             return "flash-attn"
-    return "masked-sdpa"
+    return "sdpa-per-document"
 
 
-def document_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """Index of the document each packed token belongs to."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths, output_size=total)
-
-
-def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """[T, T] boolean mask: token i may attend to token j iff same document and j <= i."""
-    doc = document_ids(cu_seqlens, total)
-    pos = torch.arange(total, device=cu_seqlens.device)
-    return (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
-
-
-def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    mask = block_causal_mask(cu_seqlens, q.shape[0])
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
-    )
-    return out.transpose(0, 1)
+def _sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA on each document alone; equal lengths share one batched call, so many short documents
+    cost a few kernel launches rather than one each."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    gqa = k.shape[1] != q.shape[1]
+    # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
+    qs, ks, vs = q.split(lengths), k.split(lengths), v.split(lengths)
+    outs: list[torch.Tensor] = list(qs)  # zero-length documents stay as their (empty) query rows
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        if n > 0:
+            by_length.setdefault(n, []).append(i)
+    for docs in by_length.values():
+        qb, kb, vb = (torch.stack([t[i] for i in docs]).transpose(1, 2) for t in (qs, ks, vs))  # [G, H, l, D]
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=gqa).transpose(1, 2)
+        for i, od in zip(docs, o.unbind(0), strict=True):
+            outs[i] = od
+    return torch.cat(outs)
 
 
 def varlen_attention(
@@ -74,4 +75,4 @@ def varlen_attention(
         from flash_attn import flash_attn_varlen_func
 
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
-    return _masked_sdpa(q, k, v, cu_seqlens)
+    return _sdpa_per_document(q, k, v, cu_seqlens)

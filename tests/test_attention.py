@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from runtime.attention import backend_for, block_causal_mask, varlen_attention
+from runtime.attention import backend_for, varlen_attention
 
 
 def reference(q, k, v, lengths):
@@ -60,12 +61,36 @@ def test_documents_never_see_each_other():
     assert not torch.allclose(moved[4:10], base[4:10])
 
 
-def test_block_causal_mask_is_block_diagonal_lower_triangular():
-    mask = block_causal_mask(cu([2, 3]), 5)
-    want = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.bool)
-    assert torch.equal(mask, want)
+def test_fallback_work_is_per_document(monkeypatch):
+    """The CPU fallback computes sum_i l_i^2 attention scores per head (the cost model's a*l^2 per
+    sequence), never (sum_i l_i)^2: every SDPA call is causal over one document length, maskless."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((tuple(q.shape), tuple(k.shape), attn_mask, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    lengths, hq, hkv = [5, 3, 5, 1, 3, 7], 4, 2
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(lengths), h, 8, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv))
+    out = varlen_attention(q, k, v, cu(lengths), max(lengths))
+    torch.testing.assert_close(out, reference(q, k, v, lengths), rtol=0, atol=1e-12)
+    assert calls and all(mask is None and causal for _, _, mask, causal in calls)
+    assert all(qs[-2] == ks[-2] and qs[-2] in lengths for qs, ks, _, _ in calls)  # one document per row
+    scores = sum(qs[0] * qs[1] * qs[2] * ks[2] for qs, ks, _, _ in calls)  # batch * heads * l_q * l_k
+    assert scores == hq * sum(n * n for n in lengths)
+
+
+def test_zero_length_documents_are_allowed():
+    gen = torch.Generator().manual_seed(2)
+    lengths = [3, 0, 4]
+    q, k, v = (torch.randn(7, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = varlen_attention(q, k, v, cu(lengths), 4)
+    torch.testing.assert_close(out, reference(q, k, v, [3, 4]), rtol=0, atol=1e-12)
 
 
 def test_cpu_and_fp64_use_the_exact_fallback():
-    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.float64)) == "masked-sdpa"
-    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.bfloat16)) == "masked-sdpa"
+    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.float64)) == "sdpa-per-document"
+    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.bfloat16)) == "sdpa-per-document"
