@@ -41,10 +41,11 @@ def phases(profile, dataset, gpus: int) -> dict[str, float]:
     t = {}
     t["cells"], cells = timed(lambda: build_cells(list(view.schemes), values, counts, CONTEXT, TOKENS_PER_GPU * gpus))
     t["relaxed DP (all L')"], relaxed = timed(lambda: solve_relaxed(cells, gpus))
-    t["rounding (all L')"], _ = timed(lambda: [round_relaxed(cells, relaxed, j, gpus) for j in range(cells.n_cells)])
-    homo = best_homogeneous(cells, gpus)
+    t["rounding (all L')"], rounded = timed(
+        lambda: [round_relaxed(cells, relaxed, j, gpus) for j in range(cells.n_cells)])
+    upper = min(best_homogeneous(cells, gpus)[2], rounded[-1].latency if rounded[-1] else float("inf"))
     t["integer DP Eq. (4) for L"], _ = timed(
-        lambda: solve_integer(cells, gpus, lower=float(relaxed.latency[-1]), upper=homo[2], rel_tol=1e-3))
+        lambda: solve_integer(cells, gpus, lower=float(relaxed.latency[-1]), upper=upper, rel_tol=1e-3))
     t["schemes"], t["length cells"] = len(view.schemes), cells.n_cells
     return t
 

@@ -8,27 +8,33 @@ binned on a 128-token grid; empty bins merge into the next non-empty one (an ada
 coarser than 128 tokens where data exists) and the last cell ends at L. An interval of cells run by d
 pipelines of scheme P costs
 
-    latency = W / d + B,    W = sum_seq (a*l^2 + b*l) + c * MB,    B = (pp - 1) * t(longest micro-batch)
+    latency = max(W / d + B, F),    W = sum_seq (a*l^2 + b*l) + c * MB,    B = (pp - 1) * t(longest micro-batch),
+                                    F = pp * T(l_max, P)
 
 Micro-batch model: sequences shorter than UtilLen(P) are packed into UtilLen-token micro-batches, longer
 ones run alone, so a sequence of length l adds min(l, UtilLen)/UtilLen micro-batches (MB) and the longest
 micro-batch of an interval with longest sequence l_max holds m = max(l_max, UtilLen) tokens of such
 sequences: t = a*l_max*m + b*m + c, which is T(l_max, P) whenever l_max >= UtilLen. W is split over the
-d pipelines; the bubble B is not. The DP's value is the iteration latency of the nominal batch (restricted
-to lengths <= L'); `expected_s_per_token` divides it by that batch's tokens.
+d pipelines; the bubble B is not. Nor is a sequence: the pipeline holding the interval's longest one takes
+at least its micro-batch alone, F = pp * T(l_max, P) (sum + (pp-1)*max >= pp*max). Without this floor a
+pp=1 interval's longest sequence would cost only its share of W, and the long tail would go to many narrow
+pipelines on which one long sequence alone outlasts the iteration. The DP's value is the iteration
+latency of the nominal batch (restricted to lengths <= L'); `expected_s_per_token` divides it by that
+batch's tokens.
 
 Algorithms. Eq. (4) minimises the largest interval latency subject to sum(d * GPUs) <= N. For a target
-latency tau an interval needs d = ceil(W / (tau - B)) pipelines, so the fewest GPUs that meet tau is a
-shortest path over cell boundaries; t[N][L] is the smallest tau whose path fits in N GPUs (bisection).
-This computes exactly Eq. (4) with O(M^2 K) work per probe instead of a table over every n <= N. In the
-continuous relaxation (fractional n and d) d = W / (tau - B), and splitting an interval never hurts (the
-lower part's bubble is no larger), so every cell takes its own cheapest scheme and t[N][L'] for every L'
-comes from one bisection vectorised over L' and cells. Rounding (paper Fig. 12: "rounding requires
-scaling"): each scheme keeps its cells, and on d instead of x fractional pipelines a cell finishes at
-B + (tau - B) * x / d; the integer d per scheme minimising the largest such latency within N GPUs is
-found exactly (it covers every floor/ceil combination of x), schemes holding under one pipeline may be
-dropped (their cells move), and leftover GPUs go to the slowest scheme that fits. The best rounding per
-L' is the optimum for L'; the candidates are their union, plus the integer optimum for L and the
+latency tau an interval needs F <= tau and d = ceil(W / (tau - B)) pipelines, so the fewest GPUs that
+meet tau is a shortest path over cell boundaries; t[N][L] is the smallest tau whose path fits in N GPUs
+(bisection). This computes exactly Eq. (4) with O(M^2 K) work per probe instead of a table over every
+n <= N. In the continuous relaxation (fractional n and d) d = W / (tau - B) where F <= tau, and splitting
+an interval never hurts (the lower part's bubble and floor are no larger), so every cell takes its own
+cheapest scheme and t[N][L'] for every L' comes from one bisection vectorised over L' and cells.
+Rounding (paper Fig. 12: "rounding requires scaling"): each scheme keeps its cells, and on d instead of x
+fractional pipelines a cell finishes at max(B + (tau - B) * x / d, F); the integer d per scheme
+minimising the largest such latency within N GPUs is found exactly (it covers every floor/ceil
+combination of x), schemes holding under one pipeline may be dropped (their cells move, if need be to a
+scheme whose floor exceeds tau), and leftover GPUs go to the slowest scheme that fits. The best rounding
+per L' is the optimum for L'; the candidates are their union, plus the integer optimum for L and the
 homogeneous fallback.
 """
 
@@ -71,6 +77,7 @@ class CellCosts:
     count: np.ndarray  # (M,) expected sequences of the nominal batch in the cell
     work: np.ndarray  # (M, K) W of the cell on one pipeline of each scheme
     bubble: np.ndarray  # (M, K) (pp-1) * longest micro-batch time
+    floor: np.ndarray  # (M, K) pp * T(lmax): the pipeline holding the cell's longest sequence takes at least this
     feasible: np.ndarray  # (M, K) MaxLen(P) >= hi
     gpus: np.ndarray  # (K,)
 
@@ -80,7 +87,7 @@ class CellCosts:
 
     def interval_latency(self, i: int, j: int, k: int, d: float) -> float:
         """Latency of cells i..j-1 (0-based, j exclusive) on d pipelines of scheme k."""
-        return float(self.work[i:j, k].sum() / d + self.bubble[j - 1, k])
+        return float(max(self.work[i:j, k].sum() / d + self.bubble[j - 1, k], self.floor[j - 1, k]))
 
 
 def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, context_len: int,
@@ -112,7 +119,7 @@ def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, c
     longest = np.stack([seq_cost(s, lmax) for s in schemes], axis=1)
     bubble = (pp - 1) * (np.maximum(lm, util) / lm * longest + c)  # m/l_max sequences of length l_max, + c
     return CellCosts(schemes=tuple(schemes), hi=hi, lmax=lmax, tokens=s1, count=np.add.reduceat(counts, starts),
-                     work=work, bubble=bubble,
+                     work=work, bubble=bubble, floor=pp * (longest + c),
                      feasible=maxlen[None, :] >= hi[:, None], gpus=np.array([s.gpus for s in schemes]))
 
 
@@ -130,13 +137,14 @@ class IntegerSolution:
 
 
 def _dominated_schemes(cells: CellCosts) -> np.ndarray:
-    """Schemes no interval would ever prefer: another needs no more GPUs, work and bubble in every cell,
+    """Schemes no interval would ever prefer: another needs no more GPUs, work, bubble and floor in every cell,
     and holds every cell it holds (exact ties: the later scheme goes)."""
     def le(x: np.ndarray) -> np.ndarray:  # le[k2, k] = x[:, k2] <= x[:, k] in every cell
         return np.all(x[:, :, None] <= x[:, None, :], axis=0)
 
     infeasible = ~cells.feasible
-    weak = le(cells.work) & le(cells.bubble) & le(infeasible) & (cells.gpus[:, None] <= cells.gpus[None, :])
+    weak = (le(cells.work) & le(cells.bubble) & le(cells.floor) & le(infeasible)
+            & (cells.gpus[:, None] <= cells.gpus[None, :]))
     K = len(cells.gpus)
     equal = weak & weak.T
     beats = weak & (~equal | (np.arange(K)[:, None] < np.arange(K)[None, :]))
@@ -160,11 +168,12 @@ class _IntervalTable:
         wd[~cells.feasible[jidx - 1][:, self.active]] = np.inf
         self.work = wd
         self.bubble = cells.bubble[:, self.active]
+        self.floor = cells.floor[:, self.active]
         self.g = cells.gpus[self.active].astype(np.float64)
 
     def pipelines(self, tau: float) -> np.ndarray:
-        """d per (interval, scheme): fewest pipelines meeting tau (inf if none can)."""
-        slack = np.maximum(tau - self.bubble, 0.0)
+        """d per (interval, scheme): fewest pipelines meeting tau (inf if none can: bubble or floor above tau)."""
+        slack = np.where(self.floor <= tau, np.maximum(tau - self.bubble, 0.0), 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             d = np.divide(self.work, np.repeat(slack, np.arange(1, len(slack) + 1), axis=0))
         return np.ceil(d, out=d)  # >= 1: every cell holds work, so W > 0
@@ -235,16 +244,19 @@ class RelaxedSolution:
     share: np.ndarray  # (M, M) float pipelines
 
 
-def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per cell, the schemes not beaten on both GPU-work g*W and bubble B (exact ties: the lower index
-    stays): index, g*W and B, padded with -1 / inf to the longest frontier."""
+def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell, the schemes not beaten on all of GPU-work g*W, bubble B and floor F (exact ties: the lower
+    index stays): index, g*W, B and F, padded with -1 / inf to the longest frontier."""
     A = np.where(cells.feasible, cells.work * cells.gpus, np.inf)
     B = np.where(cells.feasible, cells.bubble, np.inf)
+    Fl = np.where(cells.feasible, cells.floor, np.inf)
     K = A.shape[1]
     a2, a1 = A[:, :, None], A[:, None, :]  # [c, k2, k]: does k2 beat k?
     b2, b1 = B[:, :, None], B[:, None, :]
+    f2, f1 = Fl[:, :, None], Fl[:, None, :]
     earlier = np.arange(K)[:, None] < np.arange(K)[None, :]
-    beats = (a2 <= a1) & (b2 <= b1) & ((a2 < a1) | (b2 < b1) | earlier) & np.isfinite(a2)
+    beats = ((a2 <= a1) & (b2 <= b1) & (f2 <= f1) & ((a2 < a1) | (b2 < b1) | (f2 < f1) | earlier)
+             & np.isfinite(a2))
     keep = np.isfinite(A) & ~beats.any(axis=1)
     F = max(1, int(keep.sum(axis=1).max()))
     order = np.argsort(~keep, axis=1, kind="stable")[:, :F]
@@ -252,30 +264,32 @@ def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     idx = np.where(kept, order, -1)
     Af = np.where(kept, np.take_along_axis(A, order, 1), np.inf)
     Bf = np.where(kept, np.take_along_axis(B, order, 1), np.inf)
-    return idx, Af, Bf
+    Ff = np.where(kept, np.take_along_axis(Fl, order, 1), np.inf)
+    return idx, Af, Bf, Ff
 
 
 def solve_relaxed(cells: CellCosts, gpus: int, rel_tol: float = 1e-6) -> RelaxedSolution:
     """Relaxed t[N][L'] for every L' at once: bisection on tau, vectorised over the (L', cell <= L')
     pairs and each cell's frontier schemes."""
     M = cells.n_cells
-    idx, Af, Bf = _frontier(cells)
+    idx, Af, Bf, Ff = _frontier(cells)
     per_j = np.arange(1, M + 1)
     start = np.r_[0, np.cumsum(per_j)[:-1]]
     jidx = np.repeat(np.arange(M), per_j)
     cidx = np.arange(jidx.size) - start[jidx]
-    Ap, Bp = Af[cidx], Bf[cidx]
+    Ap, Bp, Fp = Af[cidx], Bf[cidx], Ff[cidx]
 
     def need(tau: np.ndarray) -> np.ndarray:
         """GPUs each pair's cell needs on each frontier scheme to finish within its prefix's tau."""
-        slack = np.repeat(tau, per_j)[:, None] - Bp
+        t = np.repeat(tau, per_j)[:, None]
+        slack = t - Bp
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(slack > 0, Ap / slack, np.inf)
+            return np.where((slack > 0) & (Fp <= t), Ap / slack, np.inf)
 
     def total(tau: np.ndarray) -> np.ndarray:
         return np.add.reduceat(need(tau).min(axis=1), start)
 
-    lower = np.maximum.accumulate(Bf.min(axis=1))
+    lower = np.maximum.accumulate(np.maximum(Bf, Ff).min(axis=1))
     lo = lower.copy()
     hi = lower + np.maximum(np.cumsum(Af.min(axis=1)) / gpus, 1e-12 + 1e-9 * lower)
     while True:
@@ -309,52 +323,62 @@ class Rounded:
 class _Scaled:
     """Latency of an integer strategy whose schemes keep the relaxed optimum's cells (Fig. 12 scaling):
     a cell of scheme k on x_k fractional pipelines meets tau with slack tau - B; on d_k pipelines it
-    finishes at B + (tau - B) * r, r = x_k / d_k. The worst cell of scheme k is therefore the one with the
-    smallest bubble when r >= 1 and the largest when r < 1, so per-scheme latency is closed-form."""
+    finishes at max(B + (tau - B) * r, F), r = x_k / d_k. The worst cell of scheme k is therefore the one
+    with the smallest bubble when r >= 1 and the largest when r < 1, or its largest floor (which no number
+    of pipelines lowers), so per-scheme latency is closed-form."""
 
-    def __init__(self, cells: CellCosts, j: int, tau: float, mapping: np.ndarray):
-        c = np.arange(j + 1)
-        B = cells.bubble[c, mapping]
-        present = np.bincount(mapping, minlength=len(cells.schemes)) > 0
+    def __init__(self, gpus: np.ndarray, tau: float, mapping: np.ndarray, W: np.ndarray, B: np.ndarray,
+                 F: np.ndarray):
+        """mapping: scheme per cell; W, B, F: each cell's work, bubble and floor on its scheme."""
+        present = np.bincount(mapping, minlength=len(gpus)) > 0
         self.schemes = np.flatnonzero(present)
         col = (np.cumsum(present) - 1)[mapping]
         S = len(self.schemes)
-        self.load = np.bincount(col, weights=cells.work[c, mapping] / (tau - B), minlength=S)
+        self.load = np.bincount(col, weights=W / (tau - B), minlength=S)
         self.bmin = np.full(S, np.inf)
         self.bmax = np.full(S, -np.inf)
+        self.fmax = np.full(S, -np.inf)
         np.minimum.at(self.bmin, col, B)
         np.maximum.at(self.bmax, col, B)
+        np.maximum.at(self.fmax, col, F)
         self.tau = tau
-        self.g = cells.gpus[self.schemes]
+        self.g = gpus[self.schemes]
 
     def per_scheme(self, d: np.ndarray) -> np.ndarray:
         r = self.load / d
-        return self.tau * r - (r - 1) * np.where(r >= 1, self.bmin, self.bmax)
+        return np.maximum(self.tau * r - (r - 1) * np.where(r >= 1, self.bmin, self.bmax), self.fmax)
 
     def pipelines_for(self, T: np.ndarray) -> np.ndarray:
         """Fewest pipelines per scheme (columns) meeting each latency T (rows): inverts per_scheme."""
         T = T[:, None]
         r = np.where(T >= self.tau, 1 + (T - self.tau) / (self.tau - self.bmin),
                      1 - (self.tau - T) / (self.tau - self.bmax))
-        with np.errstate(divide="ignore"):
-            return np.maximum(np.ceil(np.where(r > 0, self.load / (r * (1 + 1e-12)), np.inf)), 1)
+        ok = (r > 0) & (self.fmax <= T * (1 + 1e-12))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.maximum(np.ceil(np.where(ok, self.load / (r * (1 + 1e-12)), np.inf)), 1)
 
-    def allocate(self, gpus: int) -> np.ndarray | None:
+    def allocate(self, gpus: int, beat: float = np.inf) -> np.ndarray | None:
         """Integer pipelines per scheme minimising the largest scaled latency within `gpus` GPUs (exact:
         the optimum is one of the values per_scheme takes at integer d), then leftover GPUs go one
-        pipeline at a time to the slowest scheme that still fits."""
+        pipeline at a time to the slowest scheme that still fits. None if nothing fits or if no
+        allocation can reach `beat` or less."""
         S = len(self.schemes)
-        cap = gpus // self.g
+        cap = (gpus - self.g.sum() + self.g) // self.g  # every other scheme keeps one pipeline
         if (cap < 1).any():
             return None
+        bound = self.per_scheme(cap).max()  # no scheme does better than on its cap
+        if bound > beat:
+            return None
         ks = np.repeat(np.arange(S), cap)
-        ds = np.concatenate([np.arange(1, c + 1) for c in cap]).astype(np.float64)
+        ds = (np.arange(len(ks)) - np.repeat(np.cumsum(cap) - cap, cap) + 1).astype(np.float64)
         r = self.load[ks] / ds
-        values = self.tau * r - (r - 1) * np.where(r >= 1, self.bmin[ks], self.bmax[ks])
-        fits = (self.pipelines_for(values) * self.g).sum(axis=1) <= gpus
+        values = np.maximum(self.tau * r - (r - 1) * np.where(r >= 1, self.bmin[ks], self.bmax[ks]), self.fmax[ks])
+        values = values[values >= bound]
+        need = self.pipelines_for(values)
+        fits = (need * self.g).sum(axis=1) <= gpus
         if not fits.any():
             return None
-        d = self.pipelines_for(values[fits].min(keepdims=True))[0]
+        d = need[fits][values[fits].argmin()]
         while True:
             room = self.g <= gpus - (d * self.g).sum()
             if not room.any():
@@ -367,15 +391,18 @@ def round_relaxed(cells: CellCosts, relaxed: RelaxedSolution, j: int, gpus: int)
     gets the integer pipeline counts that minimise the scaled latency within N GPUs (every floor/ceil
     combination of the fractional counts is among those considered); a scheme holding less than one
     pipeline may instead be dropped, its cells moving to the kept scheme that meets the relaxed latency
-    with the fewest GPUs. The best of these variants wins (ties: fewer GPUs)."""
+    with the fewest GPUs, or, when no kept scheme's floor is that low, to the one with the lowest floor
+    (rounding raises the latency anyway: the relaxation spreads a long cell's few sequences over fractions
+    of wide pipelines, and one whole pipeline of the widest is often more than N allows next to the rest).
+    The best of these variants wins (ties: fewer GPUs)."""
     tau = float(relaxed.latency[j])
     cs = relaxed.scheme[j, : j + 1]
     x = np.bincount(cs, weights=relaxed.share[j, : j + 1], minlength=len(cells.schemes))
     used = np.flatnonzero(x > 0)
     small = [k for k in used if x[k] < 1]
-    best = _best_rounding(cells, j, tau, cs, used, _subsets(small), gpus)
+    best = _best_rounding(cells, j, tau, cs, used, small, gpus)
     if best is None:  # the kept schemes do not fit in N GPUs together: drop any, not only small ones
-        best = _best_rounding(cells, j, tau, cs, used, _subsets(list(used)), gpus)
+        best = _best_rounding(cells, j, tau, cs, used, list(used), gpus)
     return best
 
 
@@ -384,30 +411,45 @@ def _subsets(items: list) -> itertools.chain:
     return itertools.chain.from_iterable(itertools.combinations(items, n) for n in range(len(items) + 1))
 
 
-def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: np.ndarray, drops, gpus: int
-                   ) -> Rounded | None:
-    """Best allocation over the given ways of dropping schemes (their cells move to a kept scheme)."""
-    K = len(cells.schemes)
+def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: np.ndarray, droppable: list,
+                   gpus: int) -> Rounded | None:
+    """Best allocation over every way of dropping some of `droppable` (their cells move to a kept scheme).
+    The cells that may move are costed on every used scheme once; a variant only masks the dropped ones."""
     g = cells.gpus
+    c = np.arange(j + 1)
+    base = (cells.work[c, cs], cells.bubble[c, cs], cells.floor[c, cs])
+    dropped = np.zeros(len(g), dtype=bool)
+    dropped[droppable] = True
+    rows = np.flatnonzero(dropped[cs])
+    sub = np.ix_(rows, used)
+    Wu, Bu, Fu = cells.work[sub], cells.bubble[sub], cells.floor[sub]
+    slack = tau - Bu
+    floor_u = np.where(cells.feasible[sub] & (slack > 0), Fu, np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need_u = np.where(floor_u <= tau, g[used] * Wu / slack, np.inf)
     best: Rounded | None = None
     best_key: tuple | None = None
-    for drop in drops:
-        keep = np.zeros(K, dtype=bool)
-        keep[used] = True
-        keep[list(drop)] = False
-        if not keep.any():
+    for drop in _subsets(droppable):
+        dropped[:] = False
+        dropped[list(drop)] = True
+        kept = ~dropped[used]
+        if not kept.any():
             continue
-        mapping = cs.copy()
-        moved = np.flatnonzero(~keep[mapping])
-        if moved.size:
-            slack = tau - cells.bubble[moved]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                need = np.where(keep & cells.feasible[moved] & (slack > 0), g * cells.work[moved] / slack, np.inf)
-            if not np.isfinite(need.min(axis=1)).all():
+        mapping = cs
+        W, B, F = base
+        if drop:
+            sel = dropped[cs[rows]]
+            floor = np.where(kept, floor_u[sel], np.inf)
+            if not np.isfinite(floor.min(axis=1)).all():
                 continue
-            mapping[moved] = need.argmin(axis=1)
-        scaled = _Scaled(cells, j, tau, mapping)
-        d = scaled.allocate(gpus)
+            need = np.where(kept, need_u[sel], np.inf)
+            col = np.where(np.isfinite(need.min(axis=1)), need.argmin(axis=1), floor.argmin(axis=1))
+            moved, r = rows[sel], np.arange(len(col))
+            mapping, W, B, F = cs.copy(), W.copy(), B.copy(), F.copy()
+            mapping[moved] = used[col]
+            W[moved], B[moved], F[moved] = Wu[sel][r, col], Bu[sel][r, col], Fu[sel][r, col]
+        scaled = _Scaled(g, tau, mapping, W, B, F)
+        d = scaled.allocate(gpus, np.inf if best_key is None else best_key[0])
         if d is None:
             continue
         counts = tuple((int(k), int(n)) for k, n in zip(scaled.schemes, d))
@@ -495,6 +537,7 @@ def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gp
             e.hi, e.latency, e.tokens = int(cells.hi[j]), latency, float(tokens_cum[j])
 
     relaxed = solve_relaxed(cells, gpus)
+    r = None
     for j in range(cells.n_cells):
         r = round_relaxed(cells, relaxed, j, gpus)
         if r is not None:
@@ -502,7 +545,12 @@ def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gp
     M = cells.n_cells
     homo = best_homogeneous(cells, gpus)
     assert homo is not None  # context_len <= the longest scheme's MaxLen was checked above
-    exact = solve_integer(cells, gpus, lower=float(relaxed.latency[-1]), upper=homo[2], rel_tol=1e-3)
+    # bisection bracket: the relaxed optimum below; above, the rounded one for L when the interval DP
+    # reaches it (it usually does, and it is much tighter than the homogeneous latency), else homogeneous
+    exact = None
+    if r is not None and r.latency < homo[2]:
+        exact = solve_integer(cells, gpus, lower=float(relaxed.latency[-1]), upper=r.latency, rel_tol=1e-3)
+    exact = exact or solve_integer(cells, gpus, lower=float(relaxed.latency[-1]), upper=homo[2], rel_tol=1e-3)
     if exact is not None:
         add(tuple(sorted(exact.pipelines().items())), exact.latency, M - 1, "integer-dp")
     add(((homo[0], homo[1]),), homo[2], M - 1, "homogeneous")

@@ -41,13 +41,22 @@ def cells_of(lengths: np.ndarray, L: int) -> tuple[list[np.ndarray], list[int]]:
     return seqs, his
 
 
-def interval_latency(s: Scheme, seqs: np.ndarray, d: float) -> float:
-    """W / d + B of the documented model: UtilLen-packed micro-batches, bubble of the longest one."""
+def interval_terms(s: Scheme, seqs: np.ndarray) -> tuple[float, float, float]:
+    """(W, B, F) of the documented model: UtilLen-packed micro-batches, bubble of the longest one, and the
+    floor of the pipeline that runs the longest sequence (a sequence is never split across pipelines)."""
     u = min(s.util_len, s.max_len)
     work = seq_cost(s, seqs).sum() + s.time.c * np.sum(np.minimum(seqs, u) / u)
     lmax = float(seqs.max())
     m = max(lmax, u)
-    return float(work / d + (s.pp - 1) * (s.time.a * lmax * m + s.time.b * m + s.time.c))
+    bubble = (s.pp - 1) * (s.time.a * lmax * m + s.time.b * m + s.time.c)
+    floor = s.pp * (s.time.a * lmax * lmax + s.time.b * lmax + s.time.c)
+    return float(work), float(bubble), float(floor)
+
+
+def interval_latency(s: Scheme, seqs: np.ndarray, d: float) -> float:
+    """max(W / d + B, F)."""
+    work, bubble, floor = interval_terms(s, seqs)
+    return max(work / d + bubble, floor)
 
 
 def partitions(m: int):
@@ -77,7 +86,7 @@ def brute_integer(seqs: list[np.ndarray], his: list[int], schemes: list[Scheme],
 
 
 def brute_relaxed(seqs: list[np.ndarray], his: list[int], schemes: list[Scheme], N: int) -> float:
-    """Every partition and scheme per interval with fractional d: the smallest tau with
+    """Every partition and scheme per interval with fractional d: the smallest tau >= every F with
     sum g * W / (tau - B) <= N."""
     best = np.inf
     for parts in partitions(len(seqs)):
@@ -87,12 +96,12 @@ def brute_relaxed(seqs: list[np.ndarray], his: list[int], schemes: list[Scheme],
                 s = schemes[k]
                 if s.max_len < his[j - 1]:
                     break
-                batch = np.concatenate(seqs[i:j])
-                B = interval_latency(s, batch, np.inf)
-                terms.append((s.gpus * (interval_latency(s, batch, 1.0) - B), B))
+                W, B, F = interval_terms(s, np.concatenate(seqs[i:j]))
+                terms.append((s.gpus * W, B, F))
             else:
-                A, B = np.array(terms).T
-                lo, hi = B.max(), B.max() + A.sum() / N + 1.0
+                A, B, F = np.array(terms).T
+                lo = max(B.max(), F.max())
+                hi = lo + A.sum() / N + 1.0
                 for _ in range(200):
                     mid = 0.5 * (lo + hi)
                     lo, hi = (lo, mid) if (A / (mid - B)).sum() <= N else (mid, hi)
@@ -146,6 +155,28 @@ def test_integer_dp_equals_exhaustive_search(seed):
     assert all(schemes[k].max_len >= his[j - 1] for _, j, k, _ in sol.intervals)
     got = max(interval_latency(schemes[k], np.concatenate(seqs[i:j]), d) for i, j, k, d in sol.intervals)
     assert got == pytest.approx(sol.latency, rel=1e-12)
+
+
+def tail_instance(seed: int):
+    """Many short sequences and one of (nearly) the context length: the floor of the pipeline holding it
+    decides which scheme takes the tail."""
+    schemes, lengths, L, N = small_instance(200 + seed)
+    rng = np.random.default_rng(seed)
+    tail = [L - int(rng.integers(0, 64))]
+    return schemes, np.concatenate([lengths, rng.integers(1, STEP, size=30), tail]).astype(np.int64), L, N
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_integer_dp_equals_exhaustive_search_with_a_long_tail(seed):
+    schemes, lengths, L, N = tail_instance(seed)
+    seqs, his = cells_of(lengths, L)
+    sol = solve_integer(cells_for(schemes, lengths, L), N, rel_tol=1e-13)
+    assert sol.latency == pytest.approx(brute_integer(seqs, his, schemes, N), rel=1e-9)
+    # no interval finishes before its longest sequence has run alone on its pipeline
+    for i, j, k, d in sol.intervals:
+        s = schemes[k]
+        lmax = float(np.concatenate(seqs[i:j]).max())
+        assert sol.latency >= s.pp * float(seq_cost(s, np.array([lmax]))[0] + s.time.c) * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -218,7 +249,8 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
         u = min(sc.util_len, sc.max_len)
         work = scale * (seq_cost(sc, seqs).sum() + sc.time.c * np.sum(np.minimum(seqs, u) / u))
         m = max(seqs.max(), u)
-        return work / d + (sc.pp - 1) * (sc.time.a * seqs.max() * m + sc.time.b * m + sc.time.c)
+        floor = sc.pp * (sc.time.a * seqs.max() ** 2 + sc.time.b * seqs.max() + sc.time.c)
+        return max(work / d + (sc.pp - 1) * (sc.time.a * seqs.max() * m + sc.time.b * m + sc.time.c), floor)
 
     times = {k: homo_time(sc) for k, sc in view.items() if sc.max_len >= L}
     best = min(times, key=times.get)
