@@ -16,9 +16,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,runtime,bench]'
 	touch $(STAMP)
 
+RUN := --profile h100-llama2-7b --dataset builtin:wikipedia --gpus 64 --context-len 32768 --tokens-per-iter 200000
+
+# The main job on the bundled Wikipedia lengths: look at the data, propose candidate strategies, plan 20
+# iterations, check every plan, then compare against the baselines (report in plans/demo/compare).
 demo: setup
 	$(HP) dataset stats builtin:wikipedia --context-len 32768
 	$(HP) profiles list
+	$(HP) propose $(RUN) --out $(DEMO)/strategies.json
+	$(HP) pack $(RUN) --iterations 20 --strategies $(DEMO)/strategies.json --out $(DEMO)/run
+	$(HP) validate $(DEMO)/run --profile h100-llama2-7b
+	$(HP) compare $(RUN) --iterations 20 --out $(DEMO)/compare
+	@echo "report: $(DEMO)/compare/report.html"
 
 test: setup
 	$(PY) -m pytest -q -n 2 --durations=10

@@ -164,6 +164,14 @@ def model_param_bytes(model: ModelInfo) -> float:
     return BF16_BYTES * (model.layers * (4 * h * h + 3 * h * ffn) + 2 * vocab * h)
 
 
+def switch_overhead(schemes: Sequence[Scheme], switch: SwitchModel) -> float:
+    """Switching time of one iteration running `schemes` in order, cyclically (the next iteration starts
+    with the first strategy again); none when they are all the same."""
+    if len({s.key for s in schemes}) <= 1:
+        return 0.0
+    return sum(switch.switch_s(schemes[i - 1], schemes[i]) for i in range(len(schemes)))
+
+
 def hotspa(lengths: np.ndarray, range_schemes: Sequence[tuple[tuple[int, int], Scheme]], gpus: int,
            switch: SwitchModel) -> IterationPlan:
     """One phase per non-empty length range, packed to the range's upper bound (the strategy's sequence
@@ -175,10 +183,7 @@ def hotspa(lengths: np.ndarray, range_schemes: Sequence[tuple[tuple[int, int], S
         subset = np.flatnonzero((lengths > lo) & (lengths <= hi))
         if subset.size:
             phases.append(megatron_phase(lengths, scheme, gpus, subset, f"{scheme.label}x{gpus // scheme.gpus} ({lo},{hi}]", hi))
-    schemes = [p.pipelines[0].scheme for p in phases]
-    overhead = 0.0
-    if len({s.key for s in schemes}) > 1:
-        overhead = sum(switch.switch_s(schemes[i - 1], schemes[i]) for i in range(len(schemes)))
+    overhead = switch_overhead([p.pipelines[0].scheme for p in phases], switch)
     strategy = "+".join(dict.fromkeys(f"{s.label}x{gpus // s.gpus}" for _, s in range_schemes))
     return IterationPlan("hotspa", strategy, lengths, tuple(phases), overhead_s=overhead)
 

@@ -151,6 +151,10 @@ def pack(
     chosen = sorted({i.strategy for i in its})
     console.print(f"planned {len(its)} iterations into {out}: mean estimate "
                   f"{summary.mean_estimate_s:.4f} s, strategies used {', '.join(chosen)}", soft_wrap=True)
+    if summary.mean_baseline_s is not None:
+        console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
+                      f"{summary.mean_baseline_s:.4f} s, {summary.mean_baseline_s / summary.mean_estimate_s:.2f}x "
+                      "slower", soft_wrap=True)
 
 
 @app.command()

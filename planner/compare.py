@@ -13,6 +13,7 @@ a baseline can get, as Hydraulis does by enumerating the competitors' strategies
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ DESCRIPTIONS = {
     "hydraplan": "propose + dispatch + pack, strategy chosen per iteration",
 }
 HOMO_NAME = "homo"
+HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
 
 
 @dataclass(frozen=True)
@@ -149,17 +151,34 @@ def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_le
 
 def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, switch: bl.SwitchModel
                ) -> list[bl.IterationPlan]:
-    """Per length range the homogeneous scheme with the lowest total time on that range's sequences."""
-    choice = []
-    for lo, hi in bl.hotspa_ranges(context_len):
-        def phase_time(s: Scheme, lo: int = lo, hi: int = hi) -> float:
-            return sum(bl.megatron_phase(b, s, gpus, np.flatnonzero((b > lo) & (b <= hi)), capacity=hi).latency_s
-                       for b in batches)
-
+    """One homogeneous scheme per length range, chosen jointly with the switching cost: per range the
+    HOTSPA_SHORTLIST fastest schemes on its sequences, plus those of the longest range and the fastest on
+    all ranges together (these hold every range, so one scheme for all, i.e. no switching, is always an
+    option); the combination with the lowest total time over the batches wins. Ranges chosen one by one
+    would switch even when switching costs more than it saves."""
+    ranges = bl.hotspa_ranges(context_len)
+    masks = [[(b > lo) & (b <= hi) for b in batches] for lo, hi in ranges]
+    times: list[dict[tuple[int, int, int], float]] = []  # per range: scheme key -> total phase time
+    by_key = {s.key: s for s in view.schemes}
+    for (lo, hi), mask in zip(ranges, masks, strict=True):
         cands = holding(view.schemes, hi, gpus)
         if not cands:
             raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
-        choice.append(((lo, hi), min(cands, key=lambda s: (phase_time(s), s.gpus))))
+        times.append({s.key: sum(bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi).latency_s
+                             for b, m in zip(batches, mask, strict=True)) for s in cands})
+    top = [sorted(t, key=lambda k: (t[k], by_key[k].gpus))[:HOTSPA_SHORTLIST] for t in times]
+    # ranges[0] is the longest: its schemes hold every range; the fastest of them over all ranges together
+    overall = sorted(times[0], key=lambda k: (sum(t[k] for t in times), by_key[k].gpus))[:HOTSPA_SHORTLIST]
+    shortlists = [list(dict.fromkeys(top[r] + top[0] + overall)) for r in range(len(ranges))]
+    present = [[bool(masks[r][i].any()) for r in range(len(ranges))] for i in range(len(batches))]
+
+    def total(combo: tuple[tuple[int, int, int], ...]) -> float:
+        switching = sum(bl.switch_overhead([by_key[k] for k, p in zip(combo, here, strict=True) if p], switch)
+                        for here in present)
+        return sum(t[k] for t, k in zip(times, combo, strict=True)) + switching
+
+    best = min(itertools.product(*shortlists), key=lambda c: (total(c), sum(by_key[k].gpus for k in c)))
+    choice = [(r, by_key[k]) for r, k in zip(ranges, best, strict=True)]
     return [bl.hotspa(b, choice, gpus, switch) for b in batches]
 
 

@@ -556,6 +556,46 @@ def _sampled(dataset: Any, opts: PackOptions, start: int) -> Iterator[Any]:
         yield from sample_iterations(dataset, opts.tokens_per_iter, n, opts.seed, start=first)
 
 
+@dataclass(frozen=True)
+class StaticBaseline:
+    """What the user runs today, scored next to every planned iteration: Megatron-style, one homogeneous
+    scheme replicated, FFD packing to the context length, micro-batches dealt round-robin."""
+
+    scheme: Scheme
+    gpus: int
+    context_len: int
+
+    @property
+    def label(self) -> str:
+        return f"megatron {self.scheme.label}x{self.gpus // self.scheme.gpus}"
+
+    def estimate_s(self, lengths: np.ndarray) -> float:
+        from planner.baselines import megatron
+
+        return megatron(lengths, self.scheme, self.gpus, self.context_len).estimate_s
+
+
+BASELINE_PROBE_ITERATIONS = 8
+
+
+def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
+    """The homogeneous scheme with the lowest mean Megatron estimate on the run's first batches (the same
+    choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
+    from planner.baselines import megatron
+    from planner.compare import best_static, holding
+    from planner.datasets import sample_iterations
+
+    view = for_gpus(profile, opts.gpus)
+    context_len = opts.context_len or int(dataset.lengths.max())
+    schemes = holding(view.schemes, context_len, opts.gpus)
+    if not schemes:
+        return None
+    probe = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
+        dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed)]
+    scheme, _ = best_static(schemes, lambda s: [megatron(b, s, opts.gpus, context_len) for b in probe], "baseline")
+    return StaticBaseline(scheme, opts.gpus, context_len)
+
+
 def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary:
     """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point."""
     from planner.datasets import load_dataset
@@ -587,6 +627,8 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
         iterations_requested=opts.iterations, context_len=opts.context_len,
     )
+    baseline = static_baseline(dataset, opts, profile)
+    summary.baseline = baseline.label if baseline is not None else None
     opts.out.mkdir(parents=True, exist_ok=True)
     _remove_plans_from(opts.out, len(done))
     write_model(opts.out / "strategies.json", planner.strategies)
@@ -597,6 +639,9 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
     try:
         with closing(planner.plan_stream(_sampled(dataset, opts, len(done)), workers=workers)) as stream:
             for result in stream:
+                if baseline is not None:
+                    lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
+                    result.summary.baselines_s["megatron"] = baseline.estimate_s(lengths)
                 atomic_write_text(plan_path(opts.out, result.plan.iteration), model_json(result.plan) + "\n")
                 summary.iterations.append(result.summary)
                 writer.maybe_write()
@@ -627,6 +672,8 @@ class _SummaryWriter:
         t0 = perf_counter()
         its = self.summary.iterations
         self.summary.mean_estimate_s = float(np.mean([i.estimate_s for i in its])) if its else None
+        base = [i.baselines_s["megatron"] for i in its if "megatron" in i.baselines_s]
+        self.summary.mean_baseline_s = float(np.mean(base)) if base and len(base) == len(its) else None
         write_model(self.out / "summary.json", self.summary)
         t1 = perf_counter()
         self.next_at = t1 + max(self.SUMMARY_EVERY_S, 5 * (t1 - t0))

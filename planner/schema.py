@@ -270,6 +270,8 @@ class Summary(_Model):
     strategies_sha256: str | None = Field(None, description="digest of the run's strategies.json candidates")
     iterations_requested: int | None = None
     mean_estimate_s: float | None = None
+    baseline: str | None = Field(None, description="the static Megatron-style strategy of baselines_s['megatron']")
+    mean_baseline_s: float | None = None
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

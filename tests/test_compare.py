@@ -1,5 +1,6 @@
 """compare: metrics on hand-built plans, simulator vs closed form, and one tiny end-to-end run."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -147,3 +148,24 @@ def test_cli_json_prints_compare_json(tmp_path):
     assert set(data["methods"]) == {"megatron", "wlb-llm"}
     assert data["methods"]["megatron"]["speedup_vs_megatron"] == pytest.approx(1.0)
     assert json.loads((tmp_path / "compare.json").read_text()) == data
+
+
+@pytest.mark.parametrize("bandwidth", [1e3, 50e9, 1e18])  # switching dominant, realistic, free
+def test_hotspa_picks_the_best_scheme_combination_including_switching(bandwidth):
+    # TP communication makes wide schemes less efficient per GPU: short documents prefer tp=1 when switching is free
+    schemes = [Scheme(tp=tp, pp=1, cp=1, max_len=m, util_len=1024, time=TimeCoeffs(a=4e-10 * f / tp, b=1e-5 * f / tp, c=0.002))
+               for tp, m, f in [(1, 8192, 1.0), (2, 20000, 1.3), (4, 40000, 1.6)]]
+    view = Profile(name="p", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=8),
+                   model=ModelInfo(name="m", layers=2, hidden=64), schemes=schemes)
+    rng = np.random.default_rng(5)
+    batches = [np.minimum(rng.lognormal(7.5, 1.3, 40).astype(np.int64) + 1, 32768) for _ in range(6)]
+    switch = bl.SwitchModel(2e9, bandwidth)
+    got = sum(p.estimate_s for p in cp.run_hotspa(batches, view, 8, 32768, switch))
+    ranges = bl.hotspa_ranges(32768)
+    options = [[s for s in schemes if s.max_len >= hi] for _, hi in ranges]
+    brute = min(sum(bl.hotspa(b, list(zip(ranges, combo)), 8, switch).estimate_s for b in batches)
+                for combo in itertools.product(*options))
+    assert got == pytest.approx(brute, rel=1e-12)
+    plans = cp.run_hotspa(batches, view, 8, 32768, switch)
+    switched = any(p.overhead_s > 0 for p in plans)
+    assert switched == (bandwidth == 1e18)  # only free switching makes a second scheme worth it here

@@ -71,6 +71,39 @@ def test_pack_then_validate(inputs):
     assert json.loads(v.stdout)["plans"] == 4
 
 
+def megatron_by_hand(lengths: list[int], scheme: Scheme, gpus: int, capacity: int) -> float:
+    """First-fit decreasing to `capacity`, bins dealt round-robin, the canonical estimate (DESIGN.md)."""
+    bins: list[list[int]] = []
+    for l in sorted(lengths, reverse=True):
+        for b in bins:
+            if sum(b) + l <= capacity:
+                b.append(l)
+                break
+        else:
+            bins.append([l])
+    t = scheme.time
+    times = [sum(t.a * l * l + t.b * l for l in b) + t.c for b in bins]
+    d = gpus // scheme.gpus
+    return max(sum(times[k::d]) + (scheme.pp - 1) * max(times[k::d]) for k in range(d) if times[k::d])
+
+
+def test_summary_scores_the_megatron_baseline_on_the_same_batches(inputs):
+    out = inputs["tmp"] / "run"
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"]))
+    assert r.returncode == 0, r.stderr
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    context = max(int(x) for x in inputs["data"].read_text().split())
+    holding = [s for s in tiny_profile().schemes if s.max_len >= context]
+    batches = [[s["length"] for s in json.loads((out / f"iter_{i:06d}.json").read_text())["batch"]]
+               for i in range(4)]
+    by_hand = {s.label: [megatron_by_hand(b, s, 4, context) for b in batches] for s in holding}
+    best = min(by_hand, key=lambda k: np.mean(by_hand[k]))  # only 4 iterations: all of them are the probe
+    assert summary.baseline == f"megatron {best}x2"
+    assert [i.baselines_s["megatron"] for i in summary.iterations] == pytest.approx(by_hand[best], rel=1e-12)
+    assert summary.mean_baseline_s == pytest.approx(np.mean(by_hand[best]), rel=1e-12)
+    assert f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x slower" in r.stdout
+
+
 def test_no_candidate_holds_a_sequence_exits_2_naming_the_length(inputs):
     data = inputs["tmp"] / "long.txt"
     data.write_text("100\n5000\n200\n")
