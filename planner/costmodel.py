@@ -172,12 +172,25 @@ def fit_time_coeffs(lengths: np.ndarray | Sequence[float], seconds: np.ndarray |
     so every subset is tried and the best nonnegative one kept (no scipy needed).
     """
     l = np.asarray(lengths, dtype=np.float64).ravel()
+    return _fit_terms(l * l, l, seconds)
+
+
+def fit_micro_batches(micro_batches: Sequence[Sequence[int]], seconds: np.ndarray | Sequence[float]) -> TimeFit:
+    """`fit_time_coeffs` on timings of packed micro-batches: T(m) = a*sum(l_i^2) + b*sum(l_i) + c. Packings
+    of equal total length pin the linear term, which single sequences alone leave to noise."""
+    sq = np.array([float(np.sum(np.square(np.asarray(m, dtype=np.float64)))) for m in micro_batches])
+    lin = np.array([float(np.sum(m)) for m in micro_batches], dtype=np.float64)
+    return _fit_terms(sq, lin, seconds)
+
+
+def _fit_terms(sq: np.ndarray, lin: np.ndarray, seconds: np.ndarray | Sequence[float]) -> TimeFit:
+    l = lin
     y = np.asarray(seconds, dtype=np.float64).ravel()
     if l.size != y.size or l.size == 0:
         raise ValueError(f"fit_time_coeffs: need equally many lengths and timings (got {l.size} and {y.size})")
     if np.any(y <= 0) or np.any(l <= 0):
         raise ValueError("fit_time_coeffs: lengths and timings must be positive")
-    X = np.column_stack([l * l, l, np.ones_like(l)]) / y[:, None]
+    X = np.column_stack([sq, l, np.ones_like(l)]) / y[:, None]
     scale = np.abs(X).max(axis=0)
     Xs = X / scale
     ones = np.ones_like(y)
@@ -193,7 +206,7 @@ def fit_time_coeffs(lengths: np.ndarray | Sequence[float], seconds: np.ndarray |
             best_coef = np.zeros(3)
             best_coef[list(cols)] = sub
     a, b, c = (best_coef / scale).tolist()
-    pred = (a * l + b) * l + c
+    pred = a * sq + b * l + c
     sst = float(((y - y.mean()) ** 2).sum())
     sse_abs = float(((y - pred) ** 2).sum())
     r2 = 1.0 - sse_abs / sst if sst > 0 else float(sse_abs == 0.0)

@@ -4,8 +4,10 @@ The measuring itself runs in the runtime (runtime/profile.py, under torchrun for
 
 Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
 of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
-on the single sequences (costmodel.fit_time_coeffs, NNLS on relative error); the packed points are held
-out and test the cost model's premise that a packed micro-batch costs sum(a*l_i^2 + b*l_i) + c.
+on all of them (costmodel.fit_micro_batches, NNLS on relative error): plans are made of packed
+micro-batches, and a packing of the same total as a single sequence separates the quadratic from the
+linear term. The worst error on the packings alone tests the premise that a packed micro-batch costs
+sum(a*l_i^2 + b*l_i) + c (a backend attending across documents would cost a*(sum l_i)^2).
 
 MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B pipeline holds pp - r
 micro-batches at its peak; with fixed bytes F_r and activation bytes act_r(l) = q*l^2 + p*l of one
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.costmodel import fit_time_coeffs, pipeline_time, util_len
+from planner.costmodel import fit_micro_batches, pipeline_time, util_len
 from planner.errors import UserError
 from planner.paths import ROOT
 from planner.schema import GPUInfo, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
@@ -96,8 +98,8 @@ def time_grid(max_len: int) -> list[list[int]]:
 # ------------------------------------------------------------------------------------------ fitting
 @dataclass(frozen=True)
 class SchemeFit:
-    """a, b, c fitted on single sequences; R^2 and worst relative error there; worst relative error of
-    the held-out packed points (None without any)."""
+    """a, b, c fitted on every point; R^2 and worst relative error over them; worst relative error of the
+    packed points alone (None without any)."""
 
     time: TimeCoeffs
     r2: float
@@ -107,11 +109,10 @@ class SchemeFit:
 
 
 def fit_points(points: Sequence[tuple[Sequence[int], float]]) -> SchemeFit:
-    """Fit T(l) on the single-sequence points of (packed lengths, seconds) and test it on the others."""
-    single = [(ls[0], s) for ls, s in points if len(ls) == 1]
-    if len(single) < 3:
-        raise ValueError(f"need at least 3 single-sequence points to fit a, b, c (got {len(single)})")
-    fit = fit_time_coeffs([l for l, _ in single], [s for _, s in single])
+    """Fit T(m) on the points (packed lengths, seconds)."""
+    if len({(sum(ls), len(ls)) for ls, _ in points}) < 3:
+        raise ValueError(f"need at least 3 distinct points to fit a, b, c (got {len(points)})")
+    fit = fit_micro_batches([ls for ls, _ in points], [s for _, s in points])
     time = TimeCoeffs(a=fit.a, b=fit.b, c=fit.c)
     packed = [(np.asarray(ls, dtype=np.float64), s) for ls, s in points if len(ls) > 1]
     errs = [abs(float(((time.a * ls + time.b) * ls).sum()) + time.c - s) / s for ls, s in packed]
@@ -181,7 +182,8 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
         schemes=out, reference_gpus=gpus_per_node, source="measured",
         notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: 1F1B latency of pp identical micro-batches / "
                        f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; a, b, c fitted on single "
-                       "sequences (NNLS, relative error), packed micro-batches held out (fit.packed_worst_rel_err)",
+                       "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
+                       "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage) * act(l) <= {capacity_bytes / 2**30:g} GiB on every stage; "
                           "act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward (measured_memory)",
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.costmodel import fit_time_coeffs, load_profile, pipeline_time
+from planner.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
 from planner.errors import UserError
 from planner.fileio import write_model
 from planner.measure import (LENGTH_QUANTUM, PACKED_DOCS, StageMemory, activation_fit, compare, fit_points,
@@ -77,15 +77,28 @@ def test_fit_points_recovers_known_coefficients_and_tests_packing():
     fit = fit_points(exact)
     assert (fit.time.a, fit.time.b, fit.time.c) == pytest.approx((a, b, c), rel=1e-6)
     assert fit.r2 == pytest.approx(1.0) and fit.worst_rel_err < 1e-9 and fit.packed_worst_rel_err < 1e-9
-    # a backend that attends across packed documents costs a*(sum l)^2: the held-out packings expose it
+    # a backend that attends across packed documents costs a*(sum l)^2: no a, b, c fits singles and packings
     dense = [(g, a * sum(g) ** 2 + b * sum(g) + c) for g in grid]
     fit = fit_points(dense)
-    assert fit.worst_rel_err < 1e-9 and fit.packed_worst_rel_err > 0.3
+    assert fit.worst_rel_err > 0.1 and fit.packed_worst_rel_err > 0.1
 
 
-def test_fit_points_needs_three_single_sequences():
+def test_packings_pin_the_linear_term_that_noisy_single_sequences_lose():
+    """Single sequences alone cannot tell a*l^2 from b*l well under noise; packings of the same totals can."""
+    a, b, c = 3e-7, 2e-5, 8e-3
+    rng = np.random.default_rng(11)
+    grid = time_grid(1024)
+    err_both, err_single = [], []
+    for _ in range(40):  # 2% timing noise, 40 measured profiles
+        noisy = [(g, (sum(a * n * n + b * n for n in g) + c) * (1 + rng.normal(0, 0.02))) for g in grid]
+        err_both.append(abs(fit_points(noisy).time.b - b) / b)
+        err_single.append(abs(fit_time_coeffs(*zip(*[(g[0], t) for g, t in noisy if len(g) == 1])).b - b) / b)
+    assert np.median(err_both) < 0.08 < 0.1 < np.median(err_single)
+
+
+def test_fit_points_needs_three_distinct_points():
     with pytest.raises(ValueError, match="at least 3"):
-        fit_points([([64], 0.1), ([128], 0.2), ([16, 16], 0.1)])
+        fit_points([([64], 0.1), ([64], 0.11), ([16, 16], 0.1)])
 
 
 # ------------------------------------------------------------------------------------------- check
@@ -190,9 +203,9 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     (m,) = s.measured_memory
     peak = lambda n: m["fixed_bytes"] + m["act_bytes_per_token2"] * n * n + m["act_bytes_per_token"] * n  # noqa: E731
     assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
-    # a, b, c are the fit of the recorded single-sequence timings, which grow with length
+    # a, b, c are the fit of the recorded timings (single sequences grow with length)
     single = [(p["lengths"][0], p["seconds"]) for p in s.measured_points if len(p["lengths"]) == 1]
-    fit = fit_time_coeffs(*zip(*single))
+    fit = fit_micro_batches([p["lengths"] for p in s.measured_points], [p["seconds"] for p in s.measured_points])
     assert (s.time.a, s.time.b, s.time.c) == pytest.approx((fit.a, fit.b, fit.c))
     assert single[-1][1] > single[0][1] and s.time.a > 0
     printed = json.loads(res.output)
