@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.costmodel import pipeline_time_from_mb, seq_cost
+from planner.delay import outlier_delay, stream_batches, wlb_rule
 from planner.schema import ModelInfo, Scheme
 
 HOTSPA_BOUNDS = (4096, 16384)
@@ -232,7 +232,7 @@ def _snake(order: np.ndarray, n_pipelines: int) -> list[list[int]]:
 
 def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batches_per_pipeline: int,
             thresholds: Sequence[int], drain: bool = True) -> list[IterationPlan]:
-    """Run the outlier queues over the iterations in order (the delay makes the method stateful).
+    """Run the outlier queues (planner.delay, `wlb_rule`) over the iterations in order (stateful).
 
     Documents longer than thresholds[0] wait in queue q (the last threshold they exceed) until it holds
     one per micro-batch, then all are released so each micro-batch gets exactly one outlier. With
@@ -241,21 +241,14 @@ def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batc
     """
     d = gpus // scheme.gpus
     m_total = d * micro_batches_per_pipeline
-    limits = np.asarray(thresholds, dtype=np.int64)
-    queues: list[deque[tuple[int, int]]] = [deque() for _ in limits]
+    for batch in batches:
+        _check_fits(np.asarray(batch, dtype=np.int64), scheme.max_len, f"wlb-llm {scheme.label}")
     carry: list[tuple[int, int]] = []
     plans = []
-    for it, batch in enumerate(batches):
-        batch = np.asarray(batch, dtype=np.int64)
-        _check_fits(batch, scheme.max_len, f"wlb-llm {scheme.label}")
-        pending = list(carry)
-        for l in batch.tolist():
-            q = int(np.searchsorted(limits, l, side="left")) - 1
-            (queues[q].append((l, it)) if q >= 0 else pending.append((l, it)))
+    stream = outlier_delay(stream_batches(batches), wlb_rule(thresholds, m_total), len(batches) if drain else None)
+    for it, released in enumerate(stream):
+        pending = carry + list(zip(released.lengths.tolist(), released.sampled.tolist()))
         last = drain and it == len(batches) - 1
-        for queue in queues:
-            if len(queue) >= m_total or last:
-                pending.extend(queue.popleft() for _ in range(len(queue) if last else m_total))
         lens = np.array([l for l, _ in pending], dtype=np.int64)
         born = np.array([s for _, s in pending], dtype=np.int64)
         mbs, left = wlb_pack(lens, scheme, m_total, scheme.max_len)

@@ -101,7 +101,8 @@ def pack(
     iterations: int = typer.Option(..., "--iterations", help="iterations to plan"),
     out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json, strategies.json, summary.json"),
     strategies: Path | None = typer.Option(
-        None, "--strategies", help="candidates (ranks optional); default: propose them and write OUT/strategies.json"),
+        None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
+        "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
     context_len: int | None = typer.Option(None, "--context-len", help="truncate sequences to this length"),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed: same seed, same plans"),
     workers: int | None = typer.Option(None, "--workers", help="solver processes (default: the core count)"),
@@ -112,6 +113,9 @@ def pack(
         "MaxLen; plans record splits and seq1f1b_estimate_s)"),
     cp_shard: bool = typer.Option(False, "--cp-shard", help="record adaptive WLB-LLM CP sharding (per-rank token ranges) "
                                   "for cp > 1 pipelines"),
+    outlier_delay: bool = typer.Option(
+        False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
+        "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -127,7 +131,7 @@ def pack(
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
-                       cp_shard=cp_shard)  # type: ignore[arg-type]
+                       cp_shard=cp_shard, outlier_delay=outlier_delay)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -155,6 +159,10 @@ def pack(
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
                       f"{summary.mean_baseline_s:.4f} s, {summary.mean_baseline_s / summary.mean_estimate_s:.2f}x "
                       "slower", soft_wrap=True)
+    delay = summary.outlier_delay
+    if delay is not None and delay.avg_delay_iters_per_token is not None:
+        console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
+                      f"{delay.avg_delay_iters_per_token:.3f} iterations per token", soft_wrap=True)
 
 
 @app.command()
@@ -204,7 +212,7 @@ def compare(
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
         None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
-        "homo-maxlen homo-pack hetero-static hydraplan"),
+        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
     json_out: bool = typer.Option(False, "--json", help="print compare.json instead of the table"),
 ) -> None:
     """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
@@ -224,7 +232,8 @@ def compare(
     opts = CompareOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                           iterations=iterations, seed=seed, context_len=context_len, methods=chosen)
     bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
-                   TimeElapsedColumn(), console=err_console)
+                   TimeElapsedColumn(), console=err_console,
+                   disable=not err_console.is_terminal)  # logs get the table, not bar frames
 
     class _Progress:
         def start(self, total: int) -> None:

@@ -7,6 +7,8 @@ per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
 (b) homo-pack:   the same with Eq. 1 packing;
 (c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
 (d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
+hydraplan-delay is (d) on the batches after hydraplan's outlier delay (planner.delay), to set against wlb-llm
+as hydraplan against wlb-nodelay.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
 """
@@ -27,7 +29,7 @@ from planner.errors import UserError
 from planner.pipeline import simulate_1f1b
 from planner.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
 
-HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan")
+HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
 ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS
 DESCRIPTIONS = {
@@ -40,7 +42,9 @@ DESCRIPTIONS = {
     "homo-pack": "ablation (b): static homogeneous scheme, Eq. 3 dispatch, Eq. 1 packing",
     "hetero-static": "ablation (c): best static heterogeneous candidate holding the context length",
     "hydraplan": "propose + dispatch + pack, strategy chosen per iteration",
+    "hydraplan-delay": "hydraplan on batches whose long outliers are queued and released in one-iteration groups",
 }
+DELAYING = ("wlb-llm", "wlb-nodelay", "hydraplan-delay")
 HOMO_NAME = "homo"
 HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
 
@@ -70,6 +74,7 @@ class MethodRun:
     plans: list[bl.IterationPlan]
     static: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    note: str = ""
 
 
 @dataclass
@@ -264,6 +269,23 @@ def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus
     return {k: v for k, v in runs.items() if k in methods}
 
 
+def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
+                    tokens_per_iter: int, seed: int, homo: Scheme, advance: Callable[[str], None]) -> MethodRun:
+    """hydraplan, planned exactly as run_hydra does, on the batches after hydraplan's outlier delay (drained
+    by the last iteration, so it trains exactly the sampled sequences)."""
+    from planner.delay import hydraplan_rule, outlier_delay, stream_batches
+
+    rule = hydraplan_rule(np.asarray(dataset.lengths), tokens_per_iter)  # type: ignore[attr-defined]
+    delayed = list(outlier_delay(stream_batches(batches), rule, len(batches)))
+    run = run_hydra([d.lengths for d in delayed], profile, dataset, gpus, context_len, tokens_per_iter, seed, homo,
+                    ("hydraplan",), advance)["hydraplan"]
+    plans = [bl.IterationPlan("hydraplan-delay", p.strategy, p.lengths, p.phases, delayed_token_iters=d.delayed_token_iters)
+             for p, d in zip(run.plans, delayed, strict=True)]
+    note = (f"outliers: sequences longer than {rule.thresholds[0]} tokens (under one per iteration in the dataset); "
+            f"released together once they hold {rule.tokens} tokens, or after {rule.max_wait} iterations")
+    return MethodRun("hydraplan-delay", plans, run.static, run.labels, note)
+
+
 # -------------------------------------------------------------------------------------------- driver
 def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float) -> MethodResult:
     ms = [iteration_metrics(p, gpus, view, peak_flops) for p in run.plans]
@@ -285,6 +307,7 @@ def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float) -> Me
     )
     if run.name in ("wlb-llm", "wlb-nodelay"):
         out.imbalance = [float(p.imbalance) for p in run.plans if p.imbalance is not None]
+    if run.name in DELAYING:
         trained = sum(m.tokens for m in ms)
         out.avg_delay_iters_per_token = float(sum(p.delayed_token_iters for p in run.plans) / trained) if trained else 0.0
     return out
@@ -317,7 +340,8 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
     peak = peak_flops_of(view)
     methods = [m for m in ALL_METHODS if m in opts.methods]
     hydra = [m for m in methods if m in HYDRA_METHODS]
-    total = len([m for m in methods if m not in HYDRA_METHODS]) + (opts.iterations if hydra else 0) + len(methods)
+    solved = int(bool(set(hydra) - {"hydraplan-delay"})) + int("hydraplan-delay" in hydra)  # passes over the batches
+    total = len([m for m in methods if m not in HYDRA_METHODS]) + solved * opts.iterations + len(methods)
     if progress is not None:
         progress.start(total)
     tick = progress.advance if progress is not None else (lambda what: None)
@@ -345,8 +369,11 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         if m != "flexsp":  # the others keep one strategy for every iteration
             runs[m].static = runs[m].static or runs[m].plans[0].strategy
         tick(m)
-    if hydra:
+    if set(hydra) - {"hydraplan-delay"}:
         runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo, hydra, tick))
+    if "hydraplan-delay" in hydra:
+        runs["hydraplan-delay"] = run_hydra_delay(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter,
+                                                  opts.seed, homo, tick)
     results: dict[str, MethodResult] = {}
     for m in methods:
         if m in runs:
@@ -372,6 +399,7 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: C
            context_len: int) -> dict[str, str]:
     notes = {m: f"static strategy {r.static}" + (f" = {r.labels[r.static]}" if r.static in r.labels else "")
              for m, r in runs.items() if r.static and r.static != "dynamic"}
+    notes.update({m: r.note for m, r in runs.items() if r.note})
     diffs = {m: float(np.mean(np.array(r.sim_iterations_s) / np.array(r.iterations_s)) - 1.0)
              for m, r in results.items() if r.sim_iterations_s}
     notes["simulator"] = (

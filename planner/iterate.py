@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import closing
+from itertools import islice
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from planner.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq_cost
+from planner.delay import DelayRule, hydraplan_rule, outlier_delay
 from planner.errors import UserError
 from planner.fileio import atomic_write_text, load_model, model_json, write_model
 from planner.schema import (
@@ -33,6 +35,7 @@ from planner.schema import (
     CandidateSolve,
     Estimate,
     IterationSummary,
+    OutlierDelay,
     MicroBatch,
     PackArgs,
     PipelineSpec,
@@ -63,6 +66,7 @@ class SeqBatch:
     ids: np.ndarray
     lengths: np.ndarray
     docs: np.ndarray | None = None
+    sampled: np.ndarray | None = None  # iteration each sequence was sampled in (outlier delay), None: this one
 
 
 def as_batch(batch: Any, iteration: int = 0) -> SeqBatch:
@@ -71,11 +75,13 @@ def as_batch(batch: Any, iteration: int = 0) -> SeqBatch:
         lengths = np.asarray(batch.lengths, dtype=np.int64)
         ids = getattr(batch, "ids", None)
         docs = getattr(batch, "docs", None)
+        sampled = getattr(batch, "sampled", None)
         return SeqBatch(
             iteration=int(getattr(batch, "iteration", iteration)),
             ids=np.arange(lengths.size, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64),
             lengths=lengths,
             docs=None if docs is None else np.asarray(docs, dtype=np.int64),
+            sampled=None if sampled is None else np.asarray(sampled, dtype=np.int64),
         )
     lengths = np.asarray(batch, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size == 0 or lengths.min() < 1:
@@ -271,9 +277,10 @@ def solver_path(solve: CandidateSolve) -> str:
 def build_plan(
     batch: SeqBatch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], profile_name: str, gpus: int,
 ) -> Plan:
-    docs = batch.docs
+    docs, sampled = batch.docs, batch.sampled
     seqs = [
-        BatchSeq(id=int(i), length=int(l), doc=None if docs is None else int(docs[k]))
+        BatchSeq(id=int(i), length=int(l), doc=None if docs is None else int(docs[k]),
+                 sampled_iteration=None if sampled is None or sampled[k] == batch.iteration else int(sampled[k]))
         for k, (i, l) in enumerate(zip(batch.ids, batch.lengths, strict=True))
     ]
     plan_pipes = [
@@ -409,6 +416,9 @@ class Planner:
             candidates_s={s.solve.name: s.solve.estimate_s for s in sols},
             candidates=[s.solve for s in sols],
         )
+        if b.sampled is not None:
+            summary.tokens = int(b.lengths.sum())
+            summary.delayed_token_iters = int((b.lengths * (b.iteration - b.sampled)).sum())
         return IterationResult(plan, summary)
 
     def plan(self, batch: Any, iteration: int = 0) -> Plan:
@@ -478,6 +488,7 @@ class PackOptions:
     resume: bool = False
     seq1f1b: str | None = None
     cp_shard: bool = False
+    outlier_delay: bool = False
 
 
 class PackProgress(Protocol):
@@ -503,7 +514,7 @@ def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
         dataset=opts.dataset, gpus=opts.gpus, tokens_per_iter=opts.tokens_per_iter, context_len=opts.context_len,
         seed=opts.seed, dispatch=opts.dispatch,
         strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
-        seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard,
+        seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay,
     )
 
 
@@ -521,6 +532,10 @@ def _resume_state(opts: PackOptions, args: PackArgs) -> Summary | None:
         k = diff[0]
         raise UserError(f"{path}: field args.{k}: the run was started with {old.get(k)!r}, now {new[k]!r}; "
                         "--resume needs the same arguments")
+    if opts.outlier_delay and summary.iterations_requested != opts.iterations:
+        raise UserError(f"{path}: field iterations_requested: the run was started with {summary.iterations_requested}, "
+                        f"now {opts.iterations}; --outlier-delay drains its queue at the last iteration, so --resume "
+                        "needs the same --iterations")
     for i, it in enumerate(summary.iterations):
         if it.iteration != i:
             raise UserError(f"{path}: field iterations.{i}.iteration: expected {i} (got {it.iteration})")
@@ -554,6 +569,15 @@ def _sampled(dataset: Any, opts: PackOptions, start: int) -> Iterator[Any]:
     for first in range(start, opts.iterations, SAMPLE_CHUNK):
         n = min(SAMPLE_CHUNK, opts.iterations - first)
         yield from sample_iterations(dataset, opts.tokens_per_iter, n, opts.seed, start=first)
+
+
+def _batches(dataset: Any, opts: PackOptions, start: int, rule: DelayRule | None) -> Iterator[Any]:
+    """The batches of iterations [start, iterations). Under an outlier delay rule the queue is a function of
+    the whole stream, so it is replayed from iteration 0 (sampling is cheap): a resumed run plans exactly
+    what an uninterrupted one would."""
+    if rule is None:
+        return _sampled(dataset, opts, start)
+    return islice(outlier_delay(_sampled(dataset, opts, 0), rule, opts.iterations), start, None)
 
 
 @dataclass(frozen=True)
@@ -596,6 +620,28 @@ def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> Static
     return StaticBaseline(scheme, opts.gpus, context_len)
 
 
+STATIC_CANDIDATE = "static"
+
+
+def with_static_candidate(strategies: Strategies, baseline: StaticBaseline, view: Profile,
+                          context_len: int | None) -> Strategies:
+    """The candidates plus the static baseline's layout (named STATIC_CANDIDATE) unless one of them is that
+    layout already: then every plan is at least as fast as the best static layout packed by our solvers
+    (the proposal's homogeneous fallback is chosen by the DP's expectation, which can prefer another
+    scheme). Idempotent, so a resumed run's strategies.json gets nothing added twice."""
+    d = baseline.gpus // baseline.scheme.gpus
+    layout = [baseline.scheme.key] * d
+    if any(sorted(p.key for p in c.pipelines) == layout for c in strategies.candidates):
+        return strategies
+    name = STATIC_CANDIDATE
+    while name in {c.name for c in strategies.candidates}:
+        name += "'"
+    spec = PipelineSpec(tp=baseline.scheme.tp, pp=baseline.scheme.pp, cp=baseline.scheme.cp)
+    static = Candidate(name=name, pipelines=[spec] * d, kind="homogeneous", sources=["static-baseline"])
+    added = strategies.model_copy(update={"candidates": [*strategies.candidates, static]})
+    return resolve_strategies(added, view, baseline.gpus, context_len=context_len, source="strategies")
+
+
 def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary:
     """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point."""
     from planner.datasets import load_dataset
@@ -613,7 +659,10 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
     args = _pack_args(opts, profile)
     resumed = _resume_state(opts, args)
     dataset = load_dataset(opts.dataset, opts.context_len)
+    baseline = static_baseline(dataset, opts, profile)
     strategies = _load_strategies(opts, profile, dataset, resumed)
+    if baseline is not None:
+        strategies = with_static_candidate(strategies, baseline, for_gpus(profile, opts.gpus), opts.context_len)
     digest = strategies_digest(strategies)
     if resumed is not None and resumed.strategies_sha256 != digest:
         raise UserError(f"{opts.out / 'strategies.json'}: the candidates changed since the run started; "
@@ -627,7 +676,11 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
         iterations_requested=opts.iterations, context_len=opts.context_len,
     )
-    baseline = static_baseline(dataset, opts, profile)
+    rule = None
+    if opts.outlier_delay:
+        rule = hydraplan_rule(dataset.lengths, opts.tokens_per_iter)
+        summary.outlier_delay = OutlierDelay(threshold=rule.thresholds[0], release_tokens=rule.tokens,
+                                             max_wait=rule.max_wait)
     summary.baseline = baseline.label if baseline is not None else None
     opts.out.mkdir(parents=True, exist_ok=True)
     _remove_plans_from(opts.out, len(done))
@@ -637,7 +690,7 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
     workers = opts.workers or os.cpu_count() or 1
     writer = _SummaryWriter(opts.out, summary)
     try:
-        with closing(planner.plan_stream(_sampled(dataset, opts, len(done)), workers=workers)) as stream:
+        with closing(planner.plan_stream(_batches(dataset, opts, len(done), rule), workers=workers)) as stream:
             for result in stream:
                 if baseline is not None:
                     lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
@@ -672,6 +725,9 @@ class _SummaryWriter:
         t0 = perf_counter()
         its = self.summary.iterations
         self.summary.mean_estimate_s = float(np.mean([i.estimate_s for i in its])) if its else None
+        if self.summary.outlier_delay is not None and its:
+            delayed = sum(i.delayed_token_iters or 0 for i in its) / max(sum(i.tokens or 0 for i in its), 1)
+            self.summary.outlier_delay.avg_delay_iters_per_token = delayed
         base = [i.baselines_s["megatron"] for i in its if "megatron" in i.baselines_s]
         self.summary.mean_baseline_s = float(np.mean(base)) if base and len(base) == len(its) else None
         write_model(self.out / "summary.json", self.summary)

@@ -23,6 +23,7 @@ from planner.schema import CompareResult
 COLORS = {
     "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
     "homo-maxlen": "#c5b0d5", "homo-pack": "#9467bd", "hetero-static": "#ff7f0e", "hydraplan": "#d62728",
+    "hydraplan-delay": "#e377c2",
 }
 PLOTS = ("latency", "methods", "lengths", "load", "gantt")
 
@@ -262,7 +263,7 @@ STDOUT_COLUMNS = [0, 1, 2, 3, 4, 5, 7]  # the terminal table leaves idle GPU-sec
 
 
 def wlb_line(result: CompareResult) -> str | None:
-    """WLB-LLM's Table 2 figures: imbalance degree (with and without the outlier queues) and delay."""
+    """WLB-LLM's Table 2 figures: imbalance degree (with and without the outlier queues) and delay; hydraplan's delay."""
     m, bare = result.methods.get("wlb-llm"), result.methods.get("wlb-nodelay")
     parts = []
     if m is not None and m.imbalance:
@@ -270,6 +271,9 @@ def wlb_line(result: CompareResult) -> str | None:
                      f"average delay {m.avg_delay_iters_per_token:.3f} iterations per token")
     if bare is not None and bare.imbalance:
         parts.append(f"without queues {np.mean(bare.imbalance):.3f}")
+    hd = result.methods.get("hydraplan-delay")
+    if hd is not None and hd.avg_delay_iters_per_token is not None:
+        parts.append(f"hydraplan-delay average delay {hd.avg_delay_iters_per_token:.3f} iterations per token")
     return "; ".join(parts) or None
 
 

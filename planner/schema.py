@@ -162,6 +162,8 @@ class BatchSeq(_Model):
     id: int = Field(ge=0, description="position in the run's sampled stream")
     doc: int | None = Field(None, description="index in the dataset (absent for histograms)")
     length: PositiveInt
+    sampled_iteration: int | None = Field(
+        None, ge=0, description="`pack --outlier-delay`: the iteration it was sampled in, when earlier than the plan's")
 
 
 class CPShard(_Model):
@@ -245,6 +247,7 @@ class PackArgs(_Model):
     strategies: str | None = Field(None, description="--strategies file (absolute), null if proposed")
     seq1f1b: str | None = Field(None, description="--seq1f1b K|auto, null if off")
     cp_shard: bool = Field(False, description="--cp-shard: adaptive CP sharding recorded")
+    outlier_delay: bool = Field(False, description="--outlier-delay: long outliers queued and trained in groups")
 
 
 class IterationSummary(_Model):
@@ -256,6 +259,17 @@ class IterationSummary(_Model):
     candidates_s: dict[str, float | None] = Field(default_factory=dict, description="estimate per candidate; null if infeasible")
     baselines_s: dict[str, float] = Field(default_factory=dict)
     candidates: list[CandidateSolve] = Field(default_factory=list)
+    tokens: int | None = Field(None, description="--outlier-delay: tokens trained in this iteration")
+    delayed_token_iters: int | None = Field(None, description="--outlier-delay: sum over its tokens of iterations waited")
+
+
+class OutlierDelay(_Model):
+    """`pack --outlier-delay`: the rule of planner.delay.hydraplan_rule for this run, and the delay it caused."""
+
+    threshold: int = Field(description="sequences longer than this are queued")
+    release_tokens: int = Field(description="the queue is released whole once it holds this many tokens")
+    max_wait: int = Field(description="no sequence waits more iterations than this")
+    avg_delay_iters_per_token: float | None = Field(None, description="over the planned iterations")
 
 
 class Summary(_Model):
@@ -270,6 +284,7 @@ class Summary(_Model):
     strategies_sha256: str | None = Field(None, description="digest of the run's strategies.json candidates")
     iterations_requested: int | None = None
     mean_estimate_s: float | None = None
+    outlier_delay: OutlierDelay | None = None
     baseline: str | None = Field(None, description="the static Megatron-style strategy of baselines_s['megatron']")
     mean_baseline_s: float | None = None
 
@@ -298,7 +313,7 @@ class MethodResult(_Model):
     overhead_s: list[float] = Field(default_factory=list, description="non-compute time (HotSPa switching)")
     tokens_per_s: float | None = None
     imbalance: list[float] | None = Field(None, description="WLB-LLM Table 2 imbalance degree")
-    avg_delay_iters_per_token: float | None = Field(None, description="WLB-LLM outlier delay per trained token")
+    avg_delay_iters_per_token: float | None = Field(None, description="outlier delay, iterations per trained token")
 
 
 class CompareResult(_Model):

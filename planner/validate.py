@@ -104,6 +104,9 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>") -> list[Viola
         if s.id in lengths:
             bad("batch", f"sequence id {s.id} listed twice in the batch")
         lengths[s.id] = s.length
+        if s.sampled_iteration is not None and s.sampled_iteration > plan.iteration:
+            bad("batch", f"sequence id {s.id} is trained in iteration {plan.iteration} before it is sampled "
+                         f"(sampled_iteration {s.sampled_iteration})")
 
     used = sum(p.tp * p.pp * p.cp for p in plan.pipelines)
     if used > plan.gpus:

@@ -94,7 +94,7 @@ def test_tiny_run_every_method_plans_the_same_batches(tiny):
             trained = sorted(plan.lengths[np.concatenate(
                 [mb for ph in plan.phases for p in ph.pipelines for mb in p.micro_batches])].tolist())
             assert trained == sorted(plan.lengths.tolist())  # every trained sequence in exactly one micro-batch
-            if name != "wlb-llm":
+            if name not in ("wlb-llm", "hydraplan-delay"):
                 assert trained == sampled[it], name
             for ph in plan.phases:
                 assert sum(p.scheme.gpus for p in ph.pipelines) + ph.idle_gpus == 16
@@ -102,6 +102,22 @@ def test_tiny_run_every_method_plans_the_same_batches(tiny):
                     assert all(int(plan.lengths[mb].sum()) <= p.scheme.max_len for mb in p.micro_batches)
     wlb = outcome.runs["wlb-llm"].plans
     assert sum(int(p.lengths.sum()) for p in wlb) == sum(int(b.sum()) for b in outcome.batches)  # drained
+
+
+def test_tiny_run_hydraplan_delay_trains_exactly_the_sampled_sequences(tiny):
+    outcome, _, _ = tiny
+    plans = outcome.runs["hydraplan-delay"].plans
+    trained = [sorted(p.lengths.tolist()) for p in plans]
+    sampled = [sorted(b.tolist()) for b in outcome.batches]
+    assert sorted(sum(trained, [])) == sorted(sum(sampled, []))  # drained: nothing lost or duplicated
+    assert trained != sampled  # something was delayed
+    # waiting token-iterations = sum over iterations of tokens sampled so far but not yet trained
+    waiting = np.cumsum([b.sum() for b in outcome.batches]) - np.cumsum([p.lengths.sum() for p in plans])
+    assert (waiting >= 0).all() and waiting[-1] == 0
+    assert sum(p.delayed_token_iters for p in plans) == waiting.sum() > 0
+    result = outcome.result.methods["hydraplan-delay"]
+    assert result.avg_delay_iters_per_token == pytest.approx(waiting.sum() / sum(sum(t) for t in trained))
+    assert "hydraplan-delay" in outcome.result.notes
 
 
 def test_tiny_run_json_is_consistent(tiny):

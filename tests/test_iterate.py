@@ -5,31 +5,35 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
 from planner import packing
 from planner.costmodel import pipeline_time
 from planner.errors import UserError
-from planner.fileio import model_json, write_model
+from planner.fileio import model_json
 from planner.iterate import (
-    PackOptions, Planner, ResolvedCandidate, as_batch, candidate_bound, canonical_pipeline_estimate,
-    resolve_strategies, run_pack, solver_seed,
+    PackOptions,
+    Planner,
+    ResolvedCandidate,
+    StaticBaseline,
+    as_batch,
+    candidate_bound,
+    canonical_pipeline_estimate,
+    resolve_strategies,
+    run_pack,
+    solver_seed,
+    with_static_candidate,
 )
-from planner.schema import GPUInfo, ModelInfo, Plan, Profile, Scheme, Strategies, TimeCoeffs
+from planner.schema import (
+    GPUInfo,
+    ModelInfo,
+    Plan,
+    Profile,
+    Scheme,
+    Strategies,
+    TimeCoeffs,
+)
 from planner.validate import check_plan, validate_path
-
-
-def tiny_profile() -> Profile:
-    """Two schemes with the trade-off of the paper: <2,1,1> holds longer sequences, <1,1,1> is cheaper
-    per token on short ones; <1,2,1> adds a pipeline bubble."""
-    return Profile(
-        name="tiny", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4),
-        model=ModelInfo(name="m", layers=2, hidden=8),
-        schemes=[
-            Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=TimeCoeffs(a=2e-9, b=1e-4, c=0.01)),
-            Scheme(tp=2, pp=1, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=1.1e-9, b=5.5e-5, c=0.01)),
-            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=256, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
-        ],
-    )
 
 
 def strategies(ranks: bool = True) -> Strategies:
@@ -74,6 +78,21 @@ def test_resolve_places_missing_ranks_disjointly():
         assert sorted(ranks) == list(range(4))
         assert all(len(p.ranks) == p.tp * p.pp * p.cp for p in cand.pipelines)
     assert [c.max_len for c in out.candidates] == [4096, 4096, 4096]
+
+
+def test_static_candidate_is_added_once_with_placed_ranks():
+    view = tiny_profile()
+    base = resolve_strategies(strategies(), view, 4)
+    tp2, pp2, tp1 = (view.scheme(*k) for k in [(2, 1, 1), (1, 2, 1), (1, 1, 1)])
+    # the layout is there already (2x<2,1,1> is "tp2", 2x<1,2,1> is "pp2"): nothing added
+    assert with_static_candidate(base, StaticBaseline(tp2, 4, 2048), view, None) == base
+    assert with_static_candidate(base, StaticBaseline(pp2, 4, 2048), view, None) == base
+    added = with_static_candidate(base, StaticBaseline(tp1, 4, 2048), view, None)
+    assert [c.name for c in added.candidates] == ["mixed", "tp2", "pp2", "static"]
+    static = added.candidates[-1]
+    assert [p.key for p in static.pipelines] == [(1, 1, 1)] * 4
+    assert sorted(r for p in static.pipelines for r in p.ranks) == [0, 1, 2, 3]
+    assert with_static_candidate(added, StaticBaseline(tp1, 4, 2048), view, None) == added  # resume adds nothing
 
 
 def test_resolve_places_only_the_pipelines_without_ranks():
@@ -193,13 +212,7 @@ def test_no_candidate_can_hold_the_batch():
 def run_inputs(tmp_path):
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 4096)
-    data = tmp_path / "lengths.txt"
-    data.write_text("\n".join(map(str, lengths)) + "\n")
-    profile = tmp_path / "tiny.json"
-    profile.write_text(model_json(tiny_profile()))
-    strat = tmp_path / "strategies.json"
-    write_model(strat, strategies(ranks=False))
-    return profile, data, strat
+    return write_run_inputs(tmp_path, lengths, strategies(ranks=False))
 
 
 def opts(run_inputs, out: Path, **kw) -> PackOptions:
@@ -226,23 +239,6 @@ def test_run_pack_writes_valid_plans_identical_for_any_worker_count(tmp_path, ru
     plans = [Plan.model_validate_json(f.read_text()) for f in sorted((tmp_path / "w1").glob("iter_*.json"))]
     ids = [s.id for plan in plans for s in plan.batch]
     assert len(ids) == len(set(ids))
-
-
-class Interrupt(Exception):
-    pass
-
-
-class StopAfter:
-    def __init__(self, n):
-        self.n = n
-
-    def start(self, done, total):
-        pass
-
-    def advance(self, it):
-        self.n -= 1
-        if self.n == 0:
-            raise Interrupt
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inputs):

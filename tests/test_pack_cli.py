@@ -7,35 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tiny_profile, write_run_inputs
 
-from planner.fileio import model_json, write_model
-from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, Summary, TimeCoeffs
+from planner.schema import Scheme, Strategies, Summary
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
-
-
-def tiny_profile() -> Profile:
-    return Profile(
-        name="tiny", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4),
-        model=ModelInfo(name="m", layers=2, hidden=8),
-        schemes=[
-            Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=TimeCoeffs(a=2e-9, b=1e-4, c=0.01)),
-            Scheme(tp=2, pp=1, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=1.1e-9, b=5.5e-5, c=0.01)),
-            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=256, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
-        ],
-    )
 
 
 @pytest.fixture
 def inputs(tmp_path):
     rng = np.random.default_rng(2)
     lengths = np.minimum(rng.lognormal(6.0, 1.2, 2000).astype(np.int64) + 1, 4000)
-    data = tmp_path / "lengths.txt"
-    data.write_text("\n".join(map(str, lengths)) + "\n")
-    profile = tmp_path / "tiny.json"
-    profile.write_text(model_json(tiny_profile()))
-    strat = tmp_path / "strategies.json"
-    write_model(strat, Strategies(candidates=[
+    profile, data, strat = write_run_inputs(tmp_path, lengths, Strategies(candidates=[
         {"name": "mixed", "pipelines": [{"tp": 2, "pp": 1, "cp": 1}, *[{"tp": 1, "pp": 1, "cp": 1}] * 2]},
         {"name": "pp2", "pipelines": [{"tp": 1, "pp": 2, "cp": 1}, {"tp": 1, "pp": 2, "cp": 1}]},
     ]))
@@ -60,7 +43,7 @@ def test_pack_then_validate(inputs):
     assert [i.iteration for i in summary.iterations] == [0, 1, 2, 3]
     assert summary.args.seed == 3 and summary.args.strategies == str(inputs["strategies"].resolve())
     for it in summary.iterations:
-        assert set(it.candidates_s) == {"mixed", "pp2"}
+        assert set(it.candidates_s) == {"mixed", "pp2", "static"}  # static: the baseline's layout, added
         assert it.estimate_s == min(v for v in it.candidates_s.values() if v is not None)
         assert it.solver and it.solver_s > 0
     # hand-written candidates had no ranks: the run's strategies.json has them placed
@@ -102,6 +85,13 @@ def test_summary_scores_the_megatron_baseline_on_the_same_batches(inputs):
     assert [i.baselines_s["megatron"] for i in summary.iterations] == pytest.approx(by_hand[best], rel=1e-12)
     assert summary.mean_baseline_s == pytest.approx(np.mean(by_hand[best]), rel=1e-12)
     assert f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x slower" in r.stdout
+    # the baseline's layout is a candidate too, so no plan is slower than it packed by our solvers
+    static = next(c for c in Strategies.model_validate_json((out / "strategies.json").read_text()).candidates
+                  if c.name == "static")
+    assert [f"<{p.tp},{p.pp},{p.cp}>" for p in static.pipelines] == [best] * 2
+    for it in summary.iterations:
+        solve = next(c for c in it.candidates if c.name == "static")
+        assert it.estimate_s <= (solve.bound_s if solve.pruned else solve.estimate_s) * (1 + 1e-12)
 
 
 def test_no_candidate_holds_a_sequence_exits_2_naming_the_length(inputs):

@@ -1,0 +1,51 @@
+"""Shared by the planner tests: a tiny profile with the paper's trade-offs, and an interrupted pack run."""
+
+from pathlib import Path
+
+import numpy as np
+
+from planner.fileio import model_json, write_model
+from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+
+
+def tiny_profile() -> Profile:
+    """<2,1,1> holds longer sequences, <1,1,1> is cheaper per token on short ones; <1,2,1> adds a bubble."""
+    return Profile(
+        name="tiny", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4),
+        model=ModelInfo(name="m", layers=2, hidden=8),
+        schemes=[
+            Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=TimeCoeffs(a=2e-9, b=1e-4, c=0.01)),
+            Scheme(tp=2, pp=1, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=1.1e-9, b=5.5e-5, c=0.01)),
+            Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=256, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
+        ],
+    )
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAfter:
+    """A pack progress callback that interrupts the run after `n` planned iterations."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def start(self, done: int, total: int) -> None:
+        pass
+
+    def advance(self, it: object) -> None:
+        self.n -= 1
+        if self.n == 0:
+            raise Interrupt
+
+
+def write_run_inputs(tmp_path: Path, lengths: np.ndarray, strategies: Strategies) -> tuple[Path, Path, Path]:
+    """The files of a pack run on tiny_profile: (profile JSON, lengths .txt, strategies JSON)."""
+    data = tmp_path / "lengths.txt"
+    data.write_text("\n".join(map(str, lengths)) + "\n")
+    profile = tmp_path / "tiny.json"
+    profile.write_text(model_json(tiny_profile()))
+    strat = tmp_path / "strategies.json"
+    write_model(strat, strategies)
+    return profile, data, strat
