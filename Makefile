@@ -35,5 +35,8 @@ test: setup
 bench: setup
 	$(PY) -m bench
 
+lint: setup
+	$(PY) -m ruff check planner runtime bench tests
+
 clean:
 	rm -rf $(VENV) plans/demo build *.egg-info

@@ -47,7 +47,8 @@ def main() -> None:
             undelayed = {n: v for n, v in others.items() if n != "wlb-llm"}
             best_other = min((n for n in others if n in BASELINE_METHODS), key=others.get)
             configs.append({
-                "profile": profile, "dataset": dataset, "target_config": profile in PROFILES, "wall_s": wall, "report": str(out.relative_to(ROOT)),
+                "profile": profile, "dataset": dataset, "target_config": profile in PROFILES, "wall_s": wall,
+                "report": str(out.relative_to(ROOT)),
                 "mean_estimate_s": {n: r.mean_estimate_s for n, r in m.items()},
                 "mean_sim_s": {n: r.mean_sim_s for n, r in m.items()},
                 "speedup_vs_megatron": {n: r.speedup_vs_megatron for n, r in m.items()},
@@ -72,7 +73,8 @@ def main() -> None:
                                    "iterations": ITERS, "seed": SEED, "configs": configs}, indent=1) + "\n")
     methods = list(configs[0]["mean_estimate_s"])
     head = f"{'profile':16s} {'dataset':10s} " + " ".join(f"{n[:11]:>11s}" for n in methods)
-    for title, key, fmt in (("mean estimate (s)", "mean_estimate_s", "{:11.3f}"), ("speedup over megatron", "speedup_vs_megatron", "{:10.2f}x")):
+    for title, key, fmt in (("mean estimate (s)", "mean_estimate_s", "{:11.3f}"),
+                            ("speedup over megatron", "speedup_vs_megatron", "{:10.2f}x")):
         print(title)
         print(head)
         for c in configs:

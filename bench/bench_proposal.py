@@ -12,8 +12,7 @@ import time
 from planner.costmodel import for_gpus, load_profile
 from planner.datasets import load_dataset
 from planner.paths import ROOT
-from planner.proposal import (TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer,
-                              solve_relaxed)
+from planner.proposal import TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer, solve_relaxed
 
 RESULTS = ROOT / "bench" / "results" / "proposal.json"
 PROFILE, DATASET, CONTEXT = "h100-llama2-7b", "builtin:wikipedia", 32768

@@ -171,7 +171,8 @@ def main() -> None:
     q = out["pack_quality"]
     print(f"packing pp>1 ({q['instances']} pipelines, {q['mean_sequences']:.0f} seqs): default {q['default_ms_mean']:.1f} ms, "
           f"within {100 * q['default_over_exact_max']:.3f}% of rel_gap=0 ({q['exact_ms_mean']:.0f} ms, proven "
-          f"{100 * q['exact_proven_share']:.0f}%); ILP gain over warm start mean {100 * q['exact_gain_over_warm_start_mean']:.3f}% "
+          f"{100 * q['exact_proven_share']:.0f}%); ILP gain over warm start mean "
+          f"{100 * q['exact_gain_over_warm_start_mean']:.3f}% "
           f"max {100 * q['exact_gain_over_warm_start_max']:.3f}%")
     print(f"wrote {RESULTS}")
 

@@ -410,7 +410,8 @@ def flexsp_step(lengths: np.ndarray, subset: np.ndarray, schemes: Sequence[Schem
     pipes = []
     for k, mem in best.groups:
         idx = subset[mem]
-        pipes.append(run_pipeline(schemes[k], lengths, [idx[b] for b in ffd(lengths[idx], schemes[k].max_len)] if idx.size else []))
+        bins = [idx[b] for b in ffd(lengths[idx], schemes[k].max_len)] if idx.size else []
+        pipes.append(run_pipeline(schemes[k], lengths, bins))
     return Phase(label, tuple(pipes), best.free)
 
 

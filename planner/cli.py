@@ -346,10 +346,11 @@ def profile_cmd(
     or with --check replay plans and report estimated against measured propagation time.
 
     Timing (--clock): wall time between barriers, or on CPU the critical path of the executed schedule over
-    each action's thread CPU time; warm-up runs dropped, median of --repeats kept. A scheme's point is the 1F1B latency of pp identical micro-batches
-    divided by 2*pp - 1 (the canonical T(m)), over single sequences and 4-document packings at fractions of
-    MaxLen; a, b, c are fitted on all of them (the packings' own worst error is printed). --check replays each
-    plan pipeline alone and times its propagation phase (no pull, push or optimizer step).
+    each action's thread CPU time; warm-up runs dropped, median of --repeats kept. A scheme's point is the
+    1F1B latency of pp identical micro-batches divided by 2*pp - 1 (the canonical T(m)), over single
+    sequences and 4-document packings at fractions of MaxLen; a, b, c are fitted on all of them (the
+    packings' own worst error is printed). --check replays each plan pipeline alone and times its
+    propagation phase (no pull, push or optimizer step).
     """
     import json
 

@@ -370,7 +370,8 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
             runs[m].static = runs[m].static or runs[m].plans[0].strategy
         tick(m)
     if set(hydra) - {"hydraplan-delay"}:
-        runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo, hydra, tick))
+        runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo,
+                              hydra, tick))
     if "hydraplan-delay" in hydra:
         runs["hydraplan-delay"] = run_hydra_delay(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter,
                                                   opts.seed, homo, tick)

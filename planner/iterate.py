@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import closing
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from multiprocessing import get_context
 from pathlib import Path
 from time import perf_counter
@@ -29,14 +29,15 @@ from planner.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq
 from planner.delay import DelayRule, hydraplan_rule, outlier_delay
 from planner.errors import UserError
 from planner.fileio import atomic_write_text, load_model, model_json, write_model
+from planner.placement import place_ranks
 from planner.schema import (
     BatchSeq,
     Candidate,
     CandidateSolve,
     Estimate,
     IterationSummary,
-    OutlierDelay,
     MicroBatch,
+    OutlierDelay,
     PackArgs,
     PipelineSpec,
     Plan,
@@ -46,7 +47,6 @@ from planner.schema import (
     Strategies,
     Summary,
 )
-from planner.placement import place_ranks
 from planner.validate import PLAN_FILE, check_ranks
 
 DispatchMethod = Literal["greedy", "ilp"]

@@ -181,7 +181,8 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
         model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab),
         schemes=out, reference_gpus=gpus_per_node, source="measured",
         notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: 1F1B latency of pp identical micro-batches / "
-                       f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; a, b, c fitted on single "
+                       f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; "
+                       "a, b, c fitted on single "
                        "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
                        "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage) * act(l) <= {capacity_bytes / 2**30:g} GiB on every stage; "
@@ -250,6 +251,7 @@ def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clo
 
     plans = [p for _, p in load_plans(plan_dir, None)]
     ranks = max(len(pipe.ranks) for p in plans for pipe in p.pipelines)
-    measured = run_runtime(["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock, "--warmup", str(warmup),
+    measured = run_runtime(["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock,
+                            "--warmup", str(warmup),
                             "--repeats", str(repeats)], ranks, device, timeout_s)
     return compare(plans, measured, profile)

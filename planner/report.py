@@ -300,7 +300,8 @@ def render_html(result: CompareResult, images: dict[str, Path], showcase: int) -
 <html><head><meta charset="utf-8"><title>hydraplan compare: {html.escape(_title(result))}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; font-size: 14px; }} th, td {{ padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: right; }}
+table {{ border-collapse: collapse; font-size: 14px; }}
+th, td {{ padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: right; }}
 th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) {{ text-align: left; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #555; font-size: 13px; }}
 </style></head><body>

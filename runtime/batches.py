@@ -79,10 +79,12 @@ class TokenData:
             if s.doc is None or not 0 <= s.doc < len(ds.lengths):
                 raise UserError(f"{where}.doc: {s.doc!r} is not a document of dataset {ds.name}")
             if s.length > ds.lengths[s.doc]:
-                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {int(ds.lengths[s.doc])} tokens in {ds.name}")
+                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {int(ds.lengths[s.doc])} "
+                                f"tokens in {ds.name}")
             top = int(ds.tokens(s.doc)[: s.length + 1].max())
             if top >= self.vocab:
-                raise UserError(f"{where}.doc: document {s.doc} of {ds.name} has token id {top} >= the model's vocab {self.vocab}")
+                raise UserError(f"{where}.doc: document {s.doc} of {ds.name} has token id {top} >= the model's "
+                                f"vocab {self.vocab}")
 
     def pack(self, seqs: Sequence[BatchSeq], device: torch.device | str = "cpu") -> PackedBatch:
         """Pack the sequences in the given order into one micro-batch of sum(length) tokens."""

@@ -54,7 +54,8 @@ def owner_ranges(numels: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray
     return r * numels[None, :] // world, (r + 1) * numels[None, :] // world
 
 
-def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None], whole_replicated: bool) -> tuple[np.ndarray, np.ndarray]:
+def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None],
+                whole_replicated: bool) -> tuple[np.ndarray, np.ndarray]:
     """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing). With `whole_replicated`
     a replicated parameter counts whole (what pull delivers), else as its TP chunk (what push sends)."""
     lo = np.zeros((len(roles), len(numels)), dtype=np.int64)

@@ -212,7 +212,8 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
     for source, plan in load_plans(args.check, None):
         pipes = []
         for pipe in plan.pipelines:
-            alone = plan.model_copy(update={"gpus": world, "pipelines": [pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})]})
+            local = pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})
+            alone = plan.model_copy(update={"gpus": world, "pipelines": [local]})
             check_plan(alone, source, world, cfg)
             check_splits(alone, source)
             groups.ensure(alone)

@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=None, help="max abs parameter difference for --verify (default per dtype)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
-    ap.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout: a stuck peer fails the job instead of hanging it")
+    ap.add_argument("--timeout-s", type=float, default=300.0,
+                    help="collective timeout: a stuck peer fails the job instead of hanging it")
     return ap.parse_args(argv)
 
 
@@ -70,7 +71,8 @@ def describe(plan: Plan) -> str:
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace, device: torch.device) -> int:
+def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
+          device: torch.device) -> int:
     rank = dist.get_rank()
     dtype = DTYPES[args.dtype]
     tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]

@@ -122,7 +122,8 @@ def test_vectorized_greedy_is_algorithm_1():
     from planner import dispatch as d
 
     rng = np.random.default_rng(1)
-    pool = [scheme(), scheme(tp=2, pp=2, a=5e-4, b=0.5, c=10.0, max_len=1500), scheme(tp=4, pp=3, a=2e-4, b=0.3, c=5.0, max_len=3000)]
+    pool = [scheme(), scheme(tp=2, pp=2, a=5e-4, b=0.5, c=10.0, max_len=1500),
+            scheme(tp=4, pp=3, a=2e-4, b=0.3, c=5.0, max_len=3000)]
     medium = (rng.integers(20, 3000, size=60), [pool[k] for k in rng.integers(0, 3, size=12)])
     for lengths, schemes in [medium, *instances(30, seed=8)]:
         P = d._Pipes.of(schemes)

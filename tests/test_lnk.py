@@ -23,7 +23,8 @@ def make_params(rng, count: int, row_multiple: int) -> tuple[np.ndarray, np.ndar
     return (rows * cols).astype(np.int64), rng.random(count) < 0.7
 
 
-def random_strategy(rng, world: int, n_params: int, tps: list[int]) -> tuple[list[Role | None], list[list[tuple[int, list[int]]]]]:
+def random_strategy(rng, world: int, n_params: int,
+                    tps: list[int]) -> tuple[list[Role | None], list[list[tuple[int, list[int]]]]]:
     """Pipelines over a random subset of ranks: roles per rank, and per pipeline its (tp, rank list per stage)
     -- each pipeline holds every parameter in exactly one stage (contiguous blocks, like layers)."""
     ranks = list(rng.permutation(world))

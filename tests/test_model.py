@@ -12,8 +12,17 @@ import torch.multiprocessing as mp
 
 from planner.schema import BatchSeq
 from runtime.batches import IGNORE, TokenData
-from runtime.model import (CONFIGS, StageModule, TPGroup, check_layout, init_full, load_full, param_specs,
-                           stage_param_indices, tp_slice)
+from runtime.model import (
+    CONFIGS,
+    StageModule,
+    TPGroup,
+    check_layout,
+    init_full,
+    load_full,
+    param_specs,
+    stage_param_indices,
+    tp_slice,
+)
 
 TINY = CONFIGS["tiny"]
 GQA = replace(TINY, name="tiny-gqa", heads=4, kv_heads=2)

@@ -18,8 +18,18 @@ from planner.cli import app
 from planner.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
 from planner.errors import UserError
 from planner.fileio import write_model
-from planner.measure import (LENGTH_QUANTUM, PACKED_DOCS, StageMemory, activation_fit, compare, fit_points,
-                             pipeline_estimate, scheme_max_len, stage_max_len, time_grid)
+from planner.measure import (
+    LENGTH_QUANTUM,
+    PACKED_DOCS,
+    StageMemory,
+    activation_fit,
+    compare,
+    fit_points,
+    pipeline_estimate,
+    scheme_max_len,
+    stage_max_len,
+    time_grid,
+)
 from planner.pipeline import fb_split, schedule_seq1f1b, simulate
 from planner.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 from runtime.profile import critical_path
@@ -194,7 +204,8 @@ def test_profile_bad_input_exits_2():
 @pytest.mark.slow
 def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     out = tmp_path / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--memory-gib", "0.015625", "--repeats", "2", "--out", str(out), "--json"])
+    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--memory-gib", "0.015625", "--repeats", "2",
+                              "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     prof = load_profile(str(out))
     assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1)]

@@ -263,7 +263,8 @@ def test_pack_with_cpu_tiny_then_replay(tmp_path):
     from planner.schema import Candidate, PipelineSpec, Strategies
 
     strategies = Strategies(candidates=[
-        Candidate(name="H", pipelines=[PipelineSpec(tp=2, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1)]),
+        Candidate(name="H", pipelines=[PipelineSpec(tp=2, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1),
+                                       PipelineSpec(tp=1, pp=1, cp=1)]),
         Candidate(name="P", pipelines=[PipelineSpec(tp=1, pp=2, cp=1), PipelineSpec(tp=1, pp=2, cp=1)]),
     ])
     write_model(tmp_path / "candidates.json", strategies)

@@ -17,8 +17,8 @@ import torch
 
 from planner.errors import UserError
 from planner.fileio import write_model
-from planner.pipeline import check_schedule, schedule_seq1f1b
 from planner.paths import ROOT
+from planner.pipeline import check_schedule, schedule_seq1f1b
 from planner.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 from planner.seqsplit import computation_splits
 from runtime.attention import varlen_attention

@@ -9,8 +9,19 @@ import pytest
 
 from planner.fileio import model_json, write_model
 from planner.schema import (
-    BatchSeq, Estimate, GPUInfo, IterationSummary, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme,
-    Strategies, Summary, TimeCoeffs,
+    BatchSeq,
+    Estimate,
+    GPUInfo,
+    IterationSummary,
+    MicroBatch,
+    ModelInfo,
+    Plan,
+    PlanPipeline,
+    Profile,
+    Scheme,
+    Strategies,
+    Summary,
+    TimeCoeffs,
 )
 from planner.validate import check_plan, check_ranks, validate_path
 
