@@ -59,12 +59,21 @@ def model_json(model: BaseModel) -> str:
     return model.model_dump_json(by_alias=True, exclude_none=True, indent=1)
 
 
+def _file_mode() -> int:
+    """The mode open() would give a new file (0666 minus the umask); mkstemp's own 0600 would hide plans
+    from the other users and tools of a shared cluster."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename, so readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -146,3 +146,11 @@ def test_cli_user_error_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "field schemes" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_atomic_write_gives_the_mode_a_plain_open_would(tmp_path):
+    """mkstemp creates 0600 files; plans must stay readable by the cluster's other users and tools."""
+    atomic_write_text(tmp_path / "atomic.json", "{}")
+    (tmp_path / "plain.json").write_text("{}")
+    mode = lambda p: p.stat().st_mode & 0o777  # noqa: E731
+    assert mode(tmp_path / "atomic.json") == mode(tmp_path / "plain.json")
