@@ -69,6 +69,9 @@ def max_len_from_memory(capacity_bytes: float, m: SchemeMemory, gpus: int) -> in
     return max(0, int(free // m.act_bytes_per_token))
 
 
+MAX_JOB_GPUS = 1 << 16  # how far for_gpus looks for the smallest job a profile's model fits in
+
+
 def for_gpus(profile: Profile, gpus: int) -> Profile:
     """The profile as seen by a job of `gpus` GPUs: schemes that fit, MaxLen recomputed for N."""
     if gpus < 1:
@@ -80,9 +83,11 @@ def for_gpus(profile: Profile, gpus: int) -> Profile:
         ml = max_len_for_gpus(profile, s, gpus)
         if ml > 0:
             schemes.append(s.model_copy(update={"max_len": ml, "util_len": min(s.util_len, ml)}))
-    if not schemes:
-        smallest = min(s.gpus for s in profile.schemes)
-        raise UserError(f"profile {profile.name}: no scheme fits in {gpus} GPUs (the smallest needs {smallest})")
+    if not schemes:  # too few GPUs for any scheme, or for the sharded weights and optimizer states
+        need = next((n for n in range(gpus + 1, MAX_JOB_GPUS + 1)
+                     if any(s.gpus <= n and max_len_for_gpus(profile, s, n) > 0 for s in profile.schemes)), None)
+        smallest = f" (the smallest job it fits has {need} GPUs)" if need else ""
+        raise UserError(f"profile {profile.name}: no scheme fits in {gpus} GPUs{smallest}")
     return profile.model_copy(update={"schemes": schemes})
 
 

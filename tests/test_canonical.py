@@ -45,5 +45,15 @@ def test_scheme_without_memory_constants_keeps_its_max_len():
 def test_for_gpus_drops_schemes_that_do_not_fit():
     p = profile(scheme(tp=1), scheme(tp=8))
     assert [s.tp for s in for_gpus(p, 4).schemes] == [1]
-    with pytest.raises(UserError, match="no scheme fits in 4 GPUs"):
+    with pytest.raises(UserError, match=r"no scheme fits in 4 GPUs \(the smallest job it fits has 8 GPUs\)"):
         for_gpus(profile(scheme(tp=8)), 4)
+
+
+def test_for_gpus_names_the_smallest_job_the_sharded_states_fit_in():
+    """1200 bytes of weights and optimizer states sharded over N, 100 local, 10 per token, 1000 usable:
+    one GPU overflows, two leave 1000 - 100 - 600 = 300 bytes for activations (30 tokens)."""
+    p = profile(scheme(memory=SchemeMemory(sharded_bytes=1200.0, local_bytes=100.0, act_bytes_per_token=10.0)),
+                capacity=1000.0)
+    with pytest.raises(UserError, match=r"no scheme fits in 1 GPUs \(the smallest job it fits has 2 GPUs\)"):
+        for_gpus(p, 1)
+    assert for_gpus(p, 2).schemes[0].max_len == 30
