@@ -295,7 +295,7 @@ def test_context_longer_than_any_scheme_names_the_longest_supported():
 
 def test_too_few_gpus_for_any_scheme():
     prof = make_profile([scheme(2, 1, 1, 8000, 1024, 1e-9, 1e-4, 0.01), scheme(4, 1, 1, 16000, 1024, 1e-9, 1e-4, 0.01)])
-    with pytest.raises(UserError, match="smallest needs 2"):
+    with pytest.raises(UserError, match=r"no scheme fits in 1 GPUs \(the smallest job it fits has 2 GPUs\)"):
         propose(prof, wiki_like(5), 1, 4000)
 
 
