@@ -315,7 +315,8 @@ def _parse_schemes(values: list[str]) -> list[tuple[int, int]]:
         if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             raise UserError(f"--schemes: {v!r} is not TP,PP or TP,PP,CP (positive integers)")
         if len(parts) == 3 and int(parts[2]) != 1:
-            raise UserError(f"--schemes: {v!r}: the runtime has no context parallelism yet (cp must be 1)")
+            raise UserError(f"--schemes: {v!r}: only cp=1 can be measured (timing runs through the Seq1F1B executor, "
+                            f"which has no context parallelism)")
         out.append((int(parts[0]), int(parts[1])))
     return out
 

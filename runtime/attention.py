@@ -9,11 +9,15 @@ document never attends to another one (Hydraulis §2.1: the varlen interface cos
   of equal length batched into one call. Its work is sum(l_i^2) like the varlen kernels' and the cost
   model's (a block-diagonal mask over the packed micro-batch would cost (sum l_i)^2). Exact (no
   approximation), so it is also the reference the fast kernels are tested against.
+`window_attention` is the same with queries that are only the last tokens of their key windows (a
+Seq1F1B split, a CP rank's share of a document).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -76,3 +80,50 @@ def varlen_attention(
 
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
     return _sdpa_per_document(q, k, v, cu_seqlens)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Segments of packed queries, each attending to a window of packed keys that ends with its own
+    tokens: segment i has the last q_lens[i] of its k_lens[i] keys as queries, so causal alignment is
+    bottom-right. A Seq1F1B split's documents (keys from earlier splits) and a CP rank's token runs (keys
+    from the other CP ranks) are both this shape."""
+
+    cu_q: torch.Tensor  # [n+1] int32 query offsets
+    cu_k: torch.Tensor  # [n+1] int32 key offsets
+    max_q: int
+    max_k: int
+
+    @functools.cached_property
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """Query and key counts of each segment, as Python ints (computed once per micro-batch, not per layer)."""
+        return torch.diff(self.cu_q).tolist(), torch.diff(self.cu_k).tolist()
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
+    """Causal attention of each segment's queries (q [sum q_lens, Hq, D]) to its key window (k, v
+    [sum k_lens, Hkv, D]).
+
+    CUDA fp16/bf16 with flash-attn installed: flash_attn_varlen_func with per-segment query and key
+    offsets (causal masks are bottom-right aligned since flash-attn 2.1). Otherwise exact SDPA one
+    segment at a time with a bottom-right causal mask: its work is sum(l_q * l_k) over segments like the
+    varlen kernels', not (queries x keys) as one block-diagonal mask would cost.
+    """
+    if q.is_cuda and q.dtype in _FLASH_DTYPES and importlib.util.find_spec("flash_attn") is not None:
+        from flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(q, k, v, w.cu_q, w.cu_k, w.max_q, w.max_k, causal=True)
+    gqa = k.shape[1] != q.shape[1]
+    q_len, k_len = w.lengths
+    outs = []
+    # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
+    for qd, kd, vd in zip(q.split(q_len), k.split(k_len), v.split(k_len)):
+        qd, kd, vd = qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1)
+        lq, lk = qd.shape[1], kd.shape[1]
+        if lq == lk:
+            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)

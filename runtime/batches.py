@@ -20,6 +20,7 @@ from planner.schema import BatchSeq, Plan
 
 if TYPE_CHECKING:
     from planner.datasets import Dataset
+    from runtime.context_parallel import CPContext
 
 IGNORE = -100
 """Label of a position with no next token (the last token of a document that ends inside the plan's length)."""
@@ -34,6 +35,7 @@ class PackedBatch:
     positions: torch.Tensor  # [T] int64, restarting at 0 for each document (RoPE)
     cu_seqlens: torch.Tensor  # [n+1] int32 document offsets
     max_seqlen: int
+    cp: CPContext | None = None  # a CP rank's share: its runs of documents and how to reach the others' K/V
 
     @property
     def num_tokens(self) -> int:

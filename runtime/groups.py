@@ -1,4 +1,4 @@
-"""Tensor-parallel process groups of the plans' pipelines, created once and reused across iterations."""
+"""Tensor- and context-parallel process groups of the plans' pipelines, created once and reused across iterations."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from planner.schema import Plan
 
 class GroupCache:
     """torch.distributed.new_group is collective over the whole job: every rank walks the plan's stages
-    in the same order and creates each missing TP group, even groups it is not part of. A strategy seen
-    before creates nothing, so switching strategies between iterations needs no restart."""
+    in the same order and creates each missing TP group (a stage's ranks at one CP rank) and CP group (its
+    ranks at one TP rank), even groups it is not part of. A strategy seen before creates nothing, so
+    switching strategies between iterations needs no restart."""
 
     def __init__(self, timeout: timedelta):
         self.timeout = timeout
@@ -20,11 +21,13 @@ class GroupCache:
 
     def ensure(self, plan: Plan) -> None:
         for p in plan.pipelines:
-            span = p.tp * p.cp
             for s in range(p.pp):
-                ranks = tuple(p.ranks[s * span:(s + 1) * span])
-                if len(ranks) > 1 and ranks not in self._groups:
-                    self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+                stage = p.ranks[s * p.tp * p.cp:(s + 1) * p.tp * p.cp]  # CP-major, TP fastest
+                tp_groups = [tuple(stage[c * p.tp:(c + 1) * p.tp]) for c in range(p.cp)]
+                cp_groups = [tuple(stage[t::p.tp]) for t in range(p.tp)]
+                for ranks in tp_groups + cp_groups:
+                    if len(ranks) > 1 and ranks not in self._groups:
+                        self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
 
     def get(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         return self._groups[ranks]

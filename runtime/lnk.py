@@ -18,8 +18,11 @@ pull: owners send pieces (cast to the compute dtype first, the paper's "To" befo
   uneven splits, unlike all_gather).
 push: TP rank t contributes chunk t of each of its stage's gradients (of the identical full gradient for
   a replicated parameter, so every element is contributed once per pipeline), pieces go to the owners,
-  which sum the contributions of all pipelines. For a homogeneous strategy pull is an all-gather and push
-  a reduce-scatter (tested); PP never cuts a tensor, so only TP and the owner shards shape the pieces.
+  which sum the contributions of all pipelines. The CP ranks of a stage hold the same slices, each with
+  the partial gradient of its own tokens: to LNK they are replicas like other pipelines (the same Role),
+  each contributes its chunk and the owners' sum covers them too. So every owner shard still takes one
+  update from the sum of all contributions. For a homogeneous strategy pull is an all-gather and push
+  a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the owner shards shape the pieces.
 
 The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged.
 """

@@ -11,7 +11,9 @@ output `wo`, MLP `w_down`) are stored input-major, [in, out], and applied as x @
     vocab-parallel   embed.weight, head.weight [vocab, hidden]
     replicated       RMSNorm weights [hidden] (identical on every TP rank, gradients too)
 Pipeline stage s of pp holds layers [s*L//pp, (s+1)*L//pp); the embedding sits on the first stage, the
-final norm and the LM head on the last.
+final norm and the LM head on the last. Context parallelism needs no parameter layout: a CP rank runs
+the stage on its share of the tokens, and attention reaches the other CP ranks' keys and values through
+the micro-batch's CP context (runtime/context_parallel.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from planner.errors import UserError
 from planner.hardware import MODELS
 from runtime.attention import varlen_attention
 from runtime.batches import IGNORE, PackedBatch
+from runtime.context_parallel import cp_attention
 
 INIT_STD = 0.02
 
@@ -238,7 +241,8 @@ class Attention(nn.Module):
         q = F.linear(x, self.wq).unflatten(-1, (-1, self.head_dim))
         k = F.linear(x, self.wk).unflatten(-1, (-1, self.head_dim))
         v = F.linear(x, self.wv).unflatten(-1, (-1, self.head_dim))
-        o = varlen_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, mb.cu_seqlens, mb.max_seqlen)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = varlen_attention(q, k, v, mb.cu_seqlens, mb.max_seqlen) if mb.cp is None else cp_attention(q, k, v, mb.cp)
         return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)
 
 

@@ -1,6 +1,7 @@
 """1F1B execution of one pipeline stage's micro-batches (Megatron's non-interleaved schedule).
 
-Activation shapes come from the plan ([tokens of micro-batch i, hidden]), so receivers allocate buffers
+Activation shapes come from the plan ([tokens of micro-batch i, hidden]; with CP the tokens of this CP
+rank's share, which the same CP rank of the neighbouring stage holds), so receivers allocate buffers
 without a shape handshake. Opposite-direction transfers between neighbours are posted together with
 batch_isend_irecv, which keeps the schedule deadlock-free even when a send waits for its receive (NCCL).
 """

@@ -8,6 +8,7 @@ from pathlib import Path
 from planner.errors import UserError
 from planner.fileio import load_model
 from planner.schema import BatchSeq, Plan, PlanPipeline
+from runtime.context_parallel import check_ranges
 from runtime.lnk import Role
 from runtime.model import ModelConfig, check_layout, stage_param_indices
 
@@ -34,8 +35,6 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
     seen: set[int] = set()
     for i, p in enumerate(plan.pipelines):
         where = f"{source}: field pipelines.{i}"
-        if p.cp > 1:
-            raise UserError(f"{where}.cp: context parallelism (cp={p.cp}) is not supported by the runtime yet")
         if len(p.ranks) != p.tp * p.pp * p.cp:
             raise UserError(f"{where}.ranks: {len(p.ranks)} ranks but tp*pp*cp = {p.tp * p.pp * p.cp}")
         bad = [r for r in p.ranks if not 0 <= r < world or r in seen]
@@ -49,6 +48,12 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
                 if sid not in lengths or sid in used:
                     raise UserError(f"{where}.micro_batches.{j}.seqs: sequence id {sid} is not in batch or is used twice")
                 used.add(sid)
+            if p.cp > 1 and mb.splits is not None:
+                raise UserError(f"{where}.micro_batches.{j}.splits: Seq1F1B splits with context parallelism (cp={p.cp}) "
+                                f"are not supported by the runtime (replay such a pipeline with cp=1 or without splits)")
+            if mb.cp_shard is not None and (why := check_ranges(mb.cp_shard.ranges, p.cp,
+                                                                 sum(lengths[sid] for sid in mb.seqs))) is not None:
+                raise UserError(f"{where}.micro_batches.{j}.cp_shard.ranges: {why}")
     if not used:
         raise UserError(f"{source}: field pipelines: no micro-batches, nothing to train on")
 
@@ -59,18 +64,22 @@ def strategy_key(plan: Plan) -> tuple:
 
 @dataclass(frozen=True)
 class RankRole:
-    """Where one rank sits in an iteration: pipeline, stage, TP rank, and its neighbours."""
+    """Where one rank sits in an iteration: pipeline, stage, TP and CP rank, and its neighbours."""
 
     pipeline: int
     stage: int
     tp_rank: int
     tp: int
     pp: int
-    tp_ranks: tuple[int, ...]
-    prev: int | None  # same TP rank on the previous stage
+    tp_ranks: tuple[int, ...]  # the stage's ranks at this CP rank, by TP rank
+    prev: int | None  # same TP and CP rank on the previous stage
     next: int | None
+    cp_rank: int = 0
+    cp: int = 1
+    cp_ranks: tuple[int, ...] = ()  # the stage's ranks at this TP rank, by CP rank
 
     def link_role(self, cfg: ModelConfig) -> Role:
+        """CP ranks hold the same slices as their TP rank: to LNK they are replicas (lnk.py)."""
         return Role(tuple(stage_param_indices(cfg, self.pp, self.stage)), self.tp, self.tp_rank)
 
 
@@ -78,14 +87,19 @@ def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
     """Role of every rank (None: idle this iteration). Rank order per DESIGN.md: ranks[(s*cp + c)*tp + t]."""
     roles: list[RankRole | None] = [None] * world
     for i, p in enumerate(plan.pipelines):
+        def at(s: int, c: int, t: int) -> int:
+            return p.ranks[(s * p.cp + c) * p.tp + t]
+
         for s in range(p.pp):
-            for t in range(p.tp):
-                roles[p.ranks[s * p.tp + t]] = RankRole(
-                    pipeline=i, stage=s, tp_rank=t, tp=p.tp, pp=p.pp,
-                    tp_ranks=tuple(p.ranks[s * p.tp:(s + 1) * p.tp]),
-                    prev=p.ranks[(s - 1) * p.tp + t] if s > 0 else None,
-                    next=p.ranks[(s + 1) * p.tp + t] if s < p.pp - 1 else None,
-                )
+            for c in range(p.cp):
+                for t in range(p.tp):
+                    roles[at(s, c, t)] = RankRole(
+                        pipeline=i, stage=s, tp_rank=t, tp=p.tp, pp=p.pp,
+                        tp_ranks=tuple(at(s, c, u) for u in range(p.tp)),
+                        prev=at(s - 1, c, t) if s > 0 else None,
+                        next=at(s + 1, c, t) if s < p.pp - 1 else None,
+                        cp_rank=c, cp=p.cp, cp_ranks=tuple(at(s, d, t) for d in range(p.cp)),
+                    )
     return roles
 
 

@@ -211,7 +211,10 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
     out = []
     for source, plan in load_plans(args.check, None):
         pipes = []
-        for pipe in plan.pipelines:
+        for i, pipe in enumerate(plan.pipelines):
+            if pipe.cp > 1:
+                raise UserError(f"{source}: field pipelines.{i}.cp: --check times pipelines with the Seq1F1B executor, "
+                                f"which has no context parallelism (cp={pipe.cp}); replay it with runtime/run_plan.py")
             local = pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})
             alone = plan.model_copy(update={"gpus": world, "pipelines": [local]})
             check_plan(alone, source, world, cfg)

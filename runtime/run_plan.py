@@ -3,11 +3,12 @@
     torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify]
 
-Per iteration every rank: creates the TP groups of the plan's pipelines it has not seen yet (collective,
-plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its pipeline's
-micro-batches with 1F1B (pipeline_exec.py), pushes its gradients to the owners, and each owner takes one
-AdamW step on its shard. The loss is the token mean over the whole global batch, so the result equals
-single-process training on the same batch; `--verify` checks exactly that against runtime/reference.py.
+Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
+(collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
+pipeline's micro-batches with 1F1B (pipeline_exec.py; a CP rank on its share of the tokens,
+context_parallel.py), pushes its gradients to the owners, and each owner takes one AdamW step on its shard.
+The loss is the token mean over the whole global batch, so the result equals single-process training on
+the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
 """
 

@@ -19,7 +19,6 @@ layers itself, with the same parameters and sub-modules, and swaps in `cached_at
 from __future__ import annotations
 
 import functools
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +31,10 @@ import torch.nn.functional as F
 from planner.errors import UserError
 from planner.pipeline import Action, schedule_seq1f1b
 from planner.schema import Plan
+from runtime.attention import Windows, window_attention
 from runtime.batches import PackedBatch
 from runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
 from runtime.pipeline_exec import StageComm
-
-_FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------ splits
@@ -59,9 +57,9 @@ class SplitView:
         return self.hi - self.lo
 
     @functools.cached_property
-    def doc_lengths(self) -> tuple[list[int], list[int]]:
-        """Query and key counts of each document, as Python ints (the window is their concatenation)."""
-        return torch.diff(self.cu_q).tolist(), torch.diff(self.cu_k).tolist()
+    def windows(self) -> Windows:
+        """Each document's queries in the split and its keys in the window (their concatenation)."""
+        return Windows(self.cu_q, self.cu_k, self.batch.max_seqlen, self.max_k)
 
 
 def split_views(mb: PackedBatch, bounds: Sequence[int]) -> list[SplitView]:
@@ -113,31 +111,9 @@ def pipeline_splits(plan: Plan, pipeline: int) -> list[list[int]] | None:
 
 # --------------------------------------------------------------------------------------- attention
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view: SplitView) -> torch.Tensor:
-    """Causal attention of a split's queries q [n, Hq, D] to its key window k, v [hi - key_lo, Hkv, D].
-
-    CUDA fp16/bf16 with flash-attn installed: flash_attn_varlen_func with per-document query and key
-    offsets (causal masks are bottom-right aligned since flash-attn 2.1). Otherwise exact SDPA one
-    document at a time with a bottom-right causal mask: its work is sum(l_q * l_k) over documents like the
-    varlen kernels', not (tokens x window) as one block-diagonal mask over the whole split would cost.
-    """
-    if q.is_cuda and q.dtype in _FLASH_DTYPES and importlib.util.find_spec("flash_attn") is not None:
-        from flash_attn import flash_attn_varlen_func
-
-        return flash_attn_varlen_func(q, k, v, view.cu_q, view.cu_k, view.batch.max_seqlen, view.max_k, causal=True)
-    gqa = k.shape[1] != q.shape[1]
-    q_len, k_len = view.doc_lengths
-    outs = []
-    # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
-    for qd, kd, vd in zip(q.split(q_len), k.split(k_len), v.split(k_len)):
-        qd, kd, vd = qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1)
-        lq, lk = qd.shape[1], kd.shape[1]
-        if lq == lk:
-            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
-        else:
-            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
-        outs.append(o.transpose(0, 1))
-    return torch.cat(outs)
+    """Causal attention of a split's queries q [n, Hq, D] to its key window k, v [hi - key_lo, Hkv, D]
+    (runtime.attention.window_attention: each document's queries are the last of its keys)."""
+    return window_attention(q, k, v, view.windows)
 
 
 # ------------------------------------------------------------------------------------------- stage

@@ -1,5 +1,8 @@
-"""Shared by the planner tests: a tiny profile with the paper's trade-offs, and an interrupted pack run."""
+"""Shared by the tests: a tiny profile with the paper's trade-offs, an interrupted pack run, and gloo
+process groups for multi-process runtime tests."""
 
+import socket
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -49,3 +52,17 @@ def write_run_inputs(tmp_path: Path, lengths: np.ndarray, strategies: Strategies
     strat = tmp_path / "strategies.json"
     write_model(strat, strategies)
     return profile, data, strat
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_gloo(rank: int, world: int, port: int) -> None:
+    """Join a `world`-process gloo job (mp.spawn workers); a stuck peer fails it within a minute."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import free_port, init_gloo
 
 from runtime import lnk
 from runtime.lnk import Role, plan_link
@@ -23,27 +23,28 @@ def make_params(rng, count: int, row_multiple: int) -> tuple[np.ndarray, np.ndar
     return (rows * cols).astype(np.int64), rng.random(count) < 0.7
 
 
-def random_strategy(rng, world: int, n_params: int,
-                    tps: list[int]) -> tuple[list[Role | None], list[list[tuple[int, list[int]]]]]:
-    """Pipelines over a random subset of ranks: roles per rank, and per pipeline its (tp, rank list per stage)
-    -- each pipeline holds every parameter in exactly one stage (contiguous blocks, like layers)."""
+def random_strategy(rng, world: int, n_params: int, tps: list[int],
+                    cps: tuple[int, ...] = (1,)) -> tuple[list[Role | None], list[list[list[list[int]]]]]:
+    """Pipelines of random <tp, pp, cp> over a random subset of ranks: roles per rank, and per pipeline per
+    stage the ranks of each CP replica by TP rank -- each pipeline holds every parameter in exactly one
+    stage (contiguous blocks, like layers); a stage's CP replicas hold the same slices as its TP ranks."""
     ranks = list(rng.permutation(world))
     roles: list[Role | None] = [None] * world
     pipelines = []
     while ranks:
-        fits = [t for t in tps if t <= len(ranks)]
-        tp = int(rng.choice(fits))
-        pp = int(rng.integers(1, min(3, len(ranks) // tp, n_params) + 1))
+        tp, cp = map(int, rng.choice([(t, c) for t in tps for c in cps if t * c <= len(ranks)]))
+        pp = int(rng.integers(1, min(3, len(ranks) // (tp * cp), n_params) + 1))
         if rng.random() < 0.15:  # leave the rest idle
             break
         cut = np.sort(rng.choice(np.arange(1, n_params), pp - 1, replace=False)) if pp > 1 else np.array([], int)
         blocks = np.split(np.arange(n_params), cut)
         stages = []
         for s in range(pp):
-            group = [int(ranks.pop()) for _ in range(tp)]
-            for t, r in enumerate(group):
-                roles[r] = Role(tuple(int(p) for p in blocks[s]), tp, t)
-            stages.append((tp, group))
+            replicas = [[int(ranks.pop()) for _ in range(tp)] for _ in range(cp)]
+            for group in replicas:
+                for t, r in enumerate(group):
+                    roles[r] = Role(tuple(int(p) for p in blocks[s]), tp, t)
+            stages.append(replicas)
         pipelines.append(stages)
     return roles, pipelines
 
@@ -93,32 +94,36 @@ CASES = [(world, tps, seed) for world, tps in [(1, [1]), (2, [1, 2]), (3, [1, 3]
 
 
 # -------------------------------------------------------------------------------------------- pure
+@pytest.mark.parametrize("cps", [(1,), (1, 2, 3)])
 @pytest.mark.parametrize("world,tps,seed", CASES)
-def test_pull_delivers_exactly_each_ranks_tp_slices(world, tps, seed):
+def test_pull_delivers_exactly_each_ranks_tp_slices(world, tps, seed, cps):
     rng = np.random.default_rng(seed * 100 + world)
     numels, sharded = make_params(rng, 7, math.lcm(*tps))
     full = [rng.standard_normal(n) for n in numels]
-    roles, _ = random_strategy(rng, world, len(numels), tps)
+    roles, _ = random_strategy(rng, world, len(numels), tps, cps)
     plans = [plan_link(numels, sharded, roles, r) for r in range(world)]
     got = simulate(plans, "pull", owner_shards(full, world), accumulate=False)
     for r in range(world):
         np.testing.assert_array_equal(got[r], expected_local(full, sharded, roles[r]))
 
 
+@pytest.mark.parametrize("cps", [(1,), (1, 2, 3)])
 @pytest.mark.parametrize("world,tps,seed", CASES)
-def test_push_sums_every_pipelines_gradient_once_at_the_owner(world, tps, seed):
+def test_push_sums_every_pipelines_gradient_once_at_the_owner(world, tps, seed, cps):
     rng = np.random.default_rng(seed * 100 + world + 7)
     numels, sharded = make_params(rng, 7, math.lcm(*tps))
-    roles, pipelines = random_strategy(rng, world, len(numels), tps)
-    # Each pipeline has its own full gradient; replicated params' grads are identical across TP ranks.
+    roles, pipelines = random_strategy(rng, world, len(numels), tps, cps)
+    # Each CP replica of each pipeline has its own full gradient (the partial sum over its tokens);
+    # replicated params' grads are identical across the TP ranks of a replica. Owners must get the total.
     local = [np.zeros(0)] * world
     total = [np.zeros(n) for n in numels]
     for stages in pipelines:
-        g = [rng.standard_normal(n) for n in numels]
-        total = [a + b for a, b in zip(total, g)]
-        for _tp, group in stages:
-            for r in group:
-                local[r] = expected_local(g, sharded, roles[r])
+        for c in range(len(stages[0])):
+            g = [rng.standard_normal(n) for n in numels]
+            total = [a + b for a, b in zip(total, g)]
+            for replicas in stages:
+                for r in replicas[c]:
+                    local[r] = expected_local(g, sharded, roles[r])
     plans = [plan_link(numels, sharded, roles, r) for r in range(world)]
     got = simulate(plans, "push", local, accumulate=True)
     for r, want in enumerate(owner_shards(total, world)):
@@ -174,33 +179,31 @@ def test_communication_volume_bound_of_appendix_b():
 
 
 # ---------------------------------------------------------------------------------- gloo processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int) -> None:
-    from datetime import timedelta
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    init_gloo(rank, world, port)
     try:
         rng = np.random.default_rng(0)  # same on every rank
         numels = np.array([24, 36, 12, 30], dtype=np.int64)
         sharded = np.array([True, True, False, True])
         full = [torch.from_numpy(rng.standard_normal(n)) for n in numels]
         shard = torch.cat([f[rank * len(f) // world:(rank + 1) * len(f) // world] for f in full])
+
+        def pull_then_push(roles: list[Role]) -> None:
+            """Pull equals slicing; ranks 0-1 push ones and ranks 2-3 twos: owners must see 3 everywhere."""
+            pl = plan_link(numels, sharded, roles, rank)
+            got = lnk.pull(pl, shard, torch.float64)
+            want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            grads = got.new_full((pl.local.total,), 1.0 if rank < 2 else 2.0)
+            pushed = lnk.push(pl, grads, torch.float64)
+            torch.testing.assert_close(pushed, torch.full((pl.owned.total,), 3.0, dtype=torch.float64))
+
         # Heterogeneous: pipeline A = <2,1,1> on ranks 0,1 (all params); pipeline B = <1,2,1> on ranks 2,3
         # (stage 0: params 0-1, stage 1: params 2-3).
-        roles = [Role((0, 1, 2, 3), 2, 0), Role((0, 1, 2, 3), 2, 1), Role((0, 1), 1, 0), Role((2, 3), 1, 0)]
-        pl = plan_link(numels, sharded, roles, rank)
-        got = lnk.pull(pl, shard, torch.float64)
-        want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
-        # push: pipeline A's gradient is all ones, pipeline B's all twos: owners must see 3 everywhere.
-        grads = got.new_full((pl.local.total,), 1.0 if rank < 2 else 2.0)
-        torch.testing.assert_close(lnk.push(pl, grads, torch.float64), torch.full((pl.owned.total,), 3.0, dtype=torch.float64))
+        pull_then_push([Role((0, 1, 2, 3), 2, 0), Role((0, 1, 2, 3), 2, 1), Role((0, 1), 1, 0), Role((2, 3), 1, 0)])
+        # <2,1,2>: CP rank 0 on ranks 0,1 and CP rank 1 on ranks 2,3 hold the same TP slices, each with the
+        # partial gradient of its tokens: the owners must get their sum.
+        pull_then_push([Role((0, 1, 2, 3), 2, r % 2) for r in range(4)])
         # homogeneous <1,1,1> x world: pull == all_gather, push == reduce_scatter (equal shards here).
         even = np.array([world * 5, world * 3], dtype=np.int64)
         params = [torch.arange(n, dtype=torch.float64) * (i + 1) for i, n in enumerate(even)]
@@ -223,4 +226,4 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.slow
 def test_pull_and_push_over_gloo_match_slicing_and_collectives():
-    mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)
+    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import free_port, init_gloo
 
 from planner.schema import BatchSeq
 from runtime.batches import IGNORE, TokenData
@@ -109,17 +109,8 @@ def test_chained_stages_equal_the_full_model(pp):
 
 
 # ------------------------------------------------------------------------------- tensor parallelism
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tp_worker(rank: int, world: int, port: int) -> None:
-    from datetime import timedelta
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    init_gloo(rank, world, port)
     try:
         tp = TPGroup(dist.group.WORLD, world, rank)
         mb = pack([(3, 10), (9, 4), (1, 7)])
@@ -144,4 +135,4 @@ def _tp_worker(rank: int, world: int, port: int) -> None:
 @pytest.mark.slow
 def test_tensor_parallel_model_equals_single_device_model():
     """Loss and every shard's gradient with TP=2 (MHA and GQA) match the unsharded model in fp64."""
-    mp.spawn(_tp_worker, args=(2, _free_port()), nprocs=2, join=True)
+    mp.spawn(_tp_worker, args=(2, free_port()), nprocs=2, join=True)

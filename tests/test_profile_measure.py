@@ -183,7 +183,7 @@ def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
 # --------------------------------------------------------------------------------------------- CLI
 @pytest.mark.parametrize("args,message", [
     (["--schemes", "3,1", "--out", "x.json"], "tp=3 does not divide"),
-    (["--schemes", "1,1,2", "--out", "x.json"], "cp must be 1"),
+    (["--schemes", "1,1,2", "--out", "x.json"], "only cp=1 can be measured"),
     (["--schemes", "2,2", "--gpus", "2", "--out", "x.json"], "needs 4 ranks"),
     (["--check", "plans"], "--check needs --profile"),
     ([], "--out is required"),
@@ -199,6 +199,20 @@ def test_profile_bad_input_exits_2():
                           capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
+
+
+def test_profile_check_refuses_context_parallel_pipelines(tmp_path, monkeypatch, capsys):
+    """--check times through the Seq1F1B executor, which has no CP: it must refuse, not time cp=1."""
+    from runtime.profile import main as profile_main
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plan = plan_of(0, [(1, [0, 1], [[8, 4]], None)])
+    plan.pipelines[0].cp = 2
+    write_model(tmp_path / "iter_000000.json", plan)
+    assert profile_main(["--check", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field pipelines.0.cp: --check times pipelines with the Seq1F1B executor" in err
 
 
 @pytest.mark.slow

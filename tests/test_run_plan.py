@@ -6,20 +6,21 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 from planner.costmodel import load_profile
+from planner.cpshard import shard_per_document
 from planner.datasets import load_dataset
 from planner.errors import UserError
 from planner.fileio import write_model
 from planner.paths import ROOT
-from planner.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
+from planner.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
 from runtime.batches import IGNORE, TokenData
 from runtime.model import CONFIGS, check_layout
 from runtime.plans import check_plan, load_plans, rank_roles
@@ -56,8 +57,41 @@ def test_roles_follow_the_design_rank_order():
     assert roles[2].prev is None and roles[2].next is None
 
 
+def with_cp(plan: Plan, pipeline: int, cp: int, per_document: bool = False) -> Plan:
+    """Give pipeline `pipeline` (its ranks already tp*pp*cp) context parallelism; with `per_document` every
+    micro-batch records per-document CP ranges like `pack --cp-shard`, else the runtime's per-sequence default."""
+    p = plan.pipelines[pipeline]
+    p.cp = cp
+    lengths = {s.id: s.length for s in plan.batch}
+    for mb in p.micro_batches if per_document else []:
+        ranges = shard_per_document(np.array([lengths[sid] for sid in mb.seqs]), cp).ranges(cp)
+        mb.cp_shard = CPShard(strategy="per-document", ranges=ranges, attention_s=0.0, other_s=0.0)
+    return plan
+
+
+def test_roles_of_a_cp_pipeline_follow_the_design_rank_order():
+    """<2,2,2> on ranks 0..7: ranks[(s*cp + c)*tp + t]; a rank's neighbours share its CP and TP rank."""
+    roles = rank_roles(with_cp(make_plan(0, "S", [(2, 2, list(range(8)), [[8]])], gpus=8), 0, 2), 8)
+    assert [(r.stage, r.cp_rank, r.tp_rank) for r in roles] == [(s, c, t) for s in (0, 1) for c in (0, 1) for t in (0, 1)]
+    assert roles[2].tp_ranks == (2, 3) and roles[2].cp_ranks == (0, 2) and roles[2].next == 6
+    assert roles[7].tp_ranks == (6, 7) and roles[7].cp_ranks == (5, 7) and roles[7].prev == 3
+
+
+def _seq1f1b_with_cp() -> Plan:
+    plan = with_cp(make_plan(0, "S", [(1, 1, [0, 1], [[3]])], gpus=2), 0, 2)
+    plan.pipelines[0].micro_batches[0].splits = [0, 1, 3]
+    return plan
+
+
+def _bad_cp_ranges() -> Plan:
+    plan = with_cp(make_plan(0, "S", [(1, 1, [0, 1], [[3, 2]])], gpus=2), 0, 2, per_document=True)
+    plan.pipelines[0].micro_batches[0].cp_shard.ranges = [[(0, 2)], [(3, 5)]]
+    return plan
+
+
 @pytest.mark.parametrize("plan,world,field", [
-    (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=2, cp=2), 2, "pipelines.0.cp"),
+    (_seq1f1b_with_cp(), 2, "pipelines.0.micro_batches.0.splits"),
+    (_bad_cp_ranges(), 2, "pipelines.0.micro_batches.0.cp_shard.ranges"),
     (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=4), 2, "gpus"),
     (make_plan(0, "S", [(1, 1, [0], [[3]]), (1, 1, [0], [[2]])], gpus=2), 2, "pipelines.1.ranks"),
     (make_plan(0, "S", [(1, 1, [3], [[3]])], gpus=2), 2, "pipelines.0.ranks"),
@@ -177,12 +211,6 @@ def test_unreadable_plan_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------ multi-process runs
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
     """Run with a hard timeout that kills the whole process group, so a hang fails instead of blocking CI."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -196,7 +224,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subproces
 
 
 def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(_free_port()),
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
            str(SCRIPT), *args, "--timeout-s", "60"]
     return _run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
 
@@ -228,14 +256,38 @@ def test_changing_heterogeneous_strategies_train_exactly_like_one_process(tmp_pa
 
 
 @pytest.mark.slow
+def test_context_parallel_pipelines_train_exactly_like_one_process(tmp_path):
+    """cp=2 next to plain pipelines, under PP and under TP, and cp=3, with the per-sequence default and the
+    plan's per-document ranges; documents cross shard boundaries, micro-batches [1] (cp=2) and [2] (cp=3)
+    leave a CP rank without tokens, and odd rank orders make a CP group's process-group order differ from
+    its CP order."""
+    plans = [
+        with_cp(make_plan(0, "A", [(1, 1, [2, 0], [[9, 5], [12], [2]]), (1, 1, [1], [[7, 3, 4]]), (1, 1, [3], [[6], [8]])]),
+                0, 2),
+        with_cp(make_plan(1, "B", [(1, 2, [0, 1, 2, 3], [[9, 5], [13], [1], [3, 3]])], first_id=100), 0, 2, per_document=True),
+        with_cp(make_plan(2, "C", [(2, 1, [3, 1, 0, 2], [[9, 5, 2], [12], [6]])], first_id=200), 0, 2),
+        with_cp(make_plan(3, "D", [(2, 1, [1, 2, 3, 0], [[4, 11, 7], [10]])], first_id=300), 0, 2, per_document=True),
+        with_cp(make_plan(4, "E", [(1, 1, [3, 1, 2], [[9, 14, 4], [2]]), (1, 1, [0], [[5]])], first_id=400), 0, 3),
+    ]
+    for p in plans:
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify")
+    assert res.returncode == 0, res.stdout + res.stderr
+    strategies = re.findall(r"^iteration \d+ strategy \S+ (\S+) ", res.stdout, re.M)
+    assert strategies == ["1x<1,1,2>+2x<1,1,1>", "1x<1,2,2>", "1x<2,1,2>", "1x<2,1,2>", "1x<1,1,3>+1x<1,1,1>"]
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+    assert len(diffs) == 5 and max(diffs) <= 1e-12
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("plan,message", [
-    (make_plan(0, "S", [(1, 1, [0], [[3]]), (1, 1, [1], [[2]])], gpus=2, cp=2), "context parallelism (cp=2) is not supported"),
+    (_seq1f1b_with_cp(), "Seq1F1B splits with context parallelism (cp=2) are not supported"),
     (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=3), "plan is for 3 GPUs but WORLD_SIZE is 2"),
 ])
 def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
     """Two ranks launched directly (not via torchrun) so each one's own exit code is visible."""
     write_model(tmp_path / "plan.json", plan)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

@@ -1,0 +1,150 @@
+"""Context parallelism inside a pipeline stage (WLB-LLM §5): each CP rank holds some of a micro-batch's tokens.
+
+Sharding. CP rank c holds the [start, end) token ranges of the packed micro-batch that the plan's
+`cp_shard.ranges[c]` lists (`pack --cp-shard`: per-sequence or per-document); without them, per-sequence
+sharding into 2*cp symmetric chunks (planner/cpshard.py), the load-balanced layout for causal attention.
+A rank's local micro-batch is its tokens in packed order, with their labels and their global positions
+in their documents, so embeddings, norms, projections, MLP, RoPE and the loss run unchanged on them.
+
+Attention is the only op that mixes tokens: a query needs the keys and values of every earlier token of
+its document, wherever they sit. Each layer gathers K and V of all CP ranks (one all_to_all_single with
+per-rank sizes, as gloo's all_gather wants equal sizes); the backward of the gather sends each rank's
+partial K/V gradient back to the rank that owns the token, which sums them. A rank's local tokens are
+cut at document boundaries into runs; a run attends to its document's keys up to its own last token,
+bottom-right causal: the shape of a Seq1F1B split's window (runtime.attention.window_attention). The
+windows are picked from the gathered keys by index (backward: scatter-add).
+
+Gradients. Each CP rank's parameter gradients are the partial sums over its own tokens' paths (queries,
+and keys/values through the gather's backward), so the CP ranks' gradients add up to the unsharded
+one; LNK push sums them at the owners like another pipeline's (runtime/lnk.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from planner.cpshard import shard_per_sequence
+from planner.schema import CPShard
+from runtime.attention import Windows, window_attention
+from runtime.batches import PackedBatch
+
+Ranges = list[list[tuple[int, int]]]
+
+
+def shard_ranges(lengths: Sequence[int], cp: int, shard: CPShard | None) -> Ranges:
+    """Per CP rank, the sorted [start, end) token ranges it holds of a micro-batch of these sequences."""
+    if shard is not None:
+        return [[(int(s), int(e)) for s, e in rs] for rs in shard.ranges]
+    return shard_per_sequence(np.asarray(lengths, dtype=np.int64), cp).ranges(cp)
+
+
+def check_ranges(ranges: Ranges, cp: int, total: int) -> str | None:
+    """Why `ranges` is not a partition of [0, total) into cp ranks' sorted ranges, or None."""
+    if len(ranges) != cp:
+        return f"{len(ranges)} rank lists but cp={cp}"
+    covered = np.zeros(total, dtype=np.int64)
+    for c, rs in enumerate(ranges):
+        for s, e in rs:
+            if not 0 <= s < e <= total:
+                return f"rank {c} range [{s}, {e}) is empty or outside the micro-batch's {total} tokens"
+            covered[s:e] += 1
+        if any(a[1] > b[0] for a, b in zip(rs, rs[1:])):
+            return f"rank {c} ranges {rs} are not sorted and disjoint"
+    if (covered != 1).any():
+        return f"token {int(np.flatnonzero(covered != 1)[0])} is held by {int(covered[covered != 1][0])} ranks, not 1"
+    return None
+
+
+@dataclass(frozen=True)
+class CPContext:
+    """One CP rank's view of one micro-batch: how to gather the group's K/V and which keys each local run sees.
+
+    The gathered buffer holds the ranks' tokens one rank after another in process-group rank order
+    (torch sorts a group's global ranks), `sizes` tokens each; `key_index` picks each run's key window
+    out of it, back to back in the order of `windows`."""
+
+    group: dist.ProcessGroup
+    sizes: list[int]
+    key_index: torch.Tensor
+    windows: Windows
+
+
+class _GatherTokens(torch.autograd.Function):
+    """Forward: every group rank's tokens, in group rank order. Backward: each rank gets back, summed,
+    every rank's gradient for its own tokens (an all-gather / reduce-scatter pair with uneven sizes)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        out = x.new_empty(sum(sizes), *x.shape[1:])
+        dist.all_to_all_single(out, x.repeat(len(sizes), *[1] * (x.dim() - 1)), sizes, [x.shape[0]] * len(sizes),
+                               group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cp, n = len(ctx.sizes), ctx.sizes[dist.get_rank(ctx.group)]
+        parts = grad.new_empty(cp * n, *grad.shape[1:])
+        dist.all_to_all_single(parts, grad.contiguous(), [n] * cp, ctx.sizes, group=ctx.group)
+        return parts.view(cp, n, *grad.shape[1:]).sum(0), None, None
+
+
+def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CPContext) -> torch.Tensor:
+    """Causal attention of this rank's queries q [n, Hq, D] to the keys and values of their documents on
+    all CP ranks (k, v [n, Hkv, D]: this rank's). Collective over the CP group, in forward and backward."""
+    return attend_gathered(q, _GatherTokens.apply(torch.cat([k, v], dim=1), ctx.group, ctx.sizes), ctx)
+
+
+def attend_gathered(q: torch.Tensor, kv: torch.Tensor, ctx: CPContext) -> torch.Tensor:
+    """The local half of `cp_attention`: q against the gathered keys and values kv [sum(sizes), 2*Hkv, D]."""
+    kv = kv.index_select(0, ctx.key_index)
+    if q.shape[0] == 0:
+        # No queries here, but the gather's backward is collective: keep it in this rank's graph.
+        return q + 0 * kv.sum()
+    k, v = kv.chunk(2, dim=1)
+    return window_attention(q, k, v, ctx.windows)
+
+
+def _runs(ranges: list[tuple[int, int]], cu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's ranges cut at document boundaries `cu`: run starts and ends."""
+    cuts = [np.concatenate(([s], cu[(cu > s) & (cu < e)], [e])).astype(np.int64) for s, e in ranges]
+    empty = np.zeros(0, dtype=np.int64)
+    return np.concatenate([c[:-1] for c in cuts] + [empty]), np.concatenate([c[1:] for c in cuts] + [empty])
+
+
+def _indices(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(s, e) over the given spans."""
+    lengths = ends - starts
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(lengths.sum())
+
+
+def _offsets(lengths: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(([0], np.cumsum(lengths)))).to(torch.int32)
+
+
+def shard_batch(mb: PackedBatch, ranges: Ranges, cp_rank: int, cp_ranks: Sequence[int],
+                group: dist.ProcessGroup) -> PackedBatch:
+    """CP rank `cp_rank`'s local micro-batch of `mb` (its cu_seqlens: its runs), attending through the
+    group of global ranks `cp_ranks` (indexed by CP rank)."""
+    cu = mb.cu_seqlens.long().cpu().numpy()
+    held = [_indices(np.array([s for s, _ in rs], dtype=np.int64), np.array([e for _, e in rs], dtype=np.int64))
+            for rs in ranges]
+    order = sorted(range(len(cp_ranks)), key=lambda c: cp_ranks[c])  # CP ranks in process-group rank order
+    where = np.empty(int(cu[-1]), dtype=np.int64)
+    where[np.concatenate([held[c] for c in order])] = np.arange(int(cu[-1]))
+    starts, ends = _runs(ranges[cp_rank], cu)
+    doc_starts = cu[np.searchsorted(cu, starts, side="right") - 1]
+    q_len, k_len = ends - starts, ends - doc_starts
+    device = mb.tokens.device
+    mine = torch.from_numpy(held[cp_rank]).to(device)
+    windows = Windows(_offsets(q_len).to(device), _offsets(k_len).to(device), int(q_len.max(initial=0)),
+                      int(k_len.max(initial=0)))
+    ctx = CPContext(group, [len(held[c]) for c in order], torch.from_numpy(where[_indices(doc_starts, ends)]).to(device),
+                    windows)
+    return PackedBatch(tokens=mb.tokens[mine], labels=mb.labels[mine], positions=mb.positions[mine],
+                       cu_seqlens=windows.cu_q, max_seqlen=windows.max_q, cp=ctx)
