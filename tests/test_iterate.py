@@ -277,14 +277,25 @@ def test_benchmark_lp_bound_is_below_the_brute_force_optimum():
 
     rng = np.random.default_rng(4)
     schemes = tiny_profile().schemes
-    for _ in range(5):
+    for k in range(12):
         cand = [schemes[0], schemes[2], schemes[int(rng.integers(0, 3))]]
-        lengths = rng.integers(100, 4000, 5)
-        lengths = lengths[lengths <= 4096]
+        lengths = rng.integers(50, 1500 if k % 2 else 4000, 5)  # short ones share micro-batches
         opt = brute_force(cand, lengths)
         lb = lp_lower_bound(lengths, cand)
         assert lb <= opt * (1 + 1e-9)
         assert lb >= candidate_bound(ResolvedCandidate("x", (), tuple(cand)), lengths) * (1 - 1e-9)
+
+
+def test_benchmark_lp_bound_charges_every_pipeline_one_micro_batch():
+    """Four 500-token sequences on two <1,1,1> (MaxLen 2048): two per pipeline in one micro-batch is optimal.
+    Charging c only per token (c * 1000/2048 per pipeline) would leave the bound 0.5 c below it."""
+    from bench.bench_pack import lp_lower_bound
+
+    s = tiny_profile().schemes[0]
+    lengths = np.full(4, 500)
+    opt = brute_force([s, s], lengths)
+    assert opt == pytest.approx(2 * (s.time.a * 500**2 + s.time.b * 500) + s.time.c)
+    assert lp_lower_bound(lengths, [s, s]) == pytest.approx(opt, rel=1e-9)
 
 
 def test_packing_cpsat_time_per_iteration_is_capped(cpsat_calls):
