@@ -308,16 +308,13 @@ def pipeline(
 CPU_MEMORY_GIB = 1 / 32
 
 
-def _parse_schemes(values: list[str]) -> list[tuple[int, int]]:
+def _parse_schemes(values: list[str]) -> list[tuple[int, int, int]]:
     out = []
     for v in values:
         parts = v.replace("<", "").replace(">", "").split(",")
         if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             raise UserError(f"--schemes: {v!r} is not TP,PP or TP,PP,CP (positive integers)")
-        if len(parts) == 3 and int(parts[2]) != 1:
-            raise UserError(f"--schemes: {v!r}: only cp=1 can be measured (timing runs through the Seq1F1B executor, "
-                            f"which has no context parallelism)")
-        out.append((int(parts[0]), int(parts[1])))
+        out.append((int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1))
     return out
 
 
@@ -325,8 +322,9 @@ def _parse_schemes(values: list[str]) -> list[tuple[int, int]]:
 def profile_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the runtime measures"),
     model: str = typer.Option("tiny", "--model", help="runtime model config: tiny, llama2-7b, llama2-13b, llama2-32b"),
-    schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP (or TP,PP,1) to measure; repeat for "
-                                             "several (default: every power-of-two tp*pp <= --gpus the model allows)"),
+    schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP or TP,PP,CP to measure; repeat for "
+                                             "several (default: every power-of-two tp*pp <= --gpus the model allows, "
+                                             "cp=1)"),
     gpus: int | None = typer.Option(None, "--gpus", help="ranks available (default: 4 on cpu, the CUDA device count on cuda)"),
     memory_gib: float | None = typer.Option(None, "--memory-gib", help="usable memory per device for MaxLen (default: 90% of "
                                             "the CUDA device's; on cpu 1/32 GiB, a stand-in that keeps the exact CPU "
@@ -348,9 +346,9 @@ def profile_cmd(
 
     Timing (--clock): wall time between barriers, or on CPU the critical path of the executed schedule over
     each action's thread CPU time; warm-up runs dropped, median of --repeats kept. A scheme's point is the
-    1F1B latency of pp identical micro-batches divided by 2*pp - 1 (the canonical T(m)), over single
-    sequences and 4-document packings at fractions of MaxLen; a, b, c are fitted on all of them (the
-    packings' own worst error is printed). --check replays each plan pipeline alone and times its
+    1F1B latency of pp identical micro-batches (under CP: per-sequence shards) divided by 2*pp - 1 (the
+    canonical T(m)), over single sequences and 4-document packings at fractions of MaxLen; a, b, c are
+    fitted on all of them (the packings' own worst error is printed). --check replays each plan pipeline alone and times its
     propagation phase (no pull, push or optimizer step).
     """
     import json
@@ -413,12 +411,13 @@ def profile_cmd(
         raise UserError(f"--memory-gib must be positive (got {memory_gib})")
     pow2 = [1 << i for i in range(gpus.bit_length())]
     todo = _parse_schemes(schemes) if schemes else sorted(
-        ((t, p) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None), key=lambda k: (k[0] * k[1], k))
-    for t, p in todo:
+        ((t, p, 1) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),
+        key=lambda k: (k[0] * k[1], k))
+    for t, p, c in todo:
         if (why := check_layout(cfg, t, p)) is not None:
-            raise UserError(f"--schemes: <{t},{p},1>: {why}")
-        if t * p > gpus:
-            raise UserError(f"--schemes: <{t},{p},1> needs {t * p} ranks but --gpus is {gpus}")
+            raise UserError(f"--schemes: <{t},{p},{c}>: {why}")
+        if t * p * c > gpus:
+            raise UserError(f"--schemes: <{t},{p},{c}> needs {t * p * c} ranks but --gpus is {gpus}")
     with console.status("measuring") as status:
         prof, fits = measure.measure_profile(out.stem, model, device, todo, memory_gib * 2**30, gpus_per_node=gpus,
                                              clock=clock, dtype=dtype, warmup=warmup, repeats=repeats,

@@ -151,24 +151,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int]], capacity_bytes: float,
+def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
                     *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
                     timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
-    """Measure every <tp, pp, 1> in the runtime and build a v1 profile with "source": "measured"."""
+    """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured"."""
     from runtime.model import get_config
 
     cfg = get_config(model)
     out, fits = [], []
-    for tp, pp in schemes:
+    for tp, pp, cp in schemes:
         if progress is not None:
-            progress(f"<{tp},{pp},1>")
-        raw = run_runtime(["--tp", str(tp), "--pp", str(pp), "--model", model, "--dtype", dtype,
+            progress(f"<{tp},{pp},{cp}>")
+        raw = run_runtime(["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--model", model, "--dtype", dtype,
                            "--clock", clock, "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node),
-                           "--warmup", str(warmup), "--repeats", str(repeats)], tp * pp, device, timeout_s)
+                           "--warmup", str(warmup), "--repeats", str(repeats)], tp * pp * cp, device, timeout_s)
         fit = fit_points([(p["lengths"], p["seconds"]) for p in raw["points"]])
         fits.append(fit)
         max_len = int(raw["max_len"])
-        out.append(Scheme(tp=tp, pp=pp, cp=1, max_len=max_len, util_len=util_len(fit.time, max_len), time=fit.time,
+        out.append(Scheme(tp=tp, pp=pp, cp=cp, max_len=max_len, util_len=util_len(fit.time, max_len), time=fit.time,
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],

@@ -14,6 +14,11 @@ cut at document boundaries into runs; a run attends to its document's keys up to
 bottom-right causal: the shape of a Seq1F1B split's window (runtime.attention.window_attention). The
 windows are picked from the gathered keys by index (backward: scatter-add).
 
+With Seq1F1B splits (`shard_splits`), a CP rank's share of split [lo, hi) is its ranges cut to it; each
+split gathers only its own K/V, and a run finds its keys in the gathered buffers of the earlier splits
+(the Seq1F1B cache, runtime/seq1f1b.py) followed by the split's: split j's buffer holds tokens [lo_j,
+hi_j), so the concatenation from the split that starts at `key_lo` is indexed like one gathered buffer.
+
 Gradients. Each CP rank's parameter gradients are the partial sums over its own tokens' paths (queries,
 and keys/values through the gather's backward), so the CP ranks' gradients add up to the unsharded
 one; LNK push sums them at the owners like another pipeline's (runtime/lnk.py).
@@ -66,12 +71,37 @@ class CPContext:
 
     The gathered buffer holds the ranks' tokens one rank after another in process-group rank order
     (torch sorts a group's global ranks), `sizes` tokens each; `key_index` picks each run's key window
-    out of it, back to back in the order of `windows`."""
+    out of it, back to back in the order of `windows`. Under Seq1F1B the buffer it indexes is the
+    gathered buffers of the splits from the one starting at packed token `key_lo` to this one, concatenated."""
 
     group: dist.ProcessGroup
     sizes: list[int]
     key_index: torch.Tensor
     windows: Windows
+    key_lo: int = 0
+
+
+@dataclass(frozen=True)
+class CPShards:
+    """A CP rank's shares of a pipeline's micro-batches: per micro-batch ranges (`shard_ranges`), its CP
+    rank, the global ranks of its CP group by CP rank, and the group."""
+
+    ranges: list[Ranges]
+    cp_rank: int
+    cp_ranks: Sequence[int]
+    group: dist.ProcessGroup | None
+
+    @classmethod
+    def of(cls, mbs: Sequence[PackedBatch], planned: Sequence[CPShard | None], cp_rank: int, cp_ranks: Sequence[int],
+           group: dist.ProcessGroup | None) -> CPShards:
+        """The shares of micro-batches with these planned shards (None: per-sequence, `shard_ranges`)."""
+        ranges = [shard_ranges(torch.diff(mb.cu_seqlens).tolist(), len(cp_ranks), shard)
+                  for mb, shard in zip(mbs, planned, strict=True)]
+        return cls(ranges, cp_rank, cp_ranks, group)
+
+    def split(self, m: int, mb: PackedBatch, bounds: Sequence[int]) -> list[PackedBatch]:
+        """This rank's share of each split of micro-batch m (`shard_splits`)."""
+        return shard_splits(mb, self.ranges[m], self.cp_rank, self.cp_ranks, self.group, bounds)
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -97,7 +127,12 @@ class _GatherTokens(torch.autograd.Function):
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CPContext) -> torch.Tensor:
     """Causal attention of this rank's queries q [n, Hq, D] to the keys and values of their documents on
     all CP ranks (k, v [n, Hkv, D]: this rank's). Collective over the CP group, in forward and backward."""
-    return attend_gathered(q, _GatherTokens.apply(torch.cat([k, v], dim=1), ctx.group, ctx.sizes), ctx)
+    return attend_gathered(q, gather_kv(k, v, ctx), ctx)
+
+
+def gather_kv(k: torch.Tensor, v: torch.Tensor, ctx: CPContext) -> torch.Tensor:
+    """K and V [n, Hkv, D] of every CP rank's tokens, concatenated on dim 1: [sum(sizes), 2*Hkv, D]."""
+    return _GatherTokens.apply(torch.cat([k, v], dim=1), ctx.group, ctx.sizes)
 
 
 def attend_gathered(q: torch.Tensor, kv: torch.Tensor, ctx: CPContext) -> torch.Tensor:
@@ -110,9 +145,9 @@ def attend_gathered(q: torch.Tensor, kv: torch.Tensor, ctx: CPContext) -> torch.
     return window_attention(q, k, v, ctx.windows)
 
 
-def _runs(ranges: list[tuple[int, int]], cu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A rank's ranges cut at document boundaries `cu`: run starts and ends."""
-    cuts = [np.concatenate(([s], cu[(cu > s) & (cu < e)], [e])).astype(np.int64) for s, e in ranges]
+def _runs(ranges: list[tuple[int, int]], cu: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's ranges within [lo, hi) cut at document boundaries `cu`: run starts and ends."""
+    cuts = [np.concatenate(([s], cu[(cu > s) & (cu < e)], [e])).astype(np.int64) for s, e in zip(*_clip(ranges, lo, hi))]
     empty = np.zeros(0, dtype=np.int64)
     return np.concatenate([c[:-1] for c in cuts] + [empty]), np.concatenate([c[1:] for c in cuts] + [empty])
 
@@ -127,24 +162,45 @@ def _offsets(lengths: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(([0], np.cumsum(lengths)))).to(torch.int32)
 
 
+def _clip(ranges: list[tuple[int, int]], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the ranges cut to [lo, hi), empty ones dropped."""
+    starts = np.array([max(s, lo) for s, _ in ranges], dtype=np.int64)
+    ends = np.array([min(e, hi) for _, e in ranges], dtype=np.int64)
+    keep = starts < ends
+    return starts[keep], ends[keep]
+
+
 def shard_batch(mb: PackedBatch, ranges: Ranges, cp_rank: int, cp_ranks: Sequence[int],
                 group: dist.ProcessGroup) -> PackedBatch:
     """CP rank `cp_rank`'s local micro-batch of `mb` (its cu_seqlens: its runs), attending through the
     group of global ranks `cp_ranks` (indexed by CP rank)."""
+    return shard_splits(mb, ranges, cp_rank, cp_ranks, group, [0, mb.num_tokens])[0]
+
+
+def shard_splits(mb: PackedBatch, ranges: Ranges, cp_rank: int, cp_ranks: Sequence[int], group: dist.ProcessGroup,
+                 bounds: Sequence[int]) -> list[PackedBatch]:
+    """`shard_batch` for each Seq1F1B split [bounds[i], bounds[i+1]) of `mb`: the rank's tokens of the split,
+    attending through the gathered K/V of the split and of the earlier ones (CPContext.key_lo)."""
     cu = mb.cu_seqlens.long().cpu().numpy()
-    held = [_indices(np.array([s for s, _ in rs], dtype=np.int64), np.array([e for _, e in rs], dtype=np.int64))
-            for rs in ranges]
+    bounds = np.asarray(bounds, dtype=np.int64)
     order = sorted(range(len(cp_ranks)), key=lambda c: cp_ranks[c])  # CP ranks in process-group rank order
-    where = np.empty(int(cu[-1]), dtype=np.int64)
-    where[np.concatenate([held[c] for c in order])] = np.arange(int(cu[-1]))
-    starts, ends = _runs(ranges[cp_rank], cu)
-    doc_starts = cu[np.searchsorted(cu, starts, side="right") - 1]
-    q_len, k_len = ends - starts, ends - doc_starts
+    where = np.empty(int(cu[-1]), dtype=np.int64)  # token -> its row in the splits' gathered buffers, concatenated
+    held = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        held.append([_indices(*_clip(rs, lo, hi)) for rs in ranges])
+        where[np.concatenate([held[-1][c] for c in order])] = np.arange(lo, hi)
     device = mb.tokens.device
-    mine = torch.from_numpy(held[cp_rank]).to(device)
-    windows = Windows(_offsets(q_len).to(device), _offsets(k_len).to(device), int(q_len.max(initial=0)),
-                      int(k_len.max(initial=0)))
-    ctx = CPContext(group, [len(held[c]) for c in order], torch.from_numpy(where[_indices(doc_starts, ends)]).to(device),
-                    windows)
-    return PackedBatch(tokens=mb.tokens[mine], labels=mb.labels[mine], positions=mb.positions[mine],
-                       cu_seqlens=windows.cu_q, max_seqlen=windows.max_q, cp=ctx)
+    out = []
+    for lo, hi, split_held in zip(bounds[:-1], bounds[1:], held):
+        starts, ends = _runs(ranges[cp_rank], cu, lo, hi)
+        doc_starts = cu[np.searchsorted(cu, starts, side="right") - 1]
+        key_lo = int(bounds[np.searchsorted(bounds, doc_starts.min(initial=lo), side="right") - 1])
+        q_len, k_len = ends - starts, ends - doc_starts
+        mine = torch.from_numpy(split_held[cp_rank]).to(device)
+        windows = Windows(_offsets(q_len).to(device), _offsets(k_len).to(device), int(q_len.max(initial=0)),
+                          int(k_len.max(initial=0)))
+        ctx = CPContext(group, [len(split_held[c]) for c in order],
+                        torch.from_numpy(where[_indices(doc_starts, ends)] - key_lo).to(device), windows, key_lo)
+        out.append(PackedBatch(tokens=mb.tokens[mine], labels=mb.labels[mine], positions=mb.positions[mine],
+                               cu_seqlens=windows.cu_q, max_seqlen=windows.max_q, cp=ctx))
+    return out

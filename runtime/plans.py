@@ -48,9 +48,6 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
                 if sid not in lengths or sid in used:
                     raise UserError(f"{where}.micro_batches.{j}.seqs: sequence id {sid} is not in batch or is used twice")
                 used.add(sid)
-            if p.cp > 1 and mb.splits is not None:
-                raise UserError(f"{where}.micro_batches.{j}.splits: Seq1F1B splits with context parallelism (cp={p.cp}) "
-                                f"are not supported by the runtime (replay such a pipeline with cp=1 or without splits)")
             if mb.cp_shard is not None and (why := check_ranges(mb.cp_shard.ranges, p.cp,
                                                                  sum(lengths[sid] for sid in mb.seqs))) is not None:
                 raise UserError(f"{where}.micro_batches.{j}.cp_shard.ranges: {why}")

@@ -1,17 +1,18 @@
-"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, 1>, or the
+"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, or the
 propagation time of every pipeline of a run's plans (`hydraplan profile` launches it; it prints JSON).
 
-    torchrun --nproc-per-node TP*PP runtime/profile.py --tp TP --pp PP --model tiny --capacity-bytes B --out m.json
+    torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --model tiny --capacity-bytes B --out m.json
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
 (one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
 
 How time is measured. Pipelines run through the Seq1F1B executor (runtime/seq1f1b.py; K = 1 is
-1F1B) with real TP all-reduces and p2p. Its attention works per document (runtime.seq1f1b.cached_attention:
-sum of l^2, like the GPU varlen kernels; attention.py's CPU fallback masks the whole micro-batch, which
-costs (sum of l)^2 and breaks the cost model's premise). Two clocks:
+1F1B) with real TP all-reduces, CP K/V gathers (per-sequence shards, or the plan's) and p2p. Its
+attention works per document (runtime.seq1f1b.cached_attention: sum of l^2, like the GPU varlen
+kernels; attention.py's CPU fallback masks the whole micro-batch, which costs (sum of l)^2 and breaks
+the cost model's premise). Two clocks:
 - wall (GPUs, dedicated machines): each run sits between two barriers and is timed with perf_counter;
 - cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
-  stage's action takes the longest of its TP ranks, and the run's latency is the critical path of the
+  stage's action takes the longest of its TP and CP ranks, and the run's latency is the critical path of the
   executed schedule over those durations (planner.pipeline.simulate, no p2p latency). On a CPU shared
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
@@ -20,8 +21,8 @@ identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for
 disjoint GPUs on a cluster) with the plan's micro-batches and splits, and times its propagation only
 (no pull, push or optimizer step, which the cost model does not estimate).
 
-How memory is measured. Activation bytes of one micro-batch on a stage are the bytes autograd saves for
-backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
+How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
+saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
 few lengths; fixed bytes are the stage's weights and gradients plus its 1/N share of the fp32 master
 weights and the two AdamW states. planner/measure.py turns them into MaxLen.
 """
@@ -50,8 +51,9 @@ import torch.distributed as dist
 from planner.errors import UserError
 from planner.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
 from planner.pipeline import schedule_seq1f1b, simulate
-from planner.schema import BatchSeq
+from planner.schema import BatchSeq, Estimate, Plan, PlanPipeline
 from runtime.batches import PackedBatch, TokenData
+from runtime.context_parallel import CPShards
 from runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from runtime.pipeline_exec import StageComm
 from runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
@@ -64,6 +66,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--check", default=None, help="plan folder (or file) to replay pipeline by pipeline")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
@@ -92,7 +95,7 @@ def _init(timeout: timedelta) -> torch.device:
 
 
 def timed_pipeline(module: StageModule, mbs: list[PackedBatch], splits: list[list[int]], comm: StageComm,
-                   args: argparse.Namespace, device: torch.device) -> list[float]:
+                   args: argparse.Namespace, device: torch.device, cp: CPShards | None) -> list[float]:
     """Latency of `repeats` runs of one pipeline (after `warmup`), the same list on every rank of the job
     (collective: ranks outside the pipeline pass comm=None and module=None)."""
     out = []
@@ -102,7 +105,7 @@ def timed_pipeline(module: StageModule, mbs: list[PackedBatch], splits: list[lis
         cpu = None
         if comm is not None:
             module.zero_grad(set_to_none=True)
-            _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0)
+            _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0, cp)
             cpu = (comm.stage, comm.pp, stage.cpu_s)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -119,7 +122,7 @@ def timed_pipeline(module: StageModule, mbs: list[PackedBatch], splits: list[lis
 
 def critical_path(stages: list[tuple[int, int, dict[tuple[str, int, int], float]]]) -> float:
     """Latency of the executed Seq1F1B schedule from each rank's (stage, pp, CPU seconds per action); a
-    stage's action lasts as long as on its slowest TP rank."""
+    stage's action lasts as long as on its slowest TP or CP rank."""
     pp = stages[0][1]
     per: list[dict[tuple[str, int, int], float]] = [{} for _ in range(pp)]
     for stage, _, secs in stages:
@@ -131,9 +134,9 @@ def critical_path(stages: list[tuple[int, int, dict[tuple[str, int, int], float]
                     lambda r, m, s, c: per[r][("B", m, s)]).latency_s
 
 
-def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch) -> int:
-    """Bytes autograd keeps for backward from one forward of the stage through the executor the
-    measurements time (storages counted once, parameters excluded)."""
+def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
+    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) through the
+    executor the measurements time (storages counted once, parameters excluded). Collective over CP."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -144,7 +147,7 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch) ->
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0).forward(0, 0, x)
+        Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0, cp).forward(0, 0, x)
     return sum(seen.values())
 
 
@@ -152,23 +155,40 @@ def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatc
     return data.pack([BatchSeq(id=first_id + i, length=n) for i, n in enumerate(lengths)])
 
 
-def measure_scheme(cfg: ModelConfig, tp: int, pp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
-    """Memory then time of <tp, pp, 1> on this job's tp*pp ranks; the result on rank 0 (None elsewhere)."""
+def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
+    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in DESIGN.md's rank order); the
+    result on rank 0 (None elsewhere)."""
+    from runtime.groups import GroupCache
+    from runtime.plans import rank_roles
+
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != tp * pp:
-        raise UserError(f"--tp {tp} --pp {pp} needs {tp * pp} ranks but WORLD_SIZE is {world}")
+    if world != tp * pp * cp:
+        raise UserError(f"--tp {tp} --pp {pp} --cp {cp} needs {tp * pp * cp} ranks but WORLD_SIZE is {world}")
     dtype = DTYPES[args.dtype]
-    stage, tp_rank = divmod(rank, tp)
-    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) if tp > 1 else None for s in range(pp)]
-    module = StageModule(cfg, pp=pp, stage=stage, tp=TPGroup(groups[stage], tp, tp_rank), dtype=dtype, device=device)
-    load_full(module, [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))], tp, tp_rank)
+    layout = Plan(iteration=0, profile="", gpus=world, batch=[], strategy="", estimate=Estimate(propagation_s=0.0),
+                  pipelines=[PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=list(range(world)), micro_batches=[], estimate_s=0.0)])
+    groups = GroupCache(timedelta(seconds=args.timeout_s))
+    groups.ensure(layout)
+    role = rank_roles(layout, world)[rank]
+    stage = role.stage
+    module = StageModule(cfg, pp=pp, stage=stage, tp=TPGroup(groups.get(role.tp_ranks) if tp > 1 else None, tp, role.tp_rank),
+                         dtype=dtype, device=device)
+    load_full(module, [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))], tp, role.tp_rank)
     data = TokenData(cfg.vocab)
+
+    def shares(mbs: list[PackedBatch]) -> CPShards | None:
+        """This rank's per-sequence CP shares of synthetic micro-batches (None without CP)."""
+        return None if cp == 1 else CPShards.of(mbs, [None] * len(mbs), role.cp_rank, role.cp_ranks,
+                                                groups.get(role.cp_ranks))
 
     gen = torch.Generator().manual_seed(rank)
     act = []
     for n in MEMORY_LENGTHS:
-        x = None if module.first else torch.randn(n, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
-        act.append(saved_bytes(module, x, _device_batch(_synthetic(data, [n], 0), device)))
+        mb = _device_batch(_synthetic(data, [n], 0), device)
+        share = shares([mb])
+        local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
+        x = None if module.first else torch.randn(local, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
+        act.append(saved_bytes(module, x, mb, share))
     stage_params = sum(p.numel() for p in module.parameters())
     total_params = sum(s.numel for s in param_specs(cfg))
     fixed = 2 * stage_params * dtype.itemsize + STATE_BYTES_PER_PARAM * total_params / args.reference_gpus
@@ -177,16 +197,15 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, args: argparse.Namespace,
     dist.all_gather_object(mems, mem)
     max_len = scheme_max_len(mems, args.capacity_bytes)
 
-    comm = StageComm(stage, pp, rank - tp if stage > 0 else None, rank + tp if stage < pp - 1 else None, cfg.hidden,
-                     dtype, device)
+    comm = StageComm(stage, pp, role.prev, role.next, cfg.hidden, dtype, device)
     points = []
     for lengths in time_grid(max_len):
         mbs = [_device_batch(_synthetic(data, lengths, 1000 * m), device) for m in range(pp)]
-        runs = timed_pipeline(module, mbs, [[0, sum(lengths)]] * pp, comm, args, device)
+        runs = timed_pipeline(module, mbs, [[0, sum(lengths)]] * pp, comm, args, device, shares(mbs))
         points.append({"lengths": lengths, "seconds": statistics.median(runs) / (2 * pp - 1), "runs": runs})
     if rank != 0:
         return None
-    return {"tp": tp, "pp": pp, "max_len": max_len, "micro_batches": pp, "points": points,
+    return {"tp": tp, "pp": pp, "cp": cp, "max_len": max_len, "micro_batches": pp, "points": points,
             "memory": [m.__dict__ for m in mems]}
 
 
@@ -211,17 +230,14 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
     out = []
     for source, plan in load_plans(args.check, None):
         pipes = []
-        for i, pipe in enumerate(plan.pipelines):
-            if pipe.cp > 1:
-                raise UserError(f"{source}: field pipelines.{i}.cp: --check times pipelines with the Seq1F1B executor, "
-                                f"which has no context parallelism (cp={pipe.cp}); replay it with runtime/run_plan.py")
+        for pipe in plan.pipelines:
             local = pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})
             alone = plan.model_copy(update={"gpus": world, "pipelines": [local]})
             check_plan(alone, source, world, cfg)
             check_splits(alone, source)
             groups.ensure(alone)
             role = rank_roles(alone, world)[rank]
-            module, comm = None, None
+            module, comm, cp = None, None, None
             mbs = [_device_batch(data.pack(seqs), device) for seqs in micro_batch_seqs(alone, alone.pipelines[0])]
             splits = [list(mb.splits) if mb.splits is not None else [0, b.num_tokens]
                       for mb, b in zip(pipe.micro_batches, mbs)]
@@ -230,7 +246,10 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
                 module = StageModule(cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=dtype, device=device)
                 load_full(module, full, role.tp, role.tp_rank)
                 comm = StageComm(role.stage, role.pp, role.prev, role.next, cfg.hidden, dtype, device)
-            runs = timed_pipeline(module, mbs, splits, comm, args, device)
+                if role.cp > 1:
+                    cp = CPShards.of(mbs, [mb.cp_shard for mb in pipe.micro_batches], role.cp_rank, role.cp_ranks,
+                                     groups.get(role.cp_ranks))
+            runs = timed_pipeline(module, mbs, splits, comm, args, device, cp)
             pipes.append({"seconds": statistics.median(runs), "runs": runs})
         out.append({"source": source, "iteration": plan.iteration, "pipelines": pipes})
     return {"plans": out} if rank == 0 else None
@@ -241,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     device = _init(timedelta(seconds=args.timeout_s))
     try:
         cfg = get_config(args.model)
-        result = check_plans(cfg, args, device) if args.check else measure_scheme(cfg, args.tp, args.pp, args, device)
+        result = check_plans(cfg, args, device) if args.check else measure_scheme(cfg, args.tp, args.pp, args.cp, args, device)
         if result is not None:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return 0

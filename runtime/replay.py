@@ -1,5 +1,5 @@
-"""One rank's side of a training iteration replayed from a plan: pull, 1F1B (on its CP share of the tokens),
-push, AdamW step."""
+"""One rank's side of a training iteration replayed from a plan: pull, 1F1B or Seq1F1B (on its CP share of
+the tokens), push, AdamW step."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from planner.schema import Plan
 from runtime import lnk
-from runtime.batches import PackedBatch, TokenData
-from runtime.context_parallel import shard_batch, shard_ranges
+from runtime.batches import TokenData
+from runtime.context_parallel import CPShards
 from runtime.groups import GroupCache
 from runtime.model import ModelConfig, StageModule, TPGroup, param_specs
 from runtime.optim import ShardedMaster, master_dtype
@@ -93,24 +93,21 @@ class Replayer:
             for p, chunk in zip(params, flat.split([p.numel() for p in params])):
                 p.copy_(chunk.view_as(p))
         mbs = [self.data.pack(seqs, self.device) for seqs in micro_batch_seqs(plan, plan.pipelines[role.pipeline])]
+        cp = None
         if role.cp > 1:
-            mbs = self._cp_shards(plan, role, mbs)
+            cp = CPShards.of(mbs, [mb.cp_shard for mb in plan.pipelines[role.pipeline].micro_batches], role.cp_rank,
+                             role.cp_ranks, self.groups.get(role.cp_ranks))
         comm = StageComm(role.stage, role.pp, role.prev, role.next, self.cfg.hidden, self.dtype, self.device)
         scale = 1.0 / self.data.labeled_tokens(plan)
         splits = pipeline_splits(plan, role.pipeline)
-        loss = run_1f1b(module, mbs, comm, scale) if splits is None else run_seq1f1b(module, mbs, splits, comm, scale)[0]
+        if splits is None:
+            if cp is not None:
+                mbs = [cp.split(m, mb, [0, mb.num_tokens])[0] for m, mb in enumerate(mbs)]
+            loss = run_1f1b(module, mbs, comm, scale)
+        else:
+            loss = run_seq1f1b(module, mbs, splits, comm, scale, cp)[0]
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         return grads, loss if role.tp_rank == 0 else torch.zeros_like(loss)
-
-    def _cp_shards(self, plan: Plan, role: RankRole, mbs: list[PackedBatch]) -> list[PackedBatch]:
-        """This CP rank's tokens of each micro-batch: the plan's cp_shard ranges, else per-sequence sharding."""
-        group = self.groups.get(role.cp_ranks)
-        out = []
-        for mb, planned in zip(mbs, plan.pipelines[role.pipeline].micro_batches, strict=True):
-            lengths = torch.diff(mb.cu_seqlens).tolist()
-            ranges = shard_ranges(lengths, role.cp, planned.cp_shard)
-            out.append(shard_batch(mb, ranges, role.cp_rank, role.cp_ranks, group))
-        return out
 
     def gather_weights(self) -> torch.Tensor | None:
         """All master weights in canonical order on rank 0 (None elsewhere). Collective."""

@@ -12,6 +12,12 @@ a later split leaves the gradient of those K/V in the leaves' .grad: the stash, 
 split. The backward of split s runs after all later splits of its micro-batch (the LIFO order), so it
 backpropagates its output gradient and its K/V stash in one autograd call and then drops both.
 
+With context parallelism (runtime/context_parallel.py) a rank holds its CP share of each split; the
+split's K/V are gathered over the CP group per layer and that gathered buffer is what the cache and the
+stash hold. A rank's stash is then its partial gradient for every token of the split, and the gather's
+backward (collective: CP ranks run the same action list) sums them at the tokens' owners. Empty splits
+are skipped by the split's total size, so every CP rank joins the same gathers, even with no tokens.
+
 model.py's Attention attends within its own micro-batch only, so `_split_forward` runs the stage's
 layers itself, with the same parameters and sub-modules, and swaps in `cached_attention`.
 """
@@ -33,6 +39,7 @@ from planner.pipeline import Action, schedule_seq1f1b
 from planner.schema import Plan
 from runtime.attention import Windows, window_attention
 from runtime.batches import PackedBatch
+from runtime.context_parallel import CPShards, attend_gathered, gather_kv
 from runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
 from runtime.pipeline_exec import StageComm
 
@@ -42,7 +49,8 @@ from runtime.pipeline_exec import StageComm
 class SplitView:
     """Split [lo, hi) of a packed micro-batch. Its queries are the split's tokens, its keys the packed
     tokens [key_lo, hi); cu_q/cu_k are the per-document query and key offsets into those (a document's
-    keys end where its queries end, so causal alignment is bottom-right)."""
+    keys end where its queries end, so causal alignment is bottom-right). Under CP, `batch` is this
+    rank's share and batch.cp says how its queries find their keys (`cp_split_views`)."""
 
     batch: PackedBatch
     lo: int
@@ -84,6 +92,12 @@ def split_views(mb: PackedBatch, bounds: Sequence[int]) -> list[SplitView]:
     return views
 
 
+def cp_split_views(shares: Sequence[PackedBatch], bounds: Sequence[int]) -> list[SplitView]:
+    """The splits of a micro-batch for a CP rank with these shares of them (CPShards.split)."""
+    return [SplitView(b, int(lo), int(hi), b.cp.key_lo, b.cp.windows.cu_q, b.cp.windows.cu_k, b.cp.windows.max_k)
+            for b, lo, hi in zip(shares, bounds[:-1], bounds[1:], strict=True)]
+
+
 def check_splits(plan: Plan, source: str) -> None:
     """UserError (file, field, value) unless every pipeline's splits are K+1 non-decreasing offsets from
     0 to its micro-batch's token count, with one K per pipeline, on all micro-batches or on none."""
@@ -119,10 +133,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view: Sp
 # ------------------------------------------------------------------------------------------- stage
 @dataclass
 class _LayerKV:
-    k: torch.Tensor  # attached to the split's graph
-    v: torch.Tensor
-    k_leaf: torch.Tensor  # the same values, detached: what later splits attend to; .grad is the stash
-    v_leaf: torch.Tensor
+    kv: torch.Tensor  # K and V concatenated on the head dim (gathered under CP), attached to the split's graph
+    leaf: torch.Tensor  # the same values, detached: what later splits attend to; .grad is the stash
 
 
 @dataclass
@@ -143,18 +155,25 @@ class Seq1F1BStage:
     cpu_s[(op, m, s)]: this thread's CPU seconds in each action (runtime/profile.py's clock on shared CPUs).
     """
 
-    def __init__(self, module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], loss_scale: float):
+    def __init__(self, module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], loss_scale: float,
+                 cp: CPShards | None = None):
         if len(mbs) != len(splits):
             raise ValueError(f"{len(mbs)} micro-batches but {len(splits)} split lists")
         self.module, self.loss_scale = module, loss_scale
-        self.views = [split_views(mb, b) for mb, b in zip(mbs, splits)]
+        self.views = [split_views(mb, b) if cp is None else cp_split_views(cp.split(m, mb, b), b)
+                      for m, (mb, b) in enumerate(zip(mbs, splits))]
         self.loss = torch.zeros((), dtype=torch.float64)
         self._held: dict[tuple[int, int], _Held] = {}
         self.peak_live = 0
         self.cpu_s: dict[tuple[str, int, int], float] = {}
 
     def tokens(self, m: int, s: int) -> int:
+        """Tokens of split s of micro-batch m (all CP ranks': a split runs unless this is 0)."""
         return self.views[m][s].tokens
+
+    def local_tokens(self, m: int, s: int) -> int:
+        """This rank's tokens of split s of micro-batch m: the rows of its activations."""
+        return self.views[m][s].batch.num_tokens
 
     def forward(self, m: int, s: int, x: torch.Tensor | None) -> torch.Tensor | None:
         """Forward of split s of micro-batch m (x: its input activations, None on the first stage).
@@ -184,10 +203,9 @@ class Seq1F1BStage:
         if held.output is not None:
             tensors, grads = [held.output], [grad]
             for kv in held.kv:
-                for t, leaf in ((kv.k, kv.k_leaf), (kv.v, kv.v_leaf)):
-                    if leaf.grad is not None:
-                        tensors.append(t)
-                        grads.append(leaf.grad)
+                if kv.leaf.grad is not None:
+                    tensors.append(kv.kv)
+                    grads.append(kv.leaf.grad)
             torch.autograd.backward(tensors, grads)
             dx = None if self.module.first else held.input.grad
         self.cpu_s[("B", m, s)] = time.thread_time() - start
@@ -197,8 +215,8 @@ class Seq1F1BStage:
     def live(self) -> int:
         return len(self._held)
 
-    def _window(self, m: int, s: int, layer: int, own: torch.Tensor, which: str) -> torch.Tensor:
-        """Keys (or values) of split s's window: cached leaves of the earlier splits it reaches, then its own."""
+    def _window(self, m: int, s: int, layer: int, own: torch.Tensor) -> torch.Tensor:
+        """K/V of split s's window: cached leaves of the earlier splits it reaches, then its own."""
         view = self.views[m][s]
         parts, start = [], view.lo
         for j in range(s - 1, -1, -1):
@@ -206,7 +224,7 @@ class Seq1F1BStage:
                 break
             prev = self.views[m][j]
             if prev.tokens:
-                parts.append(getattr(self._held[(m, j)].kv[layer], which))
+                parts.append(self._held[(m, j)].kv[layer].leaf)
             start = prev.lo
         if not parts:
             return own
@@ -225,8 +243,10 @@ class Seq1F1BStage:
             q = apply_rope(F.linear(h, attn.wq).unflatten(-1, (-1, attn.head_dim)), cos, sin)
             k = apply_rope(F.linear(h, attn.wk).unflatten(-1, (-1, attn.head_dim)), cos, sin)
             v = F.linear(h, attn.wv).unflatten(-1, (-1, attn.head_dim))
-            kvs.append(_LayerKV(k, v, k.detach().requires_grad_(), v.detach().requires_grad_()))
-            o = cached_attention(q, self._window(m, s, layer, k, "k_leaf"), self._window(m, s, layer, v, "v_leaf"), view)
+            own = torch.cat([k, v], dim=1) if mb.cp is None else gather_kv(k, v, mb.cp)
+            kvs.append(_LayerKV(own, own.detach().requires_grad_()))
+            kv = self._window(m, s, layer, own)
+            o = cached_attention(q, *kv.chunk(2, dim=1), view) if mb.cp is None else attend_gathered(q, kv, mb.cp)
             x = x + reduce_from_tp(o.flatten(-2) @ attn.wo, attn.tp)
             x = x + block.mlp(block.mlp_norm(x))
         return mod.head(mod.norm(x), mb.labels) if mod.last else x
@@ -296,7 +316,7 @@ def p2p_batches(actions: Sequence[Action], stage: int, pp: int, K: int,
 
 
 def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], comm: StageComm,
-                loss_scale: float) -> tuple[torch.Tensor, Seq1F1BStage]:
+                loss_scale: float, cp: CPShards | None = None) -> tuple[torch.Tensor, Seq1F1BStage]:
     """Run this stage's Seq1F1B action list over the micro-batches; gradients accumulate in the module's
     .grad. Returns the scaled loss summed over splits (0 except on the last stage) and the stage state.
 
@@ -304,7 +324,7 @@ def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequenc
     shape handshake and empty splits are skipped by all stages alike; messages go in `p2p_batches`.
     """
     K = len(splits[0]) - 1
-    stage = Seq1F1BStage(module, mbs, splits, loss_scale)
+    stage = Seq1F1BStage(module, mbs, splits, loss_scale, cp)
     actions = schedule_seq1f1b(comm.pp, len(mbs), K).stages[comm.stage]
     batches = p2p_batches(actions, comm.stage, comm.pp, K, stage.tokens)
     rank = {comm.stage - 1: comm.prev, comm.stage + 1: comm.next}
@@ -316,7 +336,7 @@ def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequenc
                 ops.append(dist.P2POp(dist.isend, result, rank[t.peer], tag=t.tag))
             else:
                 a = actions[i]
-                received = torch.empty(stage.tokens(a.mb, a.split), comm.hidden, dtype=comm.dtype, device=comm.device)
+                received = torch.empty(stage.local_tokens(a.mb, a.split), comm.hidden, dtype=comm.dtype, device=comm.device)
                 ops.append(dist.P2POp(dist.irecv, received, rank[t.peer], tag=t.tag))
         if ops:
             for work in dist.batch_isend_irecv(ops):

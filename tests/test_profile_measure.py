@@ -1,6 +1,7 @@
 """Measured profiles: MaxLen from measured memory, the grid, the fit on synthetic timings, the
 estimates --check compares against, the critical-path clock, and the `hydraplan profile` command
-(one real measurement and one --check on a 2-iteration plan, under torchrun)."""
+(real measurements of <1,1,1> and <1,1,2>, --check on a 2-iteration plan and on a Seq1F1B plan with
+CP, under torchrun)."""
 
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
 # --------------------------------------------------------------------------------------------- CLI
 @pytest.mark.parametrize("args,message", [
     (["--schemes", "3,1", "--out", "x.json"], "tp=3 does not divide"),
-    (["--schemes", "1,1,2", "--out", "x.json"], "only cp=1 can be measured"),
+    (["--schemes", "1,2,4", "--out", "x.json"], "<1,2,4> needs 8 ranks"),
     (["--schemes", "2,2", "--gpus", "2", "--out", "x.json"], "needs 4 ranks"),
     (["--check", "plans"], "--check needs --profile"),
     ([], "--out is required"),
@@ -199,20 +200,6 @@ def test_profile_bad_input_exits_2():
                           capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
-
-
-def test_profile_check_refuses_context_parallel_pipelines(tmp_path, monkeypatch, capsys):
-    """--check times through the Seq1F1B executor, which has no CP: it must refuse, not time cp=1."""
-    from runtime.profile import main as profile_main
-
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    plan = plan_of(0, [(1, [0, 1], [[8, 4]], None)])
-    plan.pipelines[0].cp = 2
-    write_model(tmp_path / "iter_000000.json", plan)
-    assert profile_main(["--check", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "field pipelines.0.cp: --check times pipelines with the Seq1F1B executor" in err
 
 
 @pytest.mark.slow
@@ -238,22 +225,53 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_check_replays_a_two_iteration_plan(tmp_path):
+def test_profile_measures_a_context_parallel_scheme(tmp_path):
+    """<1,1,2>: memory and time on each CP rank's share; MaxLen is set by the tighter CP rank."""
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["profile", "--schemes", "1,1,2", "--memory-gib", "0.015625", "--warmup", "0",
+                              "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    s = load_profile(str(out)).scheme(1, 1, 2)
+    assert len(s.measured_memory) == 2 and s.time.a > 0 and len(s.measured_points) >= 6
+    peak = lambda m, n: m["fixed_bytes"] + m["act_bytes_per_token2"] * n * n + m["act_bytes_per_token"] * n  # noqa: E731
+    assert max(peak(m, s.max_len) for m in s.measured_memory) <= 2**24
+    assert max(peak(m, s.max_len + LENGTH_QUANTUM) for m in s.measured_memory) > 2**24
+
+
+def with_cp(plan: Plan) -> Plan:
+    """Its one pipeline at cp=2 with per-document CP shards, as `pack --cp-shard` records them."""
+    from planner.cpshard import shard_per_document
+    from planner.schema import CPShard
+
+    p = plan.pipelines[0]
+    p.cp = 2
+    lengths = {b.id: b.length for b in plan.batch}
+    for mb in p.micro_batches:
+        ranges = shard_per_document(np.array([lengths[i] for i in mb.seqs]), 2).ranges(2)
+        mb.cp_shard = CPShard(strategy="per-document", ranges=ranges, attention_s=0.0, other_s=0.0)
+    return plan
+
+
+@pytest.mark.slow
+def test_profile_check_replays_a_three_iteration_plan(tmp_path):
+    """The third iteration is a <1,2,2> Seq1F1B pipeline with per-document CP shards."""
     prof = tiny_profile()
+    prof.schemes.append(Scheme(tp=1, pp=2, cp=2, max_len=4096, util_len=64, time=prof.schemes[0].time))
     write_model(tmp_path / "p.json", prof)
     run = tmp_path / "run"
     run.mkdir()
     plans = [plan_of(0, [(1, [0], [[48, 16]], None), (2, [1, 2], [[40], [32, 8]], [[0, 20, 40], [0, 24, 40]])]),
-             plan_of(1, [(2, [0, 2], [[64], [30, 10]], None)], first_id=10)]
+             plan_of(1, [(2, [0, 2], [[64], [30, 10]], None)], first_id=10),
+             with_cp(plan_of(2, [(2, [0, 1, 2, 3], [[30, 14], [20]], [[0, 20, 44], [0, 8, 20]])], first_id=20, gpus=4))]
     for p in plans:
         write_model(run / f"iter_{p.iteration:06d}.json", p)
     res = runner.invoke(app, ["profile", "--check", str(run), "--profile", str(tmp_path / "p.json"), "--repeats", "1", "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     rows = got["iterations"]
-    assert [r["iteration"] for r in rows] == [0, 1] and [len(r["pipelines"]) for r in rows] == [2, 1]
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and [len(r["pipelines"]) for r in rows] == [2, 1, 1]
     lengths = [{s.id: s.length for s in p.batch} for p in plans]
-    want = [max(pipeline_estimate(prof.scheme(1, q.pp, 1), q, lengths[i]) for q in p.pipelines) for i, p in enumerate(plans)]
+    want = [max(pipeline_estimate(prof.scheme(*q.key), q, lengths[i]) for q in p.pipelines) for i, p in enumerate(plans)]
     assert [r["estimate_s"] for r in rows] == pytest.approx(want)
     assert all(0 < r["measured_s"] < 60 and math.isclose(r["rel_err"], abs(r["estimate_s"] - r["measured_s"]) / r["measured_s"])
                for r in rows)

@@ -77,12 +77,6 @@ def test_roles_of_a_cp_pipeline_follow_the_design_rank_order():
     assert roles[7].tp_ranks == (6, 7) and roles[7].cp_ranks == (5, 7) and roles[7].prev == 3
 
 
-def _seq1f1b_with_cp() -> Plan:
-    plan = with_cp(make_plan(0, "S", [(1, 1, [0, 1], [[3]])], gpus=2), 0, 2)
-    plan.pipelines[0].micro_batches[0].splits = [0, 1, 3]
-    return plan
-
-
 def _bad_cp_ranges() -> Plan:
     plan = with_cp(make_plan(0, "S", [(1, 1, [0, 1], [[3, 2]])], gpus=2), 0, 2, per_document=True)
     plan.pipelines[0].micro_batches[0].cp_shard.ranges = [[(0, 2)], [(3, 5)]]
@@ -90,7 +84,6 @@ def _bad_cp_ranges() -> Plan:
 
 
 @pytest.mark.parametrize("plan,world,field", [
-    (_seq1f1b_with_cp(), 2, "pipelines.0.micro_batches.0.splits"),
     (_bad_cp_ranges(), 2, "pipelines.0.micro_batches.0.cp_shard.ranges"),
     (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=4), 2, "gpus"),
     (make_plan(0, "S", [(1, 1, [0], [[3]]), (1, 1, [0], [[2]])], gpus=2), 2, "pipelines.1.ranks"),
@@ -229,6 +222,15 @@ def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     return _run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
 
 
+def _replay_verified(folder: Path, plans: list[Plan]) -> tuple[str, list[float]]:
+    """Replay the plans on 4 ranks in fp64 with --verify: stdout and each iteration's max_abs_param_diff."""
+    for p in plans:
+        write_model(folder / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(folder), "--dtype", "fp64", "--verify")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout, [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+
+
 @pytest.mark.slow
 def test_changing_heterogeneous_strategies_train_exactly_like_one_process(tmp_path):
     plans = [
@@ -269,19 +271,33 @@ def test_context_parallel_pipelines_train_exactly_like_one_process(tmp_path):
         with_cp(make_plan(3, "D", [(2, 1, [1, 2, 3, 0], [[4, 11, 7], [10]])], first_id=300), 0, 2, per_document=True),
         with_cp(make_plan(4, "E", [(1, 1, [3, 1, 2], [[9, 14, 4], [2]]), (1, 1, [0], [[5]])], first_id=400), 0, 3),
     ]
-    for p in plans:
-        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
-    res = _torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify")
-    assert res.returncode == 0, res.stdout + res.stderr
-    strategies = re.findall(r"^iteration \d+ strategy \S+ (\S+) ", res.stdout, re.M)
+    out, diffs = _replay_verified(tmp_path, plans)
+    strategies = re.findall(r"^iteration \d+ strategy \S+ (\S+) ", out, re.M)
     assert strategies == ["1x<1,1,2>+2x<1,1,1>", "1x<1,2,2>", "1x<2,1,2>", "1x<2,1,2>", "1x<1,1,3>+1x<1,1,1>"]
-    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
     assert len(diffs) == 5 and max(diffs) <= 1e-12
 
 
 @pytest.mark.slow
+def test_seq1f1b_with_context_parallelism_trains_exactly_like_one_process(tmp_path):
+    """<1,2,2> with K = 2 (per-sequence shards) and K = 3 (per-document), documents crossing split and shard
+    boundaries, an empty split, splits where a CP rank holds no token, and a CP group order unlike CP order;
+    then <2,1,2> with K = 2 (TP inside the CP ranks)."""
+    plans = [
+        with_cp(make_plan(0, "A", [(1, 2, [1, 0, 3, 2], [[9, 14, 4], [17], [3, 8]])]), 0, 2),
+        with_cp(make_plan(1, "B", [(1, 2, [0, 2, 1, 3], [[11, 6, 9], [2, 13], [5, 5]])], first_id=100), 0, 2,
+                per_document=True),
+        with_cp(make_plan(2, "C", [(2, 1, [3, 1, 0, 2], [[9, 5, 2], [12]])], first_id=200), 0, 2, per_document=True),
+    ]
+    splits = [[[0, 12, 27], [0, 3, 17], [0, 6, 11]], [[0, 8, 15, 26], [0, 1, 1, 15], [0, 4, 7, 10]], [[0, 7, 16], [0, 5, 12]]]
+    for plan, bounds in zip(plans, splits, strict=True):
+        for mb, b in zip(plan.pipelines[0].micro_batches, bounds, strict=True):
+            mb.splits = b
+    _, diffs = _replay_verified(tmp_path, plans)
+    assert len(diffs) == 3 and max(diffs) <= 1e-12
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("plan,message", [
-    (_seq1f1b_with_cp(), "Seq1F1B splits with context parallelism (cp=2) are not supported"),
     (make_plan(0, "S", [(1, 1, [0], [[3]])], gpus=3), "plan is for 3 GPUs but WORLD_SIZE is 2"),
 ])
 def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
