@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.costmodel import pipeline_time_from_mb, seq_cost
 from planner.delay import outlier_delay, stream_batches, wlb_rule
+from planner.errors import UserError
 from planner.schema import ModelInfo, Scheme
 
 HOTSPA_BOUNDS = (4096, 16384)
@@ -110,6 +111,19 @@ def deal_round_robin(n_items: int, n_pipelines: int) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------------------------------ megatron
+def holding(schemes: Sequence[Scheme], length: int, gpus: int) -> list[Scheme]:
+    return [s for s in schemes if s.max_len >= length and s.gpus <= gpus]
+
+
+def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[IterationPlan]], who: str
+                ) -> tuple[Scheme, list[IterationPlan]]:
+    """The scheme whose plans have the lowest mean estimate over the compared batches."""
+    if not schemes:
+        raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
+    runs = [(s, run(s)) for s in schemes]
+    return min(runs, key=lambda r: (np.mean([p.estimate_s for p in r[1]]), r[0].gpus))
+
+
 def megatron_phase(lengths: np.ndarray, scheme: Scheme, gpus: int, subset: np.ndarray | None = None,
                    label: str = "", capacity: int | None = None) -> Phase:
     """`subset` of the sequences FFD-packed to `capacity` tokens (default and at most MaxLen), micro-batches

@@ -136,21 +136,8 @@ def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flo
 
 
 # -------------------------------------------------------------------------------------------- methods
-def holding(schemes: Sequence[Scheme], length: int, gpus: int) -> list[Scheme]:
-    return [s for s in schemes if s.max_len >= length and s.gpus <= gpus]
-
-
-def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[bl.IterationPlan]], who: str
-                ) -> tuple[Scheme, list[bl.IterationPlan]]:
-    """The scheme whose plans have the lowest mean estimate over the compared batches."""
-    if not schemes:
-        raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
-    runs = [(s, run(s)) for s in schemes]
-    return min(runs, key=lambda r: (np.mean([p.estimate_s for p in r[1]]), r[0].gpus))
-
-
 def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int) -> tuple[Scheme, list[bl.IterationPlan]]:
-    return best_static(holding(view.schemes, context_len, gpus),
+    return bl.best_static(bl.holding(view.schemes, context_len, gpus),
                        lambda s: [bl.megatron(b, s, gpus, context_len) for b in batches], "megatron")
 
 
@@ -166,7 +153,7 @@ def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len:
     times: list[dict[tuple[int, int, int], float]] = []  # per range: scheme key -> total phase time
     by_key = {s.key: s for s in view.schemes}
     for (lo, hi), mask in zip(ranges, masks, strict=True):
-        cands = holding(view.schemes, hi, gpus)
+        cands = bl.holding(view.schemes, hi, gpus)
         if not cands:
             raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
         times.append({s.key: sum(bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi).latency_s
@@ -197,7 +184,7 @@ def run_wlb(batches: list[np.ndarray], view: Profile, gpus: int, context_len: in
         thresholds = bl.wlb_thresholds(tokens_per_iter, d * per_pipe, queues)
         return bl.wlb_llm(batches, s, gpus, per_pipe, thresholds)
 
-    return best_static(holding(view.schemes, context_len, gpus), run, "wlb-llm")[1]
+    return bl.best_static(bl.holding(view.schemes, context_len, gpus), run, "wlb-llm")[1]
 
 
 def homo_candidate(scheme: Scheme, gpus: int) -> Candidate:

@@ -62,8 +62,12 @@ class DelayedBatch:
 
     @property
     def delayed_token_iters(self) -> int:
-        """Sum over tokens of the iterations each waited."""
-        return int((self.lengths * (self.iteration - self.sampled)).sum())
+        return delayed_token_iters(self.lengths, self.sampled, self.iteration)
+
+
+def delayed_token_iters(lengths: np.ndarray, sampled: np.ndarray, iteration: int) -> int:
+    """Sum over the tokens trained in `iteration` of the iterations each waited since it was sampled."""
+    return int((np.asarray(lengths) * (iteration - np.asarray(sampled))).sum())
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from planner.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq_cost
-from planner.delay import DelayRule, hydraplan_rule, outlier_delay
+from planner.delay import DelayRule, delayed_token_iters, hydraplan_rule, outlier_delay
 from planner.errors import UserError
 from planner.fileio import atomic_write_text, load_model, model_json, write_model
 from planner.placement import place_ranks
@@ -418,7 +418,7 @@ class Planner:
         )
         if b.sampled is not None:
             summary.tokens = int(b.lengths.sum())
-            summary.delayed_token_iters = int((b.lengths * (b.iteration - b.sampled)).sum())
+            summary.delayed_token_iters = delayed_token_iters(b.lengths, b.sampled, b.iteration)
         return IterationResult(plan, summary)
 
     def plan(self, batch: Any, iteration: int = 0) -> Plan:
@@ -605,8 +605,7 @@ BASELINE_PROBE_ITERATIONS = 8
 def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
     """The homogeneous scheme with the lowest mean Megatron estimate on the run's first batches (the same
     choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
-    from planner.baselines import megatron
-    from planner.compare import best_static, holding
+    from planner.baselines import best_static, holding, megatron
     from planner.datasets import sample_iterations
 
     view = for_gpus(profile, opts.gpus)
