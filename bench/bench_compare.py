@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from planner.compare import BASELINE_METHODS, CompareOptions, run_compare
-from planner.paths import ROOT
-from planner.report import write_report
+from hydraplan.compare import BASELINE_METHODS, CompareOptions, run_compare
+from hydraplan.paths import ROOT
+from hydraplan.report import write_report
 
 RESULTS = ROOT / "bench" / "results" / "compare.json"
 FIGURES = ROOT / "bench" / "results" / "compare"

@@ -20,13 +20,13 @@ from pathlib import Path
 import highspy
 import numpy as np
 
-from planner.compare import homo_candidate, run_megatron
-from planner.costmodel import for_gpus, load_profile, seq_cost
-from planner.datasets import load_dataset, sample_iterations
-from planner.iterate import PackOptions, Planner, candidate_bound, run_pack
-from planner.proposal import propose, strategy_label
-from planner.schema import Candidate, PipelineSpec, Scheme, Strategies
-from planner.validate import validate_path
+from hydraplan.compare import homo_candidate, run_megatron
+from hydraplan.costmodel import for_gpus, load_profile, seq_cost
+from hydraplan.datasets import load_dataset, sample_iterations
+from hydraplan.iterate import PackOptions, Planner, candidate_bound, run_pack
+from hydraplan.proposal import propose, strategy_label
+from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies
+from hydraplan.validate import validate_path
 
 RESULTS = Path(__file__).parent / "results" / "pack.json"
 PROFILE = "h100-llama2-7b"

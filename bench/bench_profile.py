@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planner.datasets import load_dataset
-from planner.pipeline import schedule_seq1f1b, simulate
-from planner.schema import BatchSeq
-from planner.seqsplit import computation_splits
-from runtime.attention import varlen_attention
-from runtime.batches import TokenData
-from runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
-from runtime.profile import critical_path
-from runtime.seq1f1b import Seq1F1BStage, cached_attention, run_in_process, split_views
+from hydraplan.datasets import load_dataset
+from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.schema import BatchSeq
+from hydraplan.seqsplit import computation_splits
+from hydraplan.runtime.attention import varlen_attention
+from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
+from hydraplan.runtime.profile import critical_path
+from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, run_in_process, split_views
 
 RESULTS = Path(__file__).parent / "results" / "profile.json"
 P, M, TOKENS = 4, 8, 1024

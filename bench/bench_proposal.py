@@ -9,10 +9,10 @@ import json
 import os
 import time
 
-from planner.costmodel import for_gpus, load_profile
-from planner.datasets import load_dataset
-from planner.paths import ROOT
-from planner.proposal import TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.costmodel import for_gpus, load_profile
+from hydraplan.datasets import load_dataset
+from hydraplan.paths import ROOT
+from hydraplan.proposal import TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer, solve_relaxed
 
 RESULTS = ROOT / "bench" / "results" / "proposal.json"
 PROFILE, DATASET, CONTEXT = "h100-llama2-7b", "builtin:wikipedia", 32768

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from planner import packing
-from planner.costmodel import for_gpus, load_profile
-from planner.datasets import load_dataset, sample_iterations
-from planner.dispatch import Infeasible, dispatch
-from planner.packing import pack
-from planner.proposal import propose
+from hydraplan import packing
+from hydraplan.costmodel import for_gpus, load_profile
+from hydraplan.datasets import load_dataset, sample_iterations
+from hydraplan.dispatch import Infeasible, dispatch
+from hydraplan.packing import pack
+from hydraplan.proposal import propose
 
 RESULTS = Path(__file__).parent / "results" / "solvers.json"
 PROFILE = "h100-llama2-7b"

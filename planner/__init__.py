@@ -4,9 +4,9 @@ __all__ = ["Planner"]
 
 
 def __getattr__(name: str) -> object:
-    """`planner.Planner` without importing numpy/pydantic on `import planner` (keeps the CLI start fast)."""
+    """`hydraplan.Planner` without importing numpy/pydantic on `import hydraplan` (keeps the CLI start fast)."""
     if name == "Planner":
-        from planner.iterate import Planner
+        from hydraplan.iterate import Planner
 
         return Planner
-    raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    raise AttributeError(f"module 'hydraplan' has no attribute {name!r}")

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.costmodel import pipeline_time_from_mb, seq_cost
-from planner.delay import outlier_delay, stream_batches, wlb_rule
-from planner.errors import UserError
-from planner.schema import ModelInfo, Scheme
+from hydraplan.costmodel import pipeline_time_from_mb, seq_cost
+from hydraplan.delay import outlier_delay, stream_batches, wlb_rule
+from hydraplan.errors import UserError
+from hydraplan.schema import ModelInfo, Scheme
 
 HOTSPA_BOUNDS = (4096, 16384)
 BF16_BYTES = 2
@@ -246,7 +246,7 @@ def _snake(order: np.ndarray, n_pipelines: int) -> list[list[int]]:
 
 def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batches_per_pipeline: int,
             thresholds: Sequence[int], drain: bool = True) -> list[IterationPlan]:
-    """Run the outlier queues (planner.delay, `wlb_rule`) over the iterations in order (stateful).
+    """Run the outlier queues (hydraplan.delay, `wlb_rule`) over the iterations in order (stateful).
 
     Documents longer than thresholds[0] wait in queue q (the last threshold they exceed) until it holds
     one per micro-batch, then all are released so each micro-batch gets exactly one outlier. With

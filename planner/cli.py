@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from planner.errors import UserError
+from hydraplan.errors import UserError
 
 app = typer.Typer(
     help="Plan heterogeneous, length-aware LLM training: propose strategies, pack iterations, compare.",
@@ -30,8 +30,8 @@ def schema(out_dir: Path = typer.Argument(..., help="folder to write <name>.sche
     """Write the JSON Schemas of every file format (profile, strategies, plan, summary)."""
     import json
 
-    from planner.fileio import atomic_write_text
-    from planner.schema import SCHEMAS
+    from hydraplan.fileio import atomic_write_text
+    from hydraplan.schema import SCHEMAS
 
     for name, model in SCHEMAS.items():
         path = out_dir / f"{name}.schema.json"
@@ -62,11 +62,11 @@ def propose(
     """
     from rich.table import Table
 
-    from planner.costmodel import load_profile
-    from planner.datasets import load_dataset
-    from planner.fileio import model_json, write_model
-    from planner.proposal import propose as run_propose
-    from planner.proposal import strategy_label
+    from hydraplan.costmodel import load_profile
+    from hydraplan.datasets import load_dataset
+    from hydraplan.fileio import model_json, write_model
+    from hydraplan.proposal import propose as run_propose
+    from hydraplan.proposal import strategy_label
 
     prof = load_profile(profile)
     ds = load_dataset(dataset, context_len)
@@ -125,8 +125,8 @@ def pack(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from planner.iterate import PackOptions, run_pack
-    from planner.schema import IterationSummary
+    from hydraplan.iterate import PackOptions, run_pack
+    from hydraplan.schema import IterationSummary
 
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
@@ -177,8 +177,8 @@ def validate(
 
     from rich.table import Table
 
-    from planner.costmodel import load_profile
-    from planner.validate import validate_path
+    from hydraplan.costmodel import load_profile
+    from hydraplan.validate import validate_path
 
     report = validate_path(path, load_profile(profile))
     if json_out:
@@ -224,9 +224,9 @@ def compare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Column, Table
 
-    from planner.compare import ALL_METHODS, CompareOptions, run_compare
-    from planner.fileio import model_json
-    from planner.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
+    from hydraplan.compare import ALL_METHODS, CompareOptions, run_compare
+    from hydraplan.fileio import model_json
+    from hydraplan.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
 
     chosen = tuple(m for part in (methods or list(ALL_METHODS)) for m in part.replace(",", " ").split())
     opts = CompareOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
@@ -280,7 +280,7 @@ def pipeline(
 
     from rich.table import Table
 
-    from planner.pipeline import action_label, forwards_before_first_backward, make_schedule, plot_timeline, unit_timeline
+    from hydraplan.pipeline import action_label, forwards_before_first_backward, make_schedule, plot_timeline, unit_timeline
 
     sch = make_schedule(schedule, stages, micro_batches, splits, chunks)
     tl = unit_timeline(sch)
@@ -355,7 +355,7 @@ def profile_cmd(
 
     from rich.table import Table
 
-    from planner import measure
+    from hydraplan import measure
 
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda (got {device!r})")
@@ -370,7 +370,7 @@ def profile_cmd(
     if warmup < 0 or repeats < 1:
         raise UserError(f"--warmup must be >= 0 and --repeats >= 1 (got {warmup} and {repeats})")
     if check is not None:
-        from planner.costmodel import load_profile
+        from hydraplan.costmodel import load_profile
 
         if profile_name is None:
             raise UserError("--check needs --profile (the profile whose estimates are checked)")
@@ -395,8 +395,8 @@ def profile_cmd(
         return
     if out is None:
         raise UserError("--out is required (the profile JSON to write), unless --check is given")
-    from planner.fileio import write_model
-    from runtime.model import check_layout, get_config
+    from hydraplan.fileio import write_model
+    from hydraplan.runtime.model import check_layout, get_config
 
     cfg = get_config(model)
     if gpus is None:
@@ -447,14 +447,14 @@ def dataset_stats(
     plot: Path | None = typer.Option(None, "--plot", help="also write the log2 histogram as a PNG"),
 ) -> None:
     """Length distribution: count, tokens, min/median/mean/p90/p99/max, long-tail shares, log2 histogram."""
-    from planner.datasets import load_dataset
-    from planner.fileio import model_json
-    from planner.lengthstats import summarize
+    from hydraplan.datasets import load_dataset
+    from hydraplan.fileio import model_json
+    from hydraplan.lengthstats import summarize
 
     ds = load_dataset(dataset, context_len)
     stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated)
     if plot is not None:
-        from planner.lengthplot import plot_stats
+        from hydraplan.lengthplot import plot_stats
 
         plot_stats(stats, plot)
     if json_out:
@@ -468,7 +468,7 @@ def dataset_stats(
 def _print_stats(stats) -> None:  # noqa: ANN001 (schema.DatasetStats, imported lazily)
     from rich.table import Table
 
-    from planner.lengthstats import format_tokens
+    from hydraplan.lengthstats import format_tokens
 
     title = f"{stats.dataset}"
     if stats.context_len:
@@ -499,7 +499,7 @@ def profiles_list(json_out: bool = typer.Option(False, "--json", help="print a J
 
     from rich.table import Table
 
-    from planner.costmodel import list_bundled
+    from hydraplan.costmodel import list_bundled
 
     entries = list_bundled()
     if json_out:
@@ -522,8 +522,8 @@ def profiles_show(
     """Schemes of a profile: GPUs, MaxLen, UtilLen, T(4K) and steady-state tokens/s per GPU at 4K and 32K."""
     from rich.table import Table
 
-    from planner.costmodel import for_gpus, load_profile, seq_time, tokens_per_gpu_s
-    from planner.fileio import model_json
+    from hydraplan.costmodel import for_gpus, load_profile, seq_time, tokens_per_gpu_s
+    from hydraplan.fileio import model_json
 
     profile = load_profile(name)
     n = gpus if gpus is not None else profile.reference_gpus
@@ -546,8 +546,8 @@ def profiles_generate(
     out_dir: Path | None = typer.Option(None, "--out-dir", help="where to write (default: the bundled profiles/)"),
 ) -> None:
     """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/hardware.py; deterministic."""
-    from planner.costmodel import write_analytic_profiles
-    from planner.paths import PROFILES_DIR
+    from hydraplan.costmodel import write_analytic_profiles
+    from hydraplan.paths import PROFILES_DIR
 
     for path in write_analytic_profiles(out_dir or PROFILES_DIR):
         console.print(f"wrote {path}")

@@ -1,13 +1,13 @@
 """`hydraplan compare`: every method planned on the identical sampled batches, scored by one cost model.
 
-Methods: the baselines of planner.baselines (megatron, hotspa, wlb-llm, flexsp; wlb-nodelay is wlb-llm
+Methods: the baselines of hydraplan.baselines (megatron, hotspa, wlb-llm, flexsp; wlb-nodelay is wlb-llm
 without its outlier queues, isolating what the delay buys), hydraplan (propose + dispatch + pack with
 per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
 (a) homo-maxlen: the static homogeneous scheme, Eq. 3 dispatch, max-length (FFD) packing;
 (b) homo-pack:   the same with Eq. 1 packing;
 (c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
 (d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
-hydraplan-delay is (d) on the batches after hydraplan's outlier delay (planner.delay), to set against wlb-llm
+hydraplan-delay is (d) on the batches after hydraplan's outlier delay (hydraplan.delay), to set against wlb-llm
 as hydraplan against wlb-nodelay.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
@@ -23,11 +23,11 @@ from typing import Protocol
 
 import numpy as np
 
-from planner import baselines as bl
-from planner.costmodel import for_gpus, load_profile, model_flops
-from planner.errors import UserError
-from planner.pipeline import simulate_1f1b
-from planner.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
+from hydraplan import baselines as bl
+from hydraplan.costmodel import for_gpus, load_profile, model_flops
+from hydraplan.errors import UserError
+from hydraplan.pipeline import simulate_1f1b
+from hydraplan.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
 
 HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
@@ -205,8 +205,8 @@ def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus
     """Solve every candidate on every batch exactly as Planner.solve does (same per-iteration seed), then
     read the ablations off the same solutions so they are comparable iteration by iteration. homo-maxlen
     re-packs the homogeneous candidate's own dispatch with FFD, so (a) and (b) differ only in packing."""
-    from planner.iterate import Planner, solve_candidate, solver_seed
-    from planner.proposal import propose, strategy_label
+    from hydraplan.iterate import Planner, solve_candidate, solver_seed
+    from hydraplan.proposal import propose, strategy_label
 
     proposed = propose(profile, dataset, gpus, context_len, tokens_per_iter=tokens_per_iter)
     strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, gpus)], context_len=context_len)
@@ -260,7 +260,7 @@ def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object
                     tokens_per_iter: int, seed: int, homo: Scheme, advance: Callable[[str], None]) -> MethodRun:
     """hydraplan, planned exactly as run_hydra does, on the batches after hydraplan's outlier delay (drained
     by the last iteration, so it trains exactly the sampled sequences)."""
-    from planner.delay import hydraplan_rule, outlier_delay, stream_batches
+    from hydraplan.delay import hydraplan_rule, outlier_delay, stream_batches
 
     rule = hydraplan_rule(np.asarray(dataset.lengths), tokens_per_iter)  # type: ignore[attr-defined]
     delayed = list(outlier_delay(stream_batches(batches), rule, len(batches)))
@@ -307,7 +307,7 @@ def peak_flops_of(view: Profile) -> float:
 
 
 def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -> CompareOutcome:
-    from planner.datasets import load_dataset, sample_iterations
+    from hydraplan.datasets import load_dataset, sample_iterations
 
     unknown = [m for m in opts.methods if m not in ALL_METHODS]
     if unknown:

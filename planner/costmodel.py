@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.errors import UserError
-from planner.fileio import load_model, write_model
-from planner.hardware import FRAMEWORK, GPUS, MODELS, FrameworkSpec, GPUSpec, ModelSpec
-from planner.paths import PROFILES_DIR
-from planner.schema import GPUInfo, ModelInfo, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
+from hydraplan.errors import UserError
+from hydraplan.fileio import load_model, write_model
+from hydraplan.hardware import FRAMEWORK, GPUS, MODELS, FrameworkSpec, GPUSpec, ModelSpec
+from hydraplan.paths import PROFILES_DIR
+from hydraplan.schema import GPUInfo, ModelInfo, Network, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
 
 
 # ------------------------------------------------------------------------------- canonical estimate
@@ -341,10 +341,12 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
         gpu=GPUInfo(name=gpu.name, memory_gib=gpu.memory_gib, gpus_per_node=gpu.gpus_per_node,
                     peak_tflops=gpu.peak_tflops),
         model=ModelInfo(name=model.key, layers=model.layers, hidden=model.hidden, ffn=model.ffn,
-                        heads=model.heads, vocab=model.vocab),
+                        heads=model.heads, vocab=model.vocab, params=model.params),
         schemes=schemes,
         reference_gpus=REFERENCE_GPUS,
         memory=ProfileMemory(capacity_bytes=capacity),
+        network=Network(intra_node_GBps=_sig(gpu.nvlink_bytes_s * fw.link_efficiency / 1e9),
+                        inter_node_GBps=_sig(gpu.ib_bytes_s * fw.link_efficiency / 1e9)),
         source="analytic",
         notes=_notes(gpu, model, fw),
     )
@@ -352,7 +354,7 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
 
 def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
     notes = {
-        "generator": "hydraplan profiles generate (planner.costmodel.analytic_profile); do not edit by hand",
+        "generator": "hydraplan profiles generate (hydraplan.costmodel.analytic_profile); do not edit by hand",
         "time": "T(l) = a*l^2 + b*l + c seconds: fwd+bwd of one micro-batch of l packed tokens on the last "
                 "stage (layers/pp decoder layers + LM head + loss). a: causal FlashAttention; b: GEMMs, "
                 "elementwise kernels, TP all-gather/reduce-scatter, CP K/V ring, PP p2p (NVLink inside a node, "
@@ -370,6 +372,10 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
         "links": f"NVLink {gpu.nvlink_gb_s:g} GB/s bidirectional = {gpu.nvlink_bytes_s / 1e9:g} GB/s per GPU per "
                  f"direction; IB {gpu.ib_gb_s_per_node:g} GB/s per node = {gpu.ib_bytes_s / 1e9:g} GB/s per GPU per "
                  f"direction; both at {fw.link_efficiency:g} efficiency; {gpu.gpus_per_node} GPUs per node",
+        "network": f"LNK pull/push per GPU per direction at {fw.link_efficiency:g} of nominal: NVLink "
+                   f"{gpu.nvlink_bytes_s / 1e9:g} GB/s inside a node, {gpu.ib_bytes_s / 1e9:g} GB/s across nodes (one NIC "
+                   "per GPU); see gpu.ib",
+        "params": f"model.params = {model.params:,}: layers x (4h^2 + 3hf + 2h) + untied embedding and LM head + final norm",
         "capacity": f"{gpu.memory_gib:g} GiB x {1 - fw.margin_fraction:g} - {fw.reserved_gib:g} GiB = "
                     f"{capacity_bytes(gpu, fw) / 2**30:.1f} GiB usable per GPU (memory.capacity_bytes)",
     }

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from planner.schema import CPShard, PlanPipeline, Scheme
+from hydraplan.schema import CPShard, PlanPipeline, Scheme
 
 TILE = 128
 Strategy = Literal["per-sequence", "per-document"]

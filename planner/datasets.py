@@ -25,9 +25,9 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from planner import paths
-from planner.errors import UserError
-from planner.lengthstats import expand_bins, expand_exact
+from hydraplan import paths
+from hydraplan.errors import UserError
+from hydraplan.lengthstats import expand_bins, expand_exact
 
 BUILTIN_PREFIX = "builtin:"
 TOKEN_COLUMNS = ("input_ids", "tokens", "token_ids")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.schema import Scheme
+from hydraplan.schema import Scheme
 
 _BIG = 1e300  # "ineligible" cost: finite so that 0 * _BIG stays 0 for pp=1 pipelines
 _NOISE = 0.3  # sigma of the log-length noise of the randomized LPT trials

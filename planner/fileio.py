@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import UserError
+from hydraplan.errors import UserError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -25,12 +25,12 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from planner.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq_cost
-from planner.delay import DelayRule, delayed_token_iters, hydraplan_rule, outlier_delay
-from planner.errors import UserError
-from planner.fileio import atomic_write_text, load_model, model_json, write_model
-from planner.placement import place_ranks
-from planner.schema import (
+from hydraplan.costmodel import for_gpus, load_profile, pipeline_time_from_mb, seq_cost
+from hydraplan.delay import DelayRule, delayed_token_iters, hydraplan_rule, outlier_delay
+from hydraplan.errors import UserError
+from hydraplan.fileio import atomic_write_text, load_model, model_json, write_model
+from hydraplan.placement import place_ranks
+from hydraplan.schema import (
     BatchSeq,
     Candidate,
     CandidateSolve,
@@ -47,7 +47,7 @@ from planner.schema import (
     Strategies,
     Summary,
 )
-from planner.validate import PLAN_FILE, check_ranks
+from hydraplan.validate import PLAN_FILE, check_ranks
 
 DispatchMethod = Literal["greedy", "ilp"]
 SAMPLE_CHUNK = 64  # iterations sampled at once: bounds parent memory on long runs
@@ -205,8 +205,8 @@ def solve_candidate(
     the result is then `pruned` with no pipelines. `pack_budget_s` caps the CP-SAT deterministic time of all
     its pack calls together (each still at most its own time limit; greedy only once it is spent); the
     budget depends on nothing outside the candidate, so pruning never changes which plan wins."""
-    from planner.dispatch import Infeasible, dispatch, lower_bound
-    from planner.packing import DEFAULT_TIME_LIMIT_S, pack
+    from hydraplan.dispatch import Infeasible, dispatch, lower_bound
+    from hydraplan.packing import DEFAULT_TIME_LIMIT_S, pack
 
     longest = int(lengths.max())
     if longest > cand.max_len:
@@ -351,9 +351,9 @@ class Planner:
             ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines))
             for c in self.strategies.candidates
         ]
-        from planner.seqsplit import parse_seq1f1b, seq1f1b_scheme
+        from hydraplan.seqsplit import parse_seq1f1b, seq1f1b_scheme
 
-        # Seq1F1B (planner.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
+        # Seq1F1B (hydraplan.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
         self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
         self.cp_shard = cp_shard
         if self.seq1f1b is not None:
@@ -403,7 +403,7 @@ class Planner:
         won = sols[best[1]]
         plan = build_plan(b, self.candidates[best[1]], won.pipelines, self.profile.name, self.gpus)
         if self.seq1f1b is not None or self.cp_shard:
-            from planner.seqsplit import refine_plan
+            from hydraplan.seqsplit import refine_plan
 
             refine_plan(plan, [self.view.scheme(*p.key) for p in plan.pipelines],  # 1F1B MaxLen: splits cap from it
                         [p.micro_batches for p in won.pipelines], b.lengths, self.seq1f1b, self.cp_shard)
@@ -459,8 +459,8 @@ _WORKER_PLANNER: Planner | None = None
 def _init_worker(worker_planner: Planner) -> None:
     """Keep the planner, and import the solvers now so the first iteration's solver_s is not import time."""
     global _WORKER_PLANNER
-    importlib.import_module("planner.dispatch")
-    importlib.import_module("planner.packing")
+    importlib.import_module("hydraplan.dispatch")
+    importlib.import_module("hydraplan.packing")
     _WORKER_PLANNER = worker_planner
 
 
@@ -553,7 +553,7 @@ def _load_strategies(opts: PackOptions, profile: Profile, dataset: Any, resumed:
         path = opts.out / "strategies.json"
         return resolve_strategies(load_model(Strategies, path), view, opts.gpus,
                                   context_len=opts.context_len, source=str(path))
-    from planner.proposal import propose
+    from hydraplan.proposal import propose
 
     context_len = opts.context_len or int(dataset.lengths.max())
     longest = max(s.max_len for s in view.schemes)
@@ -564,7 +564,7 @@ def _load_strategies(opts: PackOptions, profile: Profile, dataset: Any, resumed:
 
 
 def _sampled(dataset: Any, opts: PackOptions, start: int) -> Iterator[Any]:
-    from planner.datasets import sample_iterations
+    from hydraplan.datasets import sample_iterations
 
     for first in range(start, opts.iterations, SAMPLE_CHUNK):
         n = min(SAMPLE_CHUNK, opts.iterations - first)
@@ -594,7 +594,7 @@ class StaticBaseline:
         return f"megatron {self.scheme.label}x{self.gpus // self.scheme.gpus}"
 
     def estimate_s(self, lengths: np.ndarray) -> float:
-        from planner.baselines import megatron
+        from hydraplan.baselines import megatron
 
         return megatron(lengths, self.scheme, self.gpus, self.context_len).estimate_s
 
@@ -605,8 +605,8 @@ BASELINE_PROBE_ITERATIONS = 8
 def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
     """The homogeneous scheme with the lowest mean Megatron estimate on the run's first batches (the same
     choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
-    from planner.baselines import best_static, holding, megatron
-    from planner.datasets import sample_iterations
+    from hydraplan.baselines import best_static, holding, megatron
+    from hydraplan.datasets import sample_iterations
 
     view = for_gpus(profile, opts.gpus)
     context_len = opts.context_len or int(dataset.lengths.max())
@@ -643,7 +643,7 @@ def with_static_candidate(strategies: Strategies, baseline: StaticBaseline, view
 
 def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary:
     """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point."""
-    from planner.datasets import load_dataset
+    from hydraplan.datasets import load_dataset
 
     if opts.iterations < 1:
         raise UserError(f"--iterations must be positive (got {opts.iterations})")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.errors import UserError
-from planner.lengthstats import format_tokens
-from planner.schema import DatasetStats
+from hydraplan.errors import UserError
+from hydraplan.lengthstats import format_tokens
+from hydraplan.schema import DatasetStats
 
 
 def plot_stats(stats: DatasetStats, path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.schema import DatasetStats, LengthBin, ShareAbove
+from hydraplan.schema import DatasetStats, LengthBin, ShareAbove
 
 SHARE_THRESHOLDS = (4096, 16384, 32768)
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.costmodel import fit_micro_batches, pipeline_time, util_len
-from planner.errors import UserError
-from planner.paths import ROOT
-from planner.schema import GPUInfo, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.costmodel import fit_micro_batches, pipeline_time, util_len
+from hydraplan.errors import UserError
+from hydraplan.paths import ROOT
+from hydraplan.schema import GPUInfo, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 
 MEMORY_LENGTHS = (64, 128, 256, 512)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
@@ -155,7 +155,7 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
                     *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
                     timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
     """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured"."""
-    from runtime.model import get_config
+    from hydraplan.runtime.model import get_config
 
     cfg = get_config(model)
     out, fits = [], []
@@ -219,7 +219,7 @@ def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[in
     mbs = [np.array([lengths_by_id[s] for s in mb.seqs], dtype=np.int64) for mb in pipe.micro_batches]
     if not pipe.micro_batches or pipe.micro_batches[0].splits is None:
         return pipeline_time(scheme, mbs)
-    from planner.seqsplit import SplitPlan, cumulative_cost, seq1f1b_estimate
+    from hydraplan.seqsplit import SplitPlan, cumulative_cost, seq1f1b_estimate
 
     t = scheme.time
     plans = [SplitPlan(np.asarray(mb.splits), np.diff(cumulative_cost(ls, t.a, t.b, np.asarray(mb.splits))))
@@ -247,7 +247,7 @@ def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[Che
 def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
                 warmup: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> list[CheckRow]:
     """Replay every plan of a run (each pipeline alone) and compare with the profile's estimates."""
-    from runtime.plans import load_plans
+    from hydraplan.runtime.plans import load_plans
 
     plans = [p for _, p in load_plans(plan_dir, None)]
     ranks = max(len(pipe.ranks) for p in plans for pipe in p.pipelines)

@@ -19,8 +19,8 @@ from functools import lru_cache
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.dispatch import Infeasible
-from planner.schema import Scheme
+from hydraplan.dispatch import Infeasible
+from hydraplan.schema import Scheme
 
 _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units in CP-SAT
 _TOL = 1e-12
@@ -34,7 +34,7 @@ _MAX_CPSAT_VARS = 25_000
 @dataclass(frozen=True)
 class PackResult:
     micro_batches: list[np.ndarray]  # indices into `lengths`, one array per micro-batch
-    estimate_s: float  # canonical pipeline time (planner.costmodel)
+    estimate_s: float  # canonical pipeline time (hydraplan.costmodel)
     solver: str  # greedy | greedy+cpsat | greedy+cpsat-limit | greedy+warm-start | cpsat | empty
     optimal: bool  # proven optimal over the enumerated V range (for pack_fixed_v: for that V)
     warm_start_s: float  # the greedy warm start's estimate for the chosen V (>= estimate_s)

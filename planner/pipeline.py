@@ -36,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-from planner.errors import UserError
+from hydraplan.errors import UserError
 
 Op = Literal["F", "B"]
 SCHEDULES = ("1f1b", "interleaved", "seq1f1b", "seq1f1b-interleaved")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.errors import UserError
-from planner.schema import PipelineSpec
+from hydraplan.errors import UserError
+from hydraplan.schema import PipelineSpec
 
 
 def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int) -> list[PipelineSpec]:

@@ -46,10 +46,10 @@ from typing import Protocol
 
 import numpy as np
 
-from planner.costmodel import for_gpus, seq_cost
-from planner.errors import UserError
-from planner.placement import place_ranks
-from planner.schema import Candidate, PipelineSpec, Profile, Scheme, Strategies
+from hydraplan.costmodel import for_gpus, seq_cost
+from hydraplan.errors import UserError
+from hydraplan.placement import place_ranks
+from hydraplan.schema import Candidate, PipelineSpec, Profile, Scheme, Strategies
 
 __all__ = ["CellCosts", "IntegerSolution", "RelaxedSolution", "build_cells", "solve_integer", "solve_relaxed",
            "round_relaxed", "best_homogeneous", "propose", "place_ranks", "strategy_label"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from planner import baselines as bl
-from planner.compare import CompareOutcome, most_common
-from planner.fileio import atomic_write_text, write_model
-from planner.pipeline import simulate_1f1b
-from planner.schema import CompareResult
+from hydraplan import baselines as bl
+from hydraplan.compare import CompareOutcome, most_common
+from hydraplan.fileio import atomic_write_text, write_model
+from hydraplan.pipeline import simulate_1f1b
+from hydraplan.schema import CompareResult
 
 COLORS = {
     "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
@@ -307,7 +307,7 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #5
 </style></head><body>
 <h1>hydraplan compare</h1>
 <p>{html.escape(_title(result))}, {result.iterations} iterations, seed {result.seed}. Every method plans the
-identical sampled batches and is scored with the canonical estimate of planner.costmodel.</p>
+identical sampled batches and is scored with the canonical estimate of hydraplan.costmodel.</p>
 <table><tr>{head}</tr>{body}</table>
 {f"<p>{html.escape(wlb)}</p>" if wlb else ""}
 <h2>Methods</h2><ul>{descs}</ul>

@@ -76,6 +76,14 @@ class ModelInfo(_Model):
     ffn: PositiveInt | None = Field(None, description="SwiGLU intermediate size (for FLOPs)")
     heads: PositiveInt | None = None
     vocab: PositiveInt | None = None
+    params: PositiveInt | None = Field(None, description="parameter count Phi (LNK pull/push bytes, end-to-end estimate)")
+
+
+class Network(_Model):
+    """Per-GPU, one-direction bandwidth of the LNK pull/push (achieved, not nominal; sources in `notes`)."""
+
+    intra_node_GBps: float = Field(gt=0, description="GB/s per GPU to a GPU of the same node")
+    inter_node_GBps: float = Field(gt=0, description="GB/s per GPU to a GPU of another node")
 
 
 class ProfileMemory(_Model):
@@ -92,6 +100,7 @@ class Profile(_Model):
     schemes: list[Scheme] = Field(min_length=1)
     reference_gpus: PositiveInt = 64
     memory: ProfileMemory | None = None
+    network: Network | None = Field(None, description="LNK bandwidths; with model.params, enables the end-to-end estimate")
     source: str | None = Field(None, description='"analytic", "measured", ...')
     notes: dict[str, str] | None = Field(None, description="where every constant comes from")
 
@@ -191,6 +200,7 @@ class PlanPipeline(_Model):
     seq1f1b_splits: PositiveInt | None = Field(None, description="Seq1F1B sub-sequences per micro-batch K")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(None, description="simulated Seq1F1B latency")
     seq1f1b_max_len: PositiveInt | None = Field(None, description="MaxLen under Seq1F1B with K splits")
+    sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (DESIGN.md end-to-end estimate)")
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -199,6 +209,9 @@ class PlanPipeline(_Model):
 
 class Estimate(_Model):
     propagation_s: NonNegativeFloat
+    sync_s: NonNegativeFloat | None = Field(
+        None, description="exposed sync of the pipeline attaining iteration_s (DESIGN.md end-to-end estimate)")
+    iteration_s: NonNegativeFloat | None = Field(None, description="max over pipelines of propagation + exposed sync")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(
         None, description="max over pipelines of the Seq1F1B estimate (the canonical one where pp = 1)")
 
@@ -264,7 +277,7 @@ class IterationSummary(_Model):
 
 
 class OutlierDelay(_Model):
-    """`pack --outlier-delay`: the rule of planner.delay.hydraplan_rule for this run, and the delay it caused."""
+    """`pack --outlier-delay`: the rule of hydraplan.delay.hydraplan_rule for this run, and the delay it caused."""
 
     threshold: int = Field(description="sequences longer than this are queued")
     release_tokens: int = Field(description="the queue is released whole once it holds this many tokens")

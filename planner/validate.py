@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.costmodel import for_gpus, pipeline_time_from_mb, seq_cost
-from planner.errors import UserError
-from planner.fileio import load_model
-from planner.schema import Plan, PlanPipeline, Profile, Scheme, Strategies, Summary
+from hydraplan.costmodel import for_gpus, pipeline_time_from_mb, seq_cost
+from hydraplan.errors import UserError
+from hydraplan.fileio import load_model
+from hydraplan.schema import Plan, PlanPipeline, Profile, Scheme, Strategies, Summary
 
 REL_TOL = 1e-6
 PLAN_FILE = re.compile(r"^iter_(\d+)\.json$")
@@ -75,7 +75,7 @@ def _capacity(pipe: PlanPipeline, scheme: Scheme, bad: Callable[[str], None]) ->
     records K splits; a recorded seq1f1b_max_len must be the one K implies."""
     if pipe.seq1f1b_splits is None or scheme.pp == 1:
         return scheme.max_len
-    from planner.seqsplit import seq1f1b_max_len
+    from hydraplan.seqsplit import seq1f1b_max_len
 
     raised = max(scheme.max_len, seq1f1b_max_len(scheme, pipe.seq1f1b_splits))
     if pipe.seq1f1b_max_len is not None and pipe.seq1f1b_max_len != seq1f1b_max_len(scheme, pipe.seq1f1b_splits):

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from planner.errors import UserError
-from planner.schema import BatchSeq, Plan
+from hydraplan.errors import UserError
+from hydraplan.schema import BatchSeq, Plan
 
 if TYPE_CHECKING:
-    from planner.datasets import Dataset
-    from runtime.context_parallel import CPContext
+    from hydraplan.datasets import Dataset
+    from hydraplan.runtime.context_parallel import CPContext
 
 IGNORE = -100
 """Label of a position with no next token (the last token of a document that ends inside the plan's length)."""

@@ -11,7 +11,7 @@ its document, wherever they sit. Each layer gathers K and V of all CP ranks (one
 per-rank sizes, as gloo's all_gather wants equal sizes); the backward of the gather sends each rank's
 partial K/V gradient back to the rank that owns the token, which sums them. A rank's local tokens are
 cut at document boundaries into runs; a run attends to its document's keys up to its own last token,
-bottom-right causal: the shape of a Seq1F1B split's window (runtime.attention.window_attention). The
+bottom-right causal: the shape of a Seq1F1B split's window (hydraplan.runtime.attention.window_attention). The
 windows are picked from the gathered keys by index (backward: scatter-add).
 
 With Seq1F1B splits (`shard_splits`), a CP rank's share of split [lo, hi) is its ranges cut to it; each
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planner.cpshard import shard_per_sequence
-from planner.schema import CPShard
-from runtime.attention import Windows, window_attention
-from runtime.batches import PackedBatch
+from hydraplan.cpshard import shard_per_sequence
+from hydraplan.schema import CPShard
+from hydraplan.runtime.attention import Windows, window_attention
+from hydraplan.runtime.batches import PackedBatch
 
 Ranges = list[list[tuple[int, int]]]
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from planner.schema import Plan
+from hydraplan.schema import Plan
 
 
 class GroupCache:

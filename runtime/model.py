@@ -28,11 +28,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import UserError
-from planner.hardware import MODELS
-from runtime.attention import varlen_attention
-from runtime.batches import IGNORE, PackedBatch
-from runtime.context_parallel import cp_attention
+from hydraplan.errors import UserError
+from hydraplan.hardware import MODELS
+from hydraplan.runtime.attention import varlen_attention
+from hydraplan.runtime.batches import IGNORE, PackedBatch
+from hydraplan.runtime.context_parallel import cp_attention
 
 INIT_STD = 0.02
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.lnk import owner_ranges
-from runtime.model import ModelConfig, init_full, param_specs
+from hydraplan.runtime.lnk import owner_ranges
+from hydraplan.runtime.model import ModelConfig, init_full, param_specs
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1

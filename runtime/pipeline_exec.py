@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from runtime.batches import PackedBatch
-from runtime.model import StageModule
+from hydraplan.runtime.batches import PackedBatch
+from hydraplan.runtime.model import StageModule
 
 
 @dataclass(frozen=True)

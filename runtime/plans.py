@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import UserError
-from planner.fileio import load_model
-from planner.schema import BatchSeq, Plan, PlanPipeline
-from runtime.context_parallel import check_ranges
-from runtime.lnk import Role
-from runtime.model import ModelConfig, check_layout, stage_param_indices
+from hydraplan.errors import UserError
+from hydraplan.fileio import load_model
+from hydraplan.schema import BatchSeq, Plan, PlanPipeline
+from hydraplan.runtime.context_parallel import check_ranges
+from hydraplan.runtime.lnk import Role
+from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:

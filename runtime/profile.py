@@ -7,13 +7,13 @@ propagation time of every pipeline of a run's plans (`hydraplan profile` launche
 
 How time is measured. Pipelines run through the Seq1F1B executor (runtime/seq1f1b.py; K = 1 is
 1F1B) with real TP all-reduces, CP K/V gathers (per-sequence shards, or the plan's) and p2p. Its
-attention works per document (runtime.seq1f1b.cached_attention: sum of l^2, like the GPU varlen
+attention works per document (hydraplan.runtime.seq1f1b.cached_attention: sum of l^2, like the GPU varlen
 kernels; attention.py's CPU fallback masks the whole micro-batch, which costs (sum of l)^2 and breaks
 the cost model's premise). Two clocks:
 - wall (GPUs, dedicated machines): each run sits between two barriers and is timed with perf_counter;
 - cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
   stage's action takes the longest of its TP and CP ranks, and the run's latency is the critical path of the
-  executed schedule over those durations (planner.pipeline.simulate, no p2p latency). On a CPU shared
+  executed schedule over those durations (hydraplan.pipeline.simulate, no p2p latency). On a CPU shared
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
@@ -34,9 +34,9 @@ from pathlib import Path
 
 if __name__ == "__main__":
     # As a script this folder would come first on sys.path and this file would shadow the standard
-    # library's `profile`; import the package from the repository root instead.
+    # library's `profile`; drop it and import the installed package hydraplan.runtime.
     _here = Path(__file__).resolve().parent
-    sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
 import json
@@ -48,15 +48,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from planner.errors import UserError
-from planner.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
-from planner.pipeline import schedule_seq1f1b, simulate
-from planner.schema import BatchSeq, Estimate, Plan, PlanPipeline
-from runtime.batches import PackedBatch, TokenData
-from runtime.context_parallel import CPShards
-from runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
-from runtime.pipeline_exec import StageComm
-from runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+from hydraplan.errors import UserError
+from hydraplan.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
+from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
+from hydraplan.runtime.batches import PackedBatch, TokenData
+from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
+from hydraplan.runtime.pipeline_exec import StageComm
+from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
@@ -158,8 +158,8 @@ def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatc
 def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
     """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in DESIGN.md's rank order); the
     result on rank 0 (None elsewhere)."""
-    from runtime.groups import GroupCache
-    from runtime.plans import rank_roles
+    from hydraplan.runtime.groups import GroupCache
+    from hydraplan.runtime.plans import rank_roles
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != tp * pp * cp:
@@ -218,9 +218,9 @@ def _device_batch(mb: PackedBatch, device: torch.device) -> PackedBatch:
 
 def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:
     """Propagation seconds of every pipeline of every plan, each replayed alone (median of repeats)."""
-    from runtime.groups import GroupCache
-    from runtime.plans import check_plan, load_plans, micro_batch_seqs, rank_roles
-    from runtime.seq1f1b import check_splits
+    from hydraplan.runtime.groups import GroupCache
+    from hydraplan.runtime.plans import check_plan, load_plans, micro_batch_seqs, rank_roles
+    from hydraplan.runtime.seq1f1b import check_splits
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = DTYPES[args.dtype]

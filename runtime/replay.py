@@ -11,16 +11,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planner.schema import Plan
-from runtime import lnk
-from runtime.batches import TokenData
-from runtime.context_parallel import CPShards
-from runtime.groups import GroupCache
-from runtime.model import ModelConfig, StageModule, TPGroup, param_specs
-from runtime.optim import ShardedMaster, master_dtype
-from runtime.pipeline_exec import StageComm, run_1f1b
-from runtime.plans import RankRole, micro_batch_seqs, rank_roles, strategy_key
-from runtime.seq1f1b import pipeline_splits, run_seq1f1b
+from hydraplan.schema import Plan
+from hydraplan.runtime import lnk
+from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.groups import GroupCache
+from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, param_specs
+from hydraplan.runtime.optim import ShardedMaster, master_dtype
+from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
+from hydraplan.runtime.plans import RankRole, micro_batch_seqs, rank_roles, strategy_key
+from hydraplan.runtime.seq1f1b import pipeline_splits, run_seq1f1b
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 if __name__ == "__main__":
     # Run as a script, this file's folder would come first on sys.path and its modules (profile.py)
-    # could shadow the standard library; import the package from the repository root instead.
+    # could shadow the standard library; drop it and import the installed package hydraplan.runtime.
     _here = Path(__file__).resolve().parent
-    sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
 import os
@@ -31,14 +31,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from planner.errors import UserError
-from planner.schema import Plan
-from runtime.batches import TokenData
-from runtime.model import CONFIGS, ModelConfig, get_config
-from runtime.plans import check_plan, load_plans
-from runtime.reference import Reference
-from runtime.replay import Replayer
-from runtime.seq1f1b import check_splits
+from hydraplan.errors import UserError
+from hydraplan.schema import Plan
+from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
+from hydraplan.runtime.plans import check_plan, load_plans
+from hydraplan.runtime.reference import Reference
+from hydraplan.runtime.replay import Replayer
+from hydraplan.runtime.seq1f1b import check_splits
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 5e-2}
@@ -105,7 +105,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
 def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
     if spec is None:
         return TokenData(cfg.vocab)
-    from planner.datasets import load_dataset
+    from hydraplan.datasets import load_dataset
 
     dataset = load_dataset(spec)  # untruncated: a truncated document still has the label after its cut
     if not dataset.has_tokens:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.fileio import model_json, write_model
-from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+from hydraplan.fileio import model_json, write_model
+from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
 
 
 def tiny_profile() -> Profile:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.attention import backend_for, varlen_attention
+from hydraplan.runtime.attention import backend_for, varlen_attention
 
 
 def reference(q, k, v, lengths):
@@ -106,7 +106,7 @@ def test_cuda_backend_choice(monkeypatch, varlen, flash, dtype, expected):
     """No GPU here: a stand-in CUDA tensor checks the order of the fallbacks."""
     from types import SimpleNamespace
 
-    import runtime.attention as attention
+    import hydraplan.runtime.attention as attention
 
     monkeypatch.setattr(attention, "_torch_varlen", lambda: (lambda *a, **k: None) if varlen else None)
     monkeypatch.setattr(attention.importlib.util, "find_spec", lambda name: object() if flash and name == "flash_attn" else None)

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from planner import baselines as bl
-from planner.schema import ModelInfo, Scheme, TimeCoeffs
+from hydraplan import baselines as bl
+from hydraplan.schema import ModelInfo, Scheme, TimeCoeffs
 
 
 def scheme(tp=1, pp=1, cp=1, max_len=10, a=0.0, b=1.0, c=0.0) -> Scheme:

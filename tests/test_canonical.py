@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.costmodel import for_gpus, max_len_for_gpus, micro_batch_time, pipeline_time, seq_time
-from planner.errors import UserError
-from planner.schema import GPUInfo, ModelInfo, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
+from hydraplan.costmodel import for_gpus, max_len_for_gpus, micro_batch_time, pipeline_time, seq_time
+from hydraplan.errors import UserError
+from hydraplan.schema import GPUInfo, ModelInfo, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
 
 
 def scheme(tp=1, pp=1, cp=1, a=1.0, b=10.0, c=100.0, max_len=1000, memory=None):

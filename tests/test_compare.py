@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner import baselines as bl
-from planner import compare as cp
-from planner.costmodel import model_flops
-from planner.report import write_report
-from planner.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
+from hydraplan import baselines as bl
+from hydraplan import compare as cp
+from hydraplan.costmodel import model_flops
+from hydraplan.report import write_report
+from hydraplan.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
 
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from planner.cpshard import shard_per_document, shard_per_sequence
-from planner.schema import BatchSeq
-from runtime.attention import varlen_attention
-from runtime.batches import TokenData
-from runtime.context_parallel import attend_gathered, check_ranges, shard_batch, shard_splits
+from hydraplan.cpshard import shard_per_document, shard_per_sequence
+from hydraplan.schema import BatchSeq
+from hydraplan.runtime.attention import varlen_attention
+from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.context_parallel import attend_gathered, check_ranges, shard_batch, shard_splits
 
 H, D = 4, 8
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from planner.costmodel import (
+from hydraplan.costmodel import (
     MIN_MAX_LEN,
     REFERENCE_GPUS,
     analytic_memory,
@@ -21,9 +21,9 @@ from planner.costmodel import (
     steady_state_mfu,
     util_len,
 )
-from planner.fileio import load_model, model_json, parse_model, write_model
-from planner.hardware import A800, MODELS
-from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
+from hydraplan.fileio import load_model, model_json, parse_model, write_model
+from hydraplan.hardware import A800, MODELS
+from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
 
 NAMES = [f"{g}-llama2-{m}" for g in ("h100", "a800") for m in ("7b", "13b", "32b")]
 

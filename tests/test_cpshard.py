@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
+from hydraplan.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
 
 SHARDERS = [shard_per_sequence, shard_per_document]
 

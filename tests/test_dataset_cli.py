@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app, main
-from planner.schema import DatasetStats
+from hydraplan.cli import app, main
+from hydraplan.schema import DatasetStats
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 LENGTHS = [100, 5000, 20_000, 40_000, 3, 17, 900, 4097]

@@ -1,4 +1,4 @@
-"""Outlier delay (planner.delay): a hand-checked stream, conservation and the delay bound on random
+"""Outlier delay (hydraplan.delay): a hand-checked stream, conservation and the delay bound on random
 streams, the rule's threshold, and `pack --outlier-delay` (plans validate, --resume equals a full run)."""
 
 import math
@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from planner.delay import (
+from hydraplan.delay import (
     DelayRule,
     hydraplan_rule,
     outlier_delay,
     stream_batches,
     wlb_rule,
 )
-from planner.errors import UserError
-from planner.iterate import PackOptions, run_pack
-from planner.schema import Plan, Strategies, Summary
-from planner.validate import check_plan, validate_path
+from hydraplan.errors import UserError
+from hydraplan.iterate import PackOptions, run_pack
+from hydraplan.schema import Plan, Strategies, Summary
+from hydraplan.validate import check_plan, validate_path
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 

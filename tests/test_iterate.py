@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from planner import packing
-from planner.costmodel import pipeline_time
-from planner.errors import UserError
-from planner.fileio import model_json
-from planner.iterate import (
+from hydraplan import packing
+from hydraplan.costmodel import pipeline_time
+from hydraplan.errors import UserError
+from hydraplan.fileio import model_json
+from hydraplan.iterate import (
     PackOptions,
     Planner,
     ResolvedCandidate,
@@ -24,7 +24,7 @@ from planner.iterate import (
     solver_seed,
     with_static_candidate,
 )
-from planner.schema import (
+from hydraplan.schema import (
     GPUInfo,
     ModelInfo,
     Plan,
@@ -33,7 +33,7 @@ from planner.schema import (
     Strategies,
     TimeCoeffs,
 )
-from planner.validate import check_plan, validate_path
+from hydraplan.validate import check_plan, validate_path
 
 
 def strategies(ranks: bool = True) -> Strategies:

@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
-from runtime import lnk
-from runtime.lnk import Role, plan_link
+from hydraplan.runtime import lnk
+from hydraplan.runtime.lnk import Role, plan_link
 
 
 # ------------------------------------------------------------------------------------------ fixtures

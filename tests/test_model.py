@@ -10,9 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
-from planner.schema import BatchSeq
-from runtime.batches import IGNORE, TokenData
-from runtime.model import (
+from hydraplan.schema import BatchSeq
+from hydraplan.runtime.batches import IGNORE, TokenData
+from hydraplan.runtime.model import (
     CONFIGS,
     StageModule,
     TPGroup,

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from planner import packing
-from planner.costmodel import pipeline_time
-from planner.dispatch import Infeasible
-from planner.packing import pack, pack_fixed_v, v_range
-from planner.schema import Scheme, TimeCoeffs
+from hydraplan import packing
+from hydraplan.costmodel import pipeline_time
+from hydraplan.dispatch import Infeasible
+from hydraplan.packing import pack, pack_fixed_v, v_range
+from hydraplan.schema import Scheme, TimeCoeffs
 
 
 def scheme(pp=2, a=1e-3, b=1.0, c=50.0, max_len=1000, util_len=1):

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
-from planner.errors import UserError
-from planner.fileio import write_model
-from planner.measure import (
+from hydraplan.cli import app
+from hydraplan.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
+from hydraplan.errors import UserError
+from hydraplan.fileio import write_model
+from hydraplan.measure import (
     LENGTH_QUANTUM,
     PACKED_DOCS,
     StageMemory,
@@ -31,9 +31,9 @@ from planner.measure import (
     stage_max_len,
     time_grid,
 )
-from planner.pipeline import fb_split, schedule_seq1f1b, simulate
-from planner.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
-from runtime.profile import critical_path
+from hydraplan.pipeline import fb_split, schedule_seq1f1b, simulate
+from hydraplan.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.runtime.profile import critical_path
 
 runner = CliRunner()
 
@@ -191,7 +191,7 @@ def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
     (["--device", "tpu", "--out", "x.json"], "--device must be cpu or cuda"),
 ])
 def test_profile_bad_input_is_a_one_line_user_error(args, message):
-    res = runner.invoke(app, ["profile", *args])  # planner.cli.main prints a UserError in one line, exit 2
+    res = runner.invoke(app, ["profile", *args])  # hydraplan.cli.main prints a UserError in one line, exit 2
     assert isinstance(res.exception, UserError) and message in str(res.exception) and "\n" not in str(res.exception)
 
 
@@ -240,8 +240,8 @@ def test_profile_measures_a_context_parallel_scheme(tmp_path):
 
 def with_cp(plan: Plan) -> Plan:
     """Its one pipeline at cp=2 with per-document CP shards, as `pack --cp-shard` records them."""
-    from planner.cpshard import shard_per_document
-    from planner.schema import CPShard
+    from hydraplan.cpshard import shard_per_document
+    from hydraplan.schema import CPShard
 
     p = plan.pipelines[0]
     p.cp = 2

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from planner.cli import app
-from planner.costmodel import load_profile, max_len_for_gpus
-from planner.fileio import parse_model, write_model
-from planner.paths import PROFILES_DIR
-from planner.schema import Profile
+from hydraplan.cli import app
+from hydraplan.costmodel import load_profile, max_len_for_gpus
+from hydraplan.fileio import parse_model, write_model
+from hydraplan.paths import PROFILES_DIR
+from hydraplan.schema import Profile
 
 SIX = [f"{g}-llama2-{m}" for g in ("h100", "a800") for m in ("7b", "13b", "32b")]
 WIDE = {"COLUMNS": "200"}

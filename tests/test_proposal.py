@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.costmodel import for_gpus, seq_cost
-from planner.errors import UserError
-from planner.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
-from planner.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+from hydraplan.costmodel import for_gpus, seq_cost
+from hydraplan.errors import UserError
+from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
 
 STEP = 128
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
@@ -272,7 +272,7 @@ def test_max_candidates_keeps_integer_and_homogeneous():
 
 
 def test_propose_is_deterministic_and_ranks_are_placed():
-    from planner.fileio import model_json
+    from hydraplan.fileio import model_json
 
     prof, lengths = mid_profile(), wiki_like(3)
     a = propose(prof, lengths, 24, 30000, gpus_per_node=4)

@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from planner.schema import Plan, Profile, Strategies
+from hydraplan.schema import Plan, Profile, Strategies
 
 MODELS = {"hydraplan.profile/v1": Profile, "hydraplan.strategies/v1": Strategies, "hydraplan.plan/v1": Plan}
 

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from helpers import free_port
 
-from planner.costmodel import load_profile
-from planner.cpshard import shard_per_document
-from planner.datasets import load_dataset
-from planner.errors import UserError
-from planner.fileio import write_model
-from planner.paths import ROOT
-from planner.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
-from runtime.batches import IGNORE, TokenData
-from runtime.model import CONFIGS, check_layout
-from runtime.plans import check_plan, load_plans, rank_roles
-from runtime.run_plan import main
+from hydraplan.costmodel import load_profile
+from hydraplan.cpshard import shard_per_document
+from hydraplan.datasets import load_dataset
+from hydraplan.errors import UserError
+from hydraplan.fileio import write_model
+from hydraplan.paths import ROOT
+from hydraplan.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
+from hydraplan.runtime.batches import IGNORE, TokenData
+from hydraplan.runtime.model import CONFIGS, check_layout
+from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
+from hydraplan.runtime.run_plan import main
 
 SCRIPT = ROOT / "runtime" / "run_plan.py"
 PY = sys.executable
@@ -327,8 +327,8 @@ def test_pack_with_cpu_tiny_then_replay(tmp_path):
     """The README's two steps: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
     from typer.testing import CliRunner
 
-    from planner.cli import app
-    from planner.schema import Candidate, PipelineSpec, Strategies
+    from hydraplan.cli import app
+    from hydraplan.schema import Candidate, PipelineSpec, Strategies
 
     strategies = Strategies(candidates=[
         Candidate(name="H", pipelines=[PipelineSpec(tp=2, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1),

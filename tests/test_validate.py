@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.fileio import model_json, write_model
-from planner.schema import (
+from hydraplan.fileio import model_json, write_model
+from hydraplan.schema import (
     BatchSeq,
     Estimate,
     GPUInfo,
@@ -23,7 +23,7 @@ from planner.schema import (
     Summary,
     TimeCoeffs,
 )
-from planner.validate import check_plan, check_ranks, validate_path
+from hydraplan.validate import check_plan, check_ranks, validate_path
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
