@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 from hydraplan.cpshard import shard_per_sequence
-from hydraplan.schema import CPShard
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import PackedBatch
+from hydraplan.schema import CPShard
 
 Ranges = list[list[tuple[int, int]]]
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from hydraplan.errors import UserError
 from hydraplan.fileio import load_model
-from hydraplan.schema import BatchSeq, Plan, PlanPipeline
 from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
+from hydraplan.schema import BatchSeq, Plan, PlanPipeline
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:

@@ -51,12 +51,12 @@ import torch.distributed as dist
 from hydraplan.errors import UserError
 from hydraplan.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
 from hydraplan.pipeline import schedule_seq1f1b, simulate
-from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.pipeline_exec import StageComm
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hydraplan.schema import Plan
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import ModelConfig, StageModule, init_full, param_specs
 from hydraplan.runtime.optim import make_optimizer, master_dtype
 from hydraplan.runtime.plans import micro_batch_seqs
+from hydraplan.schema import Plan
 
 
 class Reference:

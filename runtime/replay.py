@@ -11,7 +11,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.schema import Plan
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.context_parallel import CPShards
@@ -21,6 +20,7 @@ from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
 from hydraplan.runtime.plans import RankRole, micro_batch_seqs, rank_roles, strategy_key
 from hydraplan.runtime.seq1f1b import pipeline_splits, run_seq1f1b
+from hydraplan.schema import Plan
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 from hydraplan.errors import UserError
-from hydraplan.schema import Plan
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.plans import check_plan, load_plans
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
+from hydraplan.schema import Plan
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 5e-2}

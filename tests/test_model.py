@@ -10,7 +10,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
-from hydraplan.schema import BatchSeq
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import (
     CONFIGS,
@@ -23,6 +22,7 @@ from hydraplan.runtime.model import (
     stage_param_indices,
     tp_slice,
 )
+from hydraplan.schema import BatchSeq
 
 TINY = CONFIGS["tiny"]
 GQA = replace(TINY, name="tiny-gqa", heads=4, kv_heads=2)

@@ -32,8 +32,8 @@ from hydraplan.measure import (
     time_grid,
 )
 from hydraplan.pipeline import fb_split, schedule_seq1f1b, simulate
-from hydraplan.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 from hydraplan.runtime.profile import critical_path
+from hydraplan.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 
 runner = CliRunner()
 

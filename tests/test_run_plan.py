@@ -20,11 +20,11 @@ from hydraplan.datasets import load_dataset
 from hydraplan.errors import UserError
 from hydraplan.fileio import write_model
 from hydraplan.paths import ROOT
-from hydraplan.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import CONFIGS, check_layout
 from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.run_plan import main
+from hydraplan.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
 
 SCRIPT = ROOT / "runtime" / "run_plan.py"
 PY = sys.executable

@@ -19,12 +19,12 @@ from hydraplan.errors import UserError
 from hydraplan.fileio import write_model
 from hydraplan.paths import ROOT
 from hydraplan.pipeline import check_schedule, schedule_seq1f1b
-from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
-from hydraplan.seqsplit import computation_splits
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, check_splits, p2p_batches, run_in_process, split_views
+from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
+from hydraplan.seqsplit import computation_splits
 
 TINY = CONFIGS["tiny"]
 DT = torch.float64
