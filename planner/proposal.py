@@ -36,6 +36,14 @@ combination of x), schemes holding under one pipeline may be dropped (their cell
 scheme whose floor exceeds tau), and leftover GPUs go to the slowest scheme that fits. The best rounding
 per L' is the optimum for L'; the candidates are their union, plus the integer optimum for L and the
 homogeneous fallback.
+
+Objective (DESIGN.md "End-to-end iteration estimate"). With the end-to-end objective every latency above is
+an iteration time: a pipeline of scheme k with propagation p > 0 takes f_k(p) = max(2 t_k, t_k + 2p/3, p),
+t_k its one-direction LNK transfer (hydraplan.sync), so many narrow pipelines pay for their large parameter
+slices. f_k is increasing, so a budget tau on iteration time is the budget g_k(tau) = min(tau, 1.5 (tau -
+t_k)) on scheme k's propagation (no pipeline of k meets tau < 2 t_k): every probe, bisection and rounding
+step above runs unchanged on per-scheme budgets g_k(tau) and reports f_k of the latencies it reaches, and
+dominance between schemes also requires no larger t. The propagation objective is t = 0 (f and g identity).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from hydraplan.costmodel import for_gpus, seq_cost
 from hydraplan.errors import UserError
 from hydraplan.placement import place_ranks
 from hydraplan.schema import Candidate, PipelineSpec, Profile, Scheme, Strategies
+from hydraplan.sync import end_to_end_s, objective_transfer_s, propagation_budget_s
 
 __all__ = ["CellCosts", "IntegerSolution", "RelaxedSolution", "build_cells", "solve_integer", "solve_relaxed",
            "round_relaxed", "best_homogeneous", "propose", "place_ranks", "strategy_label"]
@@ -80,6 +89,11 @@ class CellCosts:
     floor: np.ndarray  # (M, K) pp * T(lmax): the pipeline holding the cell's longest sequence takes at least this
     feasible: np.ndarray  # (M, K) MaxLen(P) >= hi
     gpus: np.ndarray  # (K,)
+    transfer: np.ndarray | None = None  # (K,) one-direction LNK seconds per scheme (None: the propagation objective)
+
+    def __post_init__(self) -> None:
+        if self.transfer is None:
+            object.__setattr__(self, "transfer", np.zeros(len(self.schemes)))
 
     @property
     def n_cells(self) -> int:
@@ -89,10 +103,15 @@ class CellCosts:
         """Latency of cells i..j-1 (0-based, j exclusive) on d pipelines of scheme k."""
         return float(max(self.work[i:j, k].sum() / d + self.bubble[j - 1, k], self.floor[j - 1, k]))
 
+    def interval_time(self, i: int, j: int, k: int, d: float) -> float:
+        """The same in the objective: the end-to-end time of those pipelines (their propagation when t = 0)."""
+        return float(end_to_end_s(self.transfer[k], self.interval_latency(i, j, k, d)))
+
 
 def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, context_len: int,
-                tokens_per_iter: float, step: int = LENGTH_STEP) -> CellCosts:
-    """Bin a length histogram (already truncated to context_len) and cost every cell on every scheme."""
+                tokens_per_iter: float, step: int = LENGTH_STEP, transfer: np.ndarray | None = None) -> CellCosts:
+    """Bin a length histogram (already truncated to context_len) and cost every cell on every scheme;
+    `transfer` (per scheme) makes every latency end to end."""
     values = np.asarray(values, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.float64)
     keep = counts > 0
@@ -120,7 +139,8 @@ def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, c
     bubble = (pp - 1) * (np.maximum(lm, util) / lm * longest + c)  # m/l_max sequences of length l_max, + c
     return CellCosts(schemes=tuple(schemes), hi=hi, lmax=lmax, tokens=s1, count=np.add.reduceat(counts, starts),
                      work=work, bubble=bubble, floor=pp * (longest + c),
-                     feasible=maxlen[None, :] >= hi[:, None], gpus=np.array([s.gpus for s in schemes]))
+                     feasible=maxlen[None, :] >= hi[:, None], gpus=np.array([s.gpus for s in schemes]),
+                     transfer=None if transfer is None else np.asarray(transfer, dtype=np.float64))
 
 
 # ------------------------------------------------------------------------------ integer DP (Eq. 4)
@@ -137,13 +157,13 @@ class IntegerSolution:
 
 
 def _dominated_schemes(cells: CellCosts) -> np.ndarray:
-    """Schemes no interval would ever prefer: another needs no more GPUs, work, bubble and floor in every cell,
-    and holds every cell it holds (exact ties: the later scheme goes)."""
+    """Schemes no interval would ever prefer: another needs no more GPUs, work, bubble, floor and transfer in
+    every cell, and holds every cell it holds (exact ties: the later scheme goes)."""
     def le(x: np.ndarray) -> np.ndarray:  # le[k2, k] = x[:, k2] <= x[:, k] in every cell
         return np.all(x[:, :, None] <= x[:, None, :], axis=0)
 
     infeasible = ~cells.feasible
-    weak = (le(cells.work) & le(cells.bubble) & le(cells.floor) & le(infeasible)
+    weak = (le(cells.work) & le(cells.bubble) & le(cells.floor) & le(infeasible) & le(cells.transfer[None, :])
             & (cells.gpus[:, None] <= cells.gpus[None, :]))
     K = len(cells.gpus)
     equal = weak & weak.T
@@ -170,10 +190,13 @@ class _IntervalTable:
         self.bubble = cells.bubble[:, self.active]
         self.floor = cells.floor[:, self.active]
         self.g = cells.gpus[self.active].astype(np.float64)
+        self.transfer = cells.transfer[self.active]
 
     def pipelines(self, tau: float) -> np.ndarray:
-        """d per (interval, scheme): fewest pipelines meeting tau (inf if none can: bubble or floor above tau)."""
-        slack = np.where(self.floor <= tau, np.maximum(tau - self.bubble, 0.0), 0.0)
+        """d per (interval, scheme): fewest pipelines meeting tau (inf if none can: bubble or floor above the
+        scheme's propagation budget for tau)."""
+        budget = propagation_budget_s(self.transfer, tau)
+        slack = np.where(self.floor <= budget, np.maximum(budget - self.bubble, 0.0), 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             d = np.divide(self.work, np.repeat(slack, np.arange(1, len(slack) + 1), axis=0))
         return np.ceil(d, out=d)  # >= 1: every cell holds work, so W > 0
@@ -204,7 +227,7 @@ class _IntervalTable:
             intervals.append((i, j, int(self.active[k]), int(round(cost[row, k] / self.g[k]))))
             j = i
         intervals.reverse()
-        latency = max(self.cells.interval_latency(i, j, k, d) for i, j, k, d in intervals)
+        latency = max(self.cells.interval_time(i, j, k, d) for i, j, k, d in intervals)
         return IntegerSolution(latency=latency, intervals=tuple(intervals))
 
 
@@ -244,9 +267,9 @@ class RelaxedSolution:
     share: np.ndarray  # (M, M) float pipelines
 
 
-def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per cell, the schemes not beaten on all of GPU-work g*W, bubble B and floor F (exact ties: the lower
-    index stays): index, g*W, B and F, padded with -1 / inf to the longest frontier."""
+def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell, the schemes not beaten on all of GPU-work g*W, bubble B, floor F and transfer t (exact ties:
+    the lower index stays): index, g*W, B, F and t, padded with -1 / inf (t: 0) to the longest frontier."""
     A = np.where(cells.feasible, cells.work * cells.gpus, np.inf)
     B = np.where(cells.feasible, cells.bubble, np.inf)
     Fl = np.where(cells.feasible, cells.floor, np.inf)
@@ -254,9 +277,10 @@ def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     a2, a1 = A[:, :, None], A[:, None, :]  # [c, k2, k]: does k2 beat k?
     b2, b1 = B[:, :, None], B[:, None, :]
     f2, f1 = Fl[:, :, None], Fl[:, None, :]
+    t2, t1 = cells.transfer[None, :, None], cells.transfer[None, None, :]
     earlier = np.arange(K)[:, None] < np.arange(K)[None, :]
-    beats = ((a2 <= a1) & (b2 <= b1) & (f2 <= f1) & ((a2 < a1) | (b2 < b1) | (f2 < f1) | earlier)
-             & np.isfinite(a2))
+    beats = ((a2 <= a1) & (b2 <= b1) & (f2 <= f1) & (t2 <= t1)
+             & ((a2 < a1) | (b2 < b1) | (f2 < f1) | (t2 < t1) | earlier) & np.isfinite(a2))
     keep = np.isfinite(A) & ~beats.any(axis=1)
     F = max(1, int(keep.sum(axis=1).max()))
     order = np.argsort(~keep, axis=1, kind="stable")[:, :F]
@@ -265,23 +289,25 @@ def _frontier(cells: CellCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     Af = np.where(kept, np.take_along_axis(A, order, 1), np.inf)
     Bf = np.where(kept, np.take_along_axis(B, order, 1), np.inf)
     Ff = np.where(kept, np.take_along_axis(Fl, order, 1), np.inf)
-    return idx, Af, Bf, Ff
+    Tf = np.where(kept, cells.transfer[order], 0.0)
+    return idx, Af, Bf, Ff, Tf
 
 
 def solve_relaxed(cells: CellCosts, gpus: int, rel_tol: float = 1e-6) -> RelaxedSolution:
     """Relaxed t[N][L'] for every L' at once: bisection on tau, vectorised over the (L', cell <= L')
     pairs and each cell's frontier schemes."""
     M = cells.n_cells
-    idx, Af, Bf, Ff = _frontier(cells)
+    idx, Af, Bf, Ff, Tf = _frontier(cells)
     per_j = np.arange(1, M + 1)
     start = np.r_[0, np.cumsum(per_j)[:-1]]
     jidx = np.repeat(np.arange(M), per_j)
     cidx = np.arange(jidx.size) - start[jidx]
-    Ap, Bp, Fp = Af[cidx], Bf[cidx], Ff[cidx]
+    Ap, Bp, Fp, Tp = Af[cidx], Bf[cidx], Ff[cidx], Tf[cidx]
 
     def need(tau: np.ndarray) -> np.ndarray:
-        """GPUs each pair's cell needs on each frontier scheme to finish within its prefix's tau."""
-        t = np.repeat(tau, per_j)[:, None]
+        """GPUs each pair's cell needs on each frontier scheme to finish within its prefix's tau (its
+        propagation budget for it)."""
+        t = propagation_budget_s(Tp, np.repeat(tau, per_j)[:, None])
         slack = t - Bp
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where((slack > 0) & (Fp <= t), Ap / slack, np.inf)
@@ -289,7 +315,7 @@ def solve_relaxed(cells: CellCosts, gpus: int, rel_tol: float = 1e-6) -> Relaxed
     def total(tau: np.ndarray) -> np.ndarray:
         return np.add.reduceat(need(tau).min(axis=1), start)
 
-    lower = np.maximum.accumulate(np.maximum(Bf, Ff).min(axis=1))
+    lower = np.maximum.accumulate(np.asarray(end_to_end_s(Tf, np.maximum(Bf, Ff))).min(axis=1))
     lo = lower.copy()
     hi = lower + np.maximum(np.cumsum(Af.min(axis=1)) / gpus, 1e-12 + 1e-9 * lower)
     while True:
@@ -325,32 +351,36 @@ class _Scaled:
     a cell of scheme k on x_k fractional pipelines meets tau with slack tau - B; on d_k pipelines it
     finishes at max(B + (tau - B) * r, F), r = x_k / d_k. The worst cell of scheme k is therefore the one
     with the smallest bubble when r >= 1 and the largest when r < 1, or its largest floor (which no number
-    of pipelines lowers), so per-scheme latency is closed-form."""
+    of pipelines lowers), so per-scheme latency is closed-form. tau is per scheme (its propagation budget for
+    the relaxed end-to-end optimum); the latencies compared are end to end, f_k of the propagation."""
 
-    def __init__(self, gpus: np.ndarray, tau: float, mapping: np.ndarray, W: np.ndarray, B: np.ndarray,
-                 F: np.ndarray):
-        """mapping: scheme per cell; W, B, F: each cell's work, bubble and floor on its scheme."""
+    def __init__(self, gpus: np.ndarray, tau: np.ndarray, transfer: np.ndarray, mapping: np.ndarray, W: np.ndarray,
+                 B: np.ndarray, F: np.ndarray):
+        """tau, transfer: per scheme; mapping: scheme per cell; W, B, F: each cell's work, bubble and floor on
+        its scheme."""
         present = np.bincount(mapping, minlength=len(gpus)) > 0
         self.schemes = np.flatnonzero(present)
         col = (np.cumsum(present) - 1)[mapping]
         S = len(self.schemes)
-        self.load = np.bincount(col, weights=W / (tau - B), minlength=S)
+        self.load = np.bincount(col, weights=W / (tau[mapping] - B), minlength=S)
         self.bmin = np.full(S, np.inf)
         self.bmax = np.full(S, -np.inf)
         self.fmax = np.full(S, -np.inf)
         np.minimum.at(self.bmin, col, B)
         np.maximum.at(self.bmax, col, B)
         np.maximum.at(self.fmax, col, F)
-        self.tau = tau
+        self.tau = tau[self.schemes]
+        self.transfer = transfer[self.schemes]
         self.g = gpus[self.schemes]
 
     def per_scheme(self, d: np.ndarray) -> np.ndarray:
         r = self.load / d
-        return np.maximum(self.tau * r - (r - 1) * np.where(r >= 1, self.bmin, self.bmax), self.fmax)
+        prop = np.maximum(self.tau * r - (r - 1) * np.where(r >= 1, self.bmin, self.bmax), self.fmax)
+        return np.asarray(end_to_end_s(self.transfer, prop))
 
     def pipelines_for(self, T: np.ndarray) -> np.ndarray:
         """Fewest pipelines per scheme (columns) meeting each latency T (rows): inverts per_scheme."""
-        T = T[:, None]
+        T = np.asarray(propagation_budget_s(self.transfer, T[:, None]))
         r = np.where(T >= self.tau, 1 + (T - self.tau) / (self.tau - self.bmin),
                      1 - (self.tau - T) / (self.tau - self.bmax))
         ok = (r > 0) & (self.fmax <= T * (1 + 1e-12))
@@ -372,7 +402,8 @@ class _Scaled:
         ks = np.repeat(np.arange(S), cap)
         ds = (np.arange(len(ks)) - np.repeat(np.cumsum(cap) - cap, cap) + 1).astype(np.float64)
         r = self.load[ks] / ds
-        values = np.maximum(self.tau * r - (r - 1) * np.where(r >= 1, self.bmin[ks], self.bmax[ks]), self.fmax[ks])
+        values = np.maximum(self.tau[ks] * r - (r - 1) * np.where(r >= 1, self.bmin[ks], self.bmax[ks]), self.fmax[ks])
+        values = np.asarray(end_to_end_s(self.transfer[ks], values))
         values = values[values >= bound]
         need = self.pipelines_for(values)
         fits = (need * self.g).sum(axis=1) <= gpus
@@ -395,7 +426,7 @@ def round_relaxed(cells: CellCosts, relaxed: RelaxedSolution, j: int, gpus: int)
     (rounding raises the latency anyway: the relaxation spreads a long cell's few sequences over fractions
     of wide pipelines, and one whole pipeline of the widest is often more than N allows next to the rest).
     The best of these variants wins (ties: fewer GPUs)."""
-    tau = float(relaxed.latency[j])
+    tau = np.asarray(propagation_budget_s(cells.transfer, float(relaxed.latency[j])))
     cs = relaxed.scheme[j, : j + 1]
     x = np.bincount(cs, weights=relaxed.share[j, : j + 1], minlength=len(cells.schemes))
     used = np.flatnonzero(x > 0)
@@ -411,10 +442,11 @@ def _subsets(items: list) -> itertools.chain:
     return itertools.chain.from_iterable(itertools.combinations(items, n) for n in range(len(items) + 1))
 
 
-def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: np.ndarray, droppable: list,
+def _best_rounding(cells: CellCosts, j: int, tau: np.ndarray, cs: np.ndarray, used: np.ndarray, droppable: list,
                    gpus: int) -> Rounded | None:
     """Best allocation over every way of dropping some of `droppable` (their cells move to a kept scheme).
-    The cells that may move are costed on every used scheme once; a variant only masks the dropped ones."""
+    The cells that may move are costed on every used scheme once; a variant only masks the dropped ones.
+    tau: each scheme's propagation budget."""
     g = cells.gpus
     c = np.arange(j + 1)
     base = (cells.work[c, cs], cells.bubble[c, cs], cells.floor[c, cs])
@@ -423,10 +455,10 @@ def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: n
     rows = np.flatnonzero(dropped[cs])
     sub = np.ix_(rows, used)
     Wu, Bu, Fu = cells.work[sub], cells.bubble[sub], cells.floor[sub]
-    slack = tau - Bu
+    slack = tau[used] - Bu
     floor_u = np.where(cells.feasible[sub] & (slack > 0), Fu, np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
-        need_u = np.where(floor_u <= tau, g[used] * Wu / slack, np.inf)
+        need_u = np.where(floor_u <= tau[used], g[used] * Wu / slack, np.inf)
     best: Rounded | None = None
     best_key: tuple | None = None
     for drop in _subsets(droppable):
@@ -448,7 +480,7 @@ def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: n
             mapping, W, B, F = cs.copy(), W.copy(), B.copy(), F.copy()
             mapping[moved] = used[col]
             W[moved], B[moved], F[moved] = Wu[sel][r, col], Bu[sel][r, col], Fu[sel][r, col]
-        scaled = _Scaled(g, tau, mapping, W, B, F)
+        scaled = _Scaled(g, tau, cells.transfer, mapping, W, B, F)
         d = scaled.allocate(gpus, np.inf if best_key is None else best_key[0])
         if d is None:
             continue
@@ -460,11 +492,12 @@ def _best_rounding(cells: CellCosts, j: int, tau: float, cs: np.ndarray, used: n
 
 
 def best_homogeneous(cells: CellCosts, gpus: int) -> tuple[int, int, float] | None:
-    """(scheme, pipelines, latency) of the fastest single-scheme strategy that holds the context length."""
+    """(scheme, pipelines, latency in the objective) of the fastest single-scheme strategy that holds the
+    context length."""
     best = None
     for k in np.flatnonzero(cells.feasible[-1]):
         d = gpus // int(cells.gpus[k])
-        lat = cells.interval_latency(0, cells.n_cells, int(k), d)
+        lat = cells.interval_time(0, cells.n_cells, int(k), d)
         if best is None or lat < best[2]:
             best = (int(k), d, lat)
     return best
@@ -499,9 +532,10 @@ class _Entry:
 
 def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gpus: int, context_len: int,
             gpus_per_node: int | None = None, tokens_per_iter: int | None = None,
-            max_candidates: int | None = MAX_CANDIDATES) -> Strategies:
+            max_candidates: int | None = MAX_CANDIDATES, objective: str = "end-to-end") -> Strategies:
     """Candidate strategies for `gpus` GPUs: the rounded relaxed optimum for every L' <= context_len,
-    the integer optimum of Eq. (4) for L, and the best homogeneous strategy; ranks placed.
+    the integer optimum of Eq. (4) for L, and the best homogeneous strategy; ranks placed. Latencies are
+    end to end (the profile's sync model) or, with objective "propagation" or no sync model, propagation.
 
     Every candidate is solved on every iteration, so when the union over L' is larger than
     max_candidates (None or 0: keep all) only the relaxed optima most likely to be needed are kept: those
@@ -518,7 +552,9 @@ def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gp
         raise UserError(f"--tokens-per-iter must be positive (got {tokens_per_iter})")
     tokens_per_iter = tokens_per_iter or TOKENS_PER_GPU * gpus
     values, counts, name = _histogram(lengths_or_dataset, context_len)
-    cells = build_cells(list(view.schemes), values, counts, context_len, tokens_per_iter)
+    transfer = objective_transfer_s(profile, np.array([s.tp for s in view.schemes]),
+                                    np.array([s.pp for s in view.schemes]), gpus, objective)
+    cells = build_cells(list(view.schemes), values, counts, context_len, tokens_per_iter, transfer=transfer)
     tokens_cum = np.cumsum(cells.tokens)
 
     entries: dict[tuple[tuple[int, int], ...], _Entry] = {}

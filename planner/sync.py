@@ -14,7 +14,7 @@ Pure functions, vectorized over pipelines, so the proposal DP, the selection and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -73,3 +73,42 @@ def iteration_estimate(profile: Profile, gpus: int, keys: Sequence[tuple[int, in
     total = prop + exp
     j = int(np.argmax(total))  # first maximum: plan order on a tie
     return IterationEstimate(float(total[j]), float(exp[j]), exp.tolist())
+
+
+def end_to_end_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> np.ndarray | float:
+    """propagation + exposed sync = max(2t, t + 2p/3, p) for p > 0 and 0 for an idle pipeline: nondecreasing
+    in p (and in t), which is what lets the proposal and pruning map propagation bounds and budgets through it."""
+    t = np.asarray(transfer, dtype=np.float64)
+    p = np.asarray(propagation, dtype=np.float64)
+    out = np.where(p > 0, np.maximum(np.maximum(2.0 * t, t + (1.0 - FORWARD_SHARE) * p), p), 0.0)
+    return out if out.ndim else float(out)
+
+
+def propagation_budget_s(transfer: np.ndarray | float, budget: np.ndarray | float) -> np.ndarray | float:
+    """The largest propagation p > 0 whose end-to-end time is within `budget`: min(Y, 1.5 (Y - t)), -inf when
+    even an instant pipeline exceeds it (Y < 2t). The inverse of end_to_end_s on p > 0; with t = 0 it is Y."""
+    t = np.asarray(transfer, dtype=np.float64)
+    y = np.asarray(budget, dtype=np.float64)
+    out = np.where(y >= 2.0 * t, np.minimum(y, (y - t) / (1.0 - FORWARD_SHARE)), -np.inf)
+    return out if out.ndim else float(out)
+
+
+Objective = Literal["end-to-end", "propagation"]
+OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
+
+
+def check_objective(objective: str) -> None:
+    from hydraplan.errors import UserError
+
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective must be end-to-end or propagation (got {objective!r})")
+
+
+def objective_transfer_s(profile: Profile, tp: np.ndarray, pp: np.ndarray, gpus: int, objective: str) -> np.ndarray:
+    """Per-pipeline transfer the planner optimizes with: the sync model's for end-to-end, zeros (so every
+    end-to-end mapping is the identity and the plans are the propagation objective's) otherwise."""
+    check_objective(objective)
+    tp, pp = np.asarray(tp, dtype=np.float64), np.asarray(pp, dtype=np.float64)
+    if objective == "propagation":
+        return np.zeros(tp.shape)
+    return np.asarray(transfer_s(profile, tp, pp, gpus), dtype=np.float64).reshape(tp.shape)
