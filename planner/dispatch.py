@@ -4,6 +4,11 @@ The load of a pipeline is the Eq. (2) lower bound written in the canonical cost 
 micro-batch, DESIGN.md): ``sum_i (a l_i^2 + b l_i) + c * ceil(L / MaxLen) + (pp-1) * (a lmax^2 + b lmax + c)``
 with L the pipeline's tokens (it needs at least ceil(L/MaxLen) micro-batches, each paying c) and 0 for an
 empty pipeline. Any packing of those sequences costs at least this, so it is a valid Eq. (2) bound.
+
+End-to-end objective: given each pipeline's one-direction LNK transfer t_j (hydraplan.sync), the dispatch
+minimizes max_j h_j(O_j), h_j(O) = max(O, t_j + 2 O / 3): a busy pipeline's end-to-end time max(2 t_j, h_j(O))
+without the 2 t_j floor, which no dispatch changes once a pipeline has work. h_j is strictly increasing, so
+Alg. 1's argmin, the local search and the ILP carry over on h_j of the loads; t = 0 is Eq. (3) exactly.
 """
 
 from __future__ import annotations
@@ -54,13 +59,15 @@ class _Pipes:
     max_len: np.ndarray
     gid: np.ndarray  # group per sorted pipeline, groups numbered in order of first appearance
     rep: np.ndarray  # first sorted pipeline of each group
+    t: np.ndarray  # one-direction LNK transfer per sorted pipeline (all 0: the propagation objective)
 
     @classmethod
-    def of(cls, schemes: list[Scheme]) -> "_Pipes":
+    def of(cls, schemes: list[Scheme], transfer: np.ndarray | None = None) -> "_Pipes":
         ml = np.array([s.max_len for s in schemes], dtype=np.int64)
         order = np.argsort(-ml, kind="stable")
         pick = [schemes[k] for k in order]
-        keys = [(s.time.a, s.time.b, s.time.c, s.pp, s.max_len) for s in pick]
+        t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)[order]
+        keys = [(s.time.a, s.time.b, s.time.c, s.pp, s.max_len, float(tk)) for s, tk in zip(pick, t)]
         first: dict[tuple, int] = {}
         gid = np.array([first.setdefault(k, len(first)) for k in keys], dtype=np.int64)
         rep = np.array([keys.index(k) for k in first], dtype=np.int64)
@@ -68,8 +75,18 @@ class _Pipes:
             order=order,
             a=np.array([s.time.a for s in pick]), b=np.array([s.time.b for s in pick]),
             c=np.array([s.time.c for s in pick]), ppm1=np.array([s.pp - 1 for s in pick], dtype=np.float64),
-            max_len=ml[order], gid=gid, rep=rep,
+            max_len=ml[order], gid=gid, rep=rep, t=t,
         )
+
+    @property
+    def sync(self) -> bool:
+        return bool(self.t.any())
+
+    def h(self, load: np.ndarray, cols: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """The objective of loads in columns `cols` (the loads themselves without sync; 0 for an empty pipeline)."""
+        if not self.sync:
+            return load
+        return np.where(load > 0, np.maximum(load, self.t[cols] + (2.0 / 3.0) * load), 0.0)
 
     def group_cost(self, lengths: np.ndarray) -> np.ndarray:
         """(B, G) table of a_g l_i^2 + b_g l_i."""
@@ -110,7 +127,7 @@ def lower_bound(lengths: np.ndarray, assign: np.ndarray, schemes: list[Scheme]) 
 def _trivial_bound(Wg: np.ndarray, P: _Pipes, lengths: np.ndarray) -> float:
     """max_i min_{j eligible} Eq. (2) of sequence i alone: a bound on Eq. (3) the greedy may meet."""
     r = P.rep
-    alone = Wg + P.c[r] * np.ceil(lengths[:, None] / P.max_len[r]) + P.ppm1[r] * (Wg + P.c[r])
+    alone = P.h(Wg + P.c[r] * np.ceil(lengths[:, None] / P.max_len[r]) + P.ppm1[r] * (Wg + P.c[r]), r)
     alone[lengths[:, None] > P.max_len[r]] = np.inf
     return float(alone.min(axis=1).max())
 
@@ -146,6 +163,8 @@ def _greedy(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, orders
         new += C
         new += w
         new += P.c * np.ceil((L + li[:, None]) / M)
+        if P.sync:
+            np.maximum(new, P.t + (2.0 / 3.0) * new, out=new)
         f = base + new.argmin(axis=1)
         wj = w.ravel()[f]
         Cf[f] += wj
@@ -163,7 +182,7 @@ def _greedy_one(lengths: np.ndarray, Wg: np.ndarray, P: _Pipes, order: np.ndarra
     which at 1024 GPUs (~900 pipelines, 4 distinct schemes) is the only one run."""
     G = len(P.rep)
     r = P.rep
-    gc, gp, gm = P.c[r].tolist(), P.ppm1[r].tolist(), P.max_len[r].tolist()
+    gc, gp, gm, gt = P.c[r].tolist(), P.ppm1[r].tolist(), P.max_len[r].tolist(), P.t[r].tolist()
     empty = [sorted(np.flatnonzero(P.gid == g).tolist(), reverse=True) for g in range(G)]  # pop() = lowest
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(G)]
     D = len(P.gid)
@@ -174,24 +193,31 @@ def _greedy_one(lengths: np.ndarray, Wg: np.ndarray, P: _Pipes, order: np.ndarra
     for i in order.tolist():
         l = int(lengths[i])
         wr = wrows[i]
-        best_new, best_j, best_g, best_empty = np.inf, D, -1, False
+        best_obj, best_new, best_j, best_g, best_empty = np.inf, np.inf, D, -1, False
         popped: list[tuple[int, float, int]] = []
         for g in by_len:
             if gm[g] < l:
                 break
             w = wr[g]
+            t = gt[g]
             if empty[g]:
                 j = empty[g][-1]
                 new = w + gc[g] * -(-l // gm[g]) + gp[g] * (w + gc[g])
-                if (new, j) < (best_new, best_j):
-                    best_new, best_j, best_g, best_empty = new, j, g, True
+                obj = max(new, t + 2.0 / 3.0 * new) if t else new
+                if (obj, j) < (best_obj, best_j):
+                    best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, True
             h = heaps[g]
-            while h and (h[0][0] + w < best_new or (h[0][0] + w == best_new and h[0][1] < best_j)):
+            while h:  # h_g(O_j + w) lower-bounds the objective of adding i to pipeline j
+                least = h[0][0] + w
+                least = max(least, t + 2.0 / 3.0 * least) if t else least
+                if not (least < best_obj or (least == best_obj and h[0][1] < best_j)):
+                    break
                 o, j = heapq.heappop(h)
                 popped.append((g, o, j))
                 new = C[j] + w + gc[g] * -(-(L[j] + l) // gm[g]) + gp[g] * (max(Mx[j], w) + gc[g])
-                if (new, j) < (best_new, best_j):
-                    best_new, best_j, best_g, best_empty = new, j, g, False
+                obj = max(new, t + 2.0 / 3.0 * new) if t else new
+                if (obj, j) < (best_obj, best_j):
+                    best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, False
         for g, o, j in popped:
             if j != best_j:
                 heapq.heappush(heaps[g], (o, j))
@@ -226,7 +252,7 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
     idx = np.arange(B)
     for _ in range(max_steps):
         Mx = (P.a * lmax + P.b) * lmax
-        O = _loads(C, L, Mx, P)
+        O = P.h(_loads(C, L, Mx, P))
         p = int(O.argmax())
         top = O[p]
         mem = np.flatnonzero(assign == p)
@@ -238,11 +264,12 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
         rem_L = L[p] - lp
         rem_C = C[p] - W[mem, p]
         rem_mx = (P.a[p] * rem_lmax + P.b[p]) * rem_lmax
-        newp = np.where(rem_L > 0, rem_C + P.c[p] * -(-rem_L // P.max_len[p]) + P.ppm1[p] * (rem_mx + P.c[p]), 0.0)
+        newp = P.h(np.where(rem_L > 0, rem_C + P.c[p] * -(-rem_L // P.max_len[p]) + P.ppm1[p] * (rem_mx + P.c[p]), 0.0),
+                   p)
         # moves: member i -> pipeline q
         wq = W[mem]  # (m, D)
         Lq = L + lp[:, None]
-        newq = C + wq + P.c * -(-Lq // P.max_len) + P.ppm1 * (np.maximum(Mx, wq) + P.c)
+        newq = P.h(C + wq + P.c * -(-Lq // P.max_len) + P.ppm1 * (np.maximum(Mx, wq) + P.c))
         val = np.maximum(newp[:, None], newq)
         val[np.arange(D) >= J[mem][:, None]] = np.inf
         val[:, p] = np.inf
@@ -278,13 +305,14 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
         Lp2 = rem_L[:, None] + lk[None, :]
         lmp = np.maximum(rem_lmax[:, None], lk[None, :])
         Cp2 = rem_C[:, None] + W[oth, p][None, :]
-        np2 = Cp2 + P.c[p] * -(-Lp2 // P.max_len[p]) + P.ppm1[p] * ((P.a[p] * lmp + P.b[p]) * lmp + P.c[p])
+        np2 = P.h(Cp2 + P.c[p] * -(-Lp2 // P.max_len[p]) + P.ppm1[p] * ((P.a[p] * lmp + P.b[p]) * lmp + P.c[p]), p)
         # new load of q
         Lq2 = (L[q] - lk)[None, :] + li
         lmq = np.maximum(remq_lmax[None, :], li)
         aq, bq, cq = P.a[q][None, :], P.b[q][None, :], P.c[q][None, :]
         Cq2 = (C[q] - W[oth, q])[None, :] + W[mem][:, q]
-        nq2 = Cq2 + cq * -(-Lq2 // P.max_len[q][None, :]) + P.ppm1[q][None, :] * ((aq * lmq + bq) * lmq + cq)
+        nq2 = P.h(Cq2 + cq * -(-Lq2 // P.max_len[q][None, :]) + P.ppm1[q][None, :] * ((aq * lmq + bq) * lmq + cq),
+                  q[None, :])
         val = np.where(ok, np.maximum(np2, nq2), np.inf)
         r, s = np.unravel_index(int(val.argmin()), val.shape)
         if not val[r, s] < top * (1 - 1e-12):
@@ -299,7 +327,7 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
 
 def _cost_sorted(lengths: np.ndarray, W: np.ndarray, P: _Pipes, assign: np.ndarray) -> float:
     C, L, lmax = _state(lengths, W, assign, W.shape[1])
-    return float(_loads(C, L, (P.a * lmax + P.b) * lmax, P).max(initial=0.0))
+    return float(P.h(_loads(C, L, (P.a * lmax + P.b) * lmax, P)).max(initial=0.0))
 
 
 def _orders(lengths: np.ndarray, J: np.ndarray, trials: int, seed: int) -> np.ndarray:
@@ -375,7 +403,13 @@ def _ilp(lengths, W, J, P, hint: np.ndarray, ub: float, time_limit_s: float, see
         e = m.new_int_var(0, big, "")
         for i, v in vs:
             m.add(e >= int(round(P.ppm1[j] * (W[i, j] + P.c[j]) * scale)) * v)
-        m.add(z >= sum(int(round(W[i, j] * scale)) * v for i, v in vs) + int(round(P.c[j] * scale)) * nv + e)
+        load = sum(int(round(W[i, j] * scale)) * v for i, v in vs) + int(round(P.c[j] * scale)) * nv + e
+        m.add(z >= load)
+        if P.t[j] > 0:  # z >= h_j(load) = max(load, t_j + 2 load / 3) once the pipeline has a sequence
+            busy = m.new_bool_var("")
+            for _, v in vs:
+                m.add_implication(v, busy)
+            m.add(3 * z >= int(round(3 * P.t[j] * scale)) * busy + 2 * load)
     m.minimize(z)
     # hint: relabel identical pipelines in order of their longest sequence so the hint obeys the symmetry
     pos = np.empty(B, dtype=np.int64)
@@ -404,8 +438,9 @@ def _ilp(lengths, W, J, P, hint: np.ndarray, ub: float, time_limit_s: float, see
 
 # -------------------------------------------------------------------------------------------- entry
 def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greedy", trials: int = 32,
-             seed: int = 0, time_limit_s: float = 10.0) -> DispatchResult:
-    """Assign every sequence to a pipeline minimizing the largest Eq. (2) bound (Eq. 3).
+             seed: int = 0, time_limit_s: float = 10.0, transfer: np.ndarray | None = None) -> DispatchResult:
+    """Assign every sequence to a pipeline minimizing the largest Eq. (2) bound (Eq. 3), or with `transfer`
+    (per pipeline) the largest h_j of it (the module docstring's end-to-end objective; `cost` is then in h).
 
     `schemes` has one entry per pipeline, MaxLen already for the cluster size. `trials` is capped so
     trials x sequences x pipelines stays under _WORK: at 1024 GPUs only the LPT trial runs (on the
@@ -417,7 +452,7 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
     lengths = np.asarray(lengths, dtype=np.int64)
     if not schemes:
         raise ValueError("dispatch needs at least one pipeline")
-    P = _Pipes.of(schemes)
+    P = _Pipes.of(schemes, transfer)
     if len(lengths) == 0:
         return DispatchResult(np.zeros(0, dtype=np.int64), 0.0, "greedy", True, 0)
     J = P.eligible_count(lengths)
@@ -425,8 +460,8 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
         raise Infeasible(int(lengths[J == 0].max()), int(P.max_len[0]))
     if (J == 1).all():  # one pipeline can hold them all (or there is only one): nothing to choose
         assign = np.zeros(len(lengths), dtype=np.int64)
-        return DispatchResult(P.order[assign], float(lower_bound(lengths, P.order[assign], schemes).max()),
-                              "greedy", True, 0)
+        cost = P.h(lower_bound(lengths, P.order[assign], schemes)[P.order], slice(None)).max()
+        return DispatchResult(P.order[assign], float(cost), "greedy", True, 0)
     Wg = P.group_cost(lengths)
     W = Wg[:, P.gid]
     bound = _trivial_bound(Wg, P, lengths)

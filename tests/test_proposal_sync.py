@@ -69,7 +69,7 @@ def brute_relaxed_e2e(seqs, his, schemes, transfer, N) -> float:
                         if f(t, max(B, F) * (1 + 1e-15) + 1e-300) > tau:
                             return np.inf
                         lo, hi = max(B, F), max(B, F) + tau + 1.0
-                        for _ in range(200):
+                        for _ in range(70):
                             mid = 0.5 * (lo + hi)
                             lo, hi = (mid, hi) if f(t, mid) <= tau else (lo, mid)
                         if lo <= B:
@@ -79,7 +79,7 @@ def brute_relaxed_e2e(seqs, his, schemes, transfer, N) -> float:
 
                 lo = 0.0
                 hi = max(f(t, max(B, F)) for _, _, B, F, t in terms) + sum(g * W for g, W, *_ in terms) / N + 1.0
-                for _ in range(100):
+                for _ in range(60):
                     mid = 0.5 * (lo + hi)
                     lo, hi = (lo, mid) if gpus_for(mid) <= N else (mid, hi)
                 best = min(best, hi)
