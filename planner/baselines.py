@@ -11,6 +11,15 @@
   chunking DP (FlexSP Eq. 23-24); each step runs on heterogeneous pp=1 groups (FlexSP's flexible SP).
 
 Every function is pure: lengths in, an IterationPlan out (indices into the trained lengths).
+
+End to end (`plan_iteration_s`): every method pays the DESIGN.md sync formula with its own schemes. A plan
+of one phase is exactly DESIGN.md's max_j (prop_j + exposed_j). Phases run one after another inside the
+iteration (HotSPa's length ranges, FlexSP's steps), so the parameters are pulled once, hidden behind the
+forward of the first phase's pipelines, and the gradients pushed once, behind the backward of the last
+phase's: each phase takes max_j (prop_j + its exposed pull if first + its exposed push if last), and the
+phases add up. What moves between phases is not in the formula: for HotSPa it is its modeled switching
+cost (`overhead_s`, kept on top); FlexSP's steps keep every GPU's parameters (ZeRO shards gathered once per
+iteration), which is exact for its tp = 1 groups and favours it slightly when a step regroups tp > 1.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ import numpy as np
 from hydraplan.costmodel import pipeline_time_from_mb, seq_cost
 from hydraplan.delay import outlier_delay, stream_batches, wlb_rule
 from hydraplan.errors import UserError
-from hydraplan.schema import ModelInfo, Scheme
+from hydraplan.schema import ModelInfo, Profile, Scheme
+from hydraplan.sync import FORWARD_SHARE, transfer_s
 
 HOTSPA_BOUNDS = (4096, 16384)
 BF16_BYTES = 2
@@ -80,6 +90,30 @@ def run_pipeline(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np
     return PipelineRun(scheme, mbs, times, pipeline_time_from_mb(times, scheme.pp))
 
 
+def plan_iteration_s(plan: IterationPlan, profile: Profile, gpus: int) -> float:
+    """The plan's end-to-end estimate (module docstring): its propagation estimate plus exposed sync."""
+    phases = [ph for ph in plan.phases if ph.pipelines]
+    total = plan.overhead_s
+    for n, ph in enumerate(phases):
+        prop = np.array([p.latency_s for p in ph.pipelines])
+        t = np.asarray(transfer_s(profile, np.array([p.scheme.tp for p in ph.pipelines]),
+                                  np.array([p.scheme.pp for p in ph.pipelines]), gpus), dtype=np.float64)
+        exposed = np.zeros_like(prop)
+        if n == 0:
+            exposed += np.maximum(0.0, t - FORWARD_SHARE * prop)
+        if n == len(phases) - 1:
+            exposed += np.maximum(0.0, t - (1.0 - FORWARD_SHARE) * prop)
+        total += float((prop + np.where(prop > 0, exposed, 0.0)).max())
+    return total
+
+
+def objective_score(profile: Profile, gpus: int, objective: str) -> Callable[[IterationPlan], float]:
+    """What static choices are tuned on: the end-to-end estimate, or with "propagation" the propagation one."""
+    if objective == "propagation":
+        return lambda plan: plan.estimate_s
+    return lambda plan: plan_iteration_s(plan, profile, gpus)
+
+
 def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
     if lengths.size and int(lengths.max()) > capacity:
         raise ValueError(f"{who}: a sequence of {int(lengths.max())} tokens exceeds its MaxLen {capacity}")
@@ -115,13 +149,14 @@ def holding(schemes: Sequence[Scheme], length: int, gpus: int) -> list[Scheme]:
     return [s for s in schemes if s.max_len >= length and s.gpus <= gpus]
 
 
-def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[IterationPlan]], who: str
-                ) -> tuple[Scheme, list[IterationPlan]]:
-    """The scheme whose plans have the lowest mean estimate over the compared batches."""
+def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[IterationPlan]], who: str,
+                score: Callable[[IterationPlan], float] | None = None) -> tuple[Scheme, list[IterationPlan]]:
+    """The scheme whose plans have the lowest mean `score` (default: propagation estimate) over the batches."""
     if not schemes:
         raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
+    score = score or (lambda p: p.estimate_s)
     runs = [(s, run(s)) for s in schemes]
-    return min(runs, key=lambda r: (np.mean([p.estimate_s for p in r[1]]), r[0].gpus))
+    return min(runs, key=lambda r: (np.mean([score(p) for p in r[1]]), r[0].gpus))
 
 
 def megatron_phase(lengths: np.ndarray, scheme: Scheme, gpus: int, subset: np.ndarray | None = None,

@@ -5,6 +5,12 @@ pack each pipeline into micro-batches, take the canonical estimate, and keep the
 (the producer-consumer design of Hydraulis appendix F); `run_pack` is `hydraplan pack`: it samples in
 the parent, solves in a process pool and writes plans in iteration order, so the output depends only on
 the arguments and --seed, never on the worker count or on timing.
+
+Objective: every plan carries its propagation estimate and the DESIGN.md end-to-end one (hydraplan.sync);
+with `objective="end-to-end"` (the default) the candidates are ranked, dispatched and pruned on
+iteration_s, with "propagation" on propagation_s alone (the paper's objective, plans as before).
+A pipeline's end-to-end time is increasing in its propagation, so every propagation lower bound maps to an
+end-to-end one through it and pruning stays exact.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from hydraplan.schema import (
     Strategies,
     Summary,
 )
+from hydraplan.sync import Objective, check_objective, end_to_end_s, iteration_estimate, objective_transfer_s
 from hydraplan.validate import PLAN_FILE, check_ranks
 
 DispatchMethod = Literal["greedy", "ilp"]
@@ -103,10 +110,18 @@ class ResolvedCandidate:
     name: str
     specs: tuple[PipelineSpec, ...]
     schemes: tuple[Scheme, ...]
+    transfer: tuple[float, ...] = ()  # per pipeline, what the objective charges for sync (empty: nothing)
 
     @property
     def max_len(self) -> int:
         return max(s.max_len for s in self.schemes)
+
+    def objective(self, propagation: np.ndarray | float, pipelines: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Pipelines' propagation times (or lower bounds on them) in the objective: unchanged without a
+        transfer, else their end-to-end times (increasing in propagation, so bounds stay bounds)."""
+        if not any(self.transfer):
+            return np.asarray(propagation, dtype=np.float64)
+        return np.asarray(end_to_end_s(np.asarray(self.transfer)[pipelines], propagation), dtype=np.float64)
 
 
 def resolve_strategies(
@@ -181,8 +196,18 @@ def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batch
 def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
     """A lower bound on every plan of the candidate for this batch, before any solving (inf if it cannot
     hold the batch): each sequence runs whole on a pipeline that can hold it, costing at least
-    pp * (a l^2 + b l + c) there; and the slowest pipeline is at least the mean of the cheapest work."""
-    uniq = list({s.key: s for s in cand.schemes}.values())
+    pp * (a l^2 + b l + c) there; and the slowest pipeline is at least the mean of the cheapest work.
+    In the objective: the first through each scheme's end-to-end map, the second through the smallest
+    transfer's (the slowest pipeline pays at least that)."""
+    if any(cand.transfer):
+        first = {}
+        for s, t in zip(cand.schemes, cand.transfer, strict=True):
+            first.setdefault(s.key, (s, t))
+        uniq = [s for s, _ in first.values()]
+        t_uniq = np.array([t for _, t in first.values()])
+    else:
+        uniq = list({s.key: s for s in cand.schemes}.values())
+        t_uniq = None
     a, b, c = (np.array([getattr(s.time, f) for s in uniq]) for f in "abc")
     pp = np.array([s.pp for s in uniq], dtype=np.float64)
     ok = lengths[:, None] <= np.array([s.max_len for s in uniq])[None, :]
@@ -190,8 +215,11 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
         return float("inf")
     l = lengths.astype(np.float64)[:, None]
     w = (a * l + b) * l
-    alone = np.where(ok, pp * (w + c), np.inf).min(axis=1).max()
     mean_work = np.where(ok, w, np.inf).min(axis=1).sum() / len(cand.schemes)
+    if t_uniq is not None:
+        alone = np.where(ok, end_to_end_s(t_uniq, pp * (w + c)), np.inf).min(axis=1).max()
+        return float(max(alone, end_to_end_s(min(cand.transfer), mean_work)))
+    alone = np.where(ok, pp * (w + c), np.inf).min(axis=1).max()
     return float(max(alone, mean_work))
 
 
@@ -200,8 +228,8 @@ def solve_candidate(
     dispatch_kwargs: dict[str, Any], pack_kwargs: dict[str, Any], loses: Callable[[float], bool] | None = None,
     pack_budget_s: float | None = None,
 ) -> CandidateSolution:
-    """Dispatch, then pack every pipeline. With `loses` (true for a lower bound that rules the candidate
-    out), stop as soon as the Eq. (2) bound of the dispatch or one packed pipeline proves it cannot win;
+    """Dispatch, then pack every pipeline. With `loses` (true for a lower bound, in the objective, that rules
+    the candidate out), stop as soon as the Eq. (2) bound of the dispatch or one packed pipeline proves it cannot win;
     the result is then `pruned` with no pipelines. `pack_budget_s` caps the CP-SAT deterministic time of all
     its pack calls together (each still at most its own time limit; greedy only once it is spent); the
     budget depends on nothing outside the candidate, so pruning never changes which plan wins."""
@@ -214,16 +242,17 @@ def solve_candidate(
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=reason), None)
     t0 = perf_counter()
     try:
-        d = dispatch(lengths, list(cand.schemes), method=method, seed=seed, **dispatch_kwargs)
+        transfer = np.asarray(cand.transfer) if any(cand.transfer) else None
+        d = dispatch(lengths, list(cand.schemes), method=method, seed=seed, transfer=transfer, **dispatch_kwargs)
     except Infeasible as e:
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=str(e)), None)
     t1 = perf_counter()
     assign = np.asarray(d.assign)
-    bounds = lower_bound(lengths, assign, list(cand.schemes))
+    bounds = cand.objective(lower_bound(lengths, assign, list(cand.schemes)))
     done: dict[int, PipelineSolution] = {}
 
     def record(pruned: bool) -> CandidateSolve:
-        proven = max([float(bounds.max(initial=0.0)), *(p.estimate_s for p in done.values())])
+        proven = max([float(bounds.max(initial=0.0)), *(float(cand.objective(p.estimate_s, j)) for j, p in done.items())])
         return CandidateSolve(
             name=cand.name, estimate_s=None if pruned else max(p.estimate_s for p in done.values()),
             dispatch_s=t1 - t0, pack_s=perf_counter() - t1, dispatch_solver=d.solver,
@@ -250,7 +279,7 @@ def solve_candidate(
         groups = [idx[np.asarray(mb, dtype=np.int64)] for mb in r.micro_batches]
         est = canonical_pipeline_estimate(scheme, lengths, groups)
         done[j] = PipelineSolution(groups, est, r.solver, bool(r.optimal))
-        if loses is not None and loses(done[j].estimate_s):
+        if loses is not None and loses(float(cand.objective(done[j].estimate_s, j))):
             return CandidateSolution(record(pruned=True), None)
     return CandidateSolution(record(pruned=False), [done[j] for j in range(len(cand.schemes))])
 
@@ -272,6 +301,17 @@ def solver_path(solve: CandidateSolve) -> str:
     """e.g. 'greedy+cpsat' or 'greedy+cpsat/warm-start': the dispatch solver and the packing solvers used."""
     packs = sorted({s for s in solve.pack_solvers if s != "empty"}) or ["empty"]
     return f"{solve.dispatch_solver}+{'/'.join(packs)}"
+
+
+def with_sync(plan: Plan, profile: Profile) -> Plan:
+    """Fill the DESIGN.md end-to-end fields (per pipeline sync_s, estimate.sync_s and iteration_s) from the
+    pipelines' canonical estimates, exactly as `hydraplan validate` recomputes them (0 sync without a model)."""
+    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines])
+    for p, s in zip(plan.pipelines, est.exposed_s, strict=True):
+        p.sync_s = s
+    plan.estimate.sync_s = est.sync_s
+    plan.estimate.iteration_s = est.iteration_s if plan.pipelines else plan.estimate.propagation_s
+    return plan
 
 
 def build_plan(
@@ -330,9 +370,12 @@ class Planner:
         prune: bool = True,
         seq1f1b: str | None = None,
         cp_shard: bool = False,
+        objective: Objective = "end-to-end",
     ) -> None:
         if dispatch not in ("greedy", "ilp"):
             raise UserError(f"--dispatch must be greedy or ilp (got {dispatch!r})")
+        check_objective(objective)
+        self.objective = objective
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.view = for_gpus(self.profile, gpus)
         self.gpus = gpus
@@ -348,7 +391,9 @@ class Planner:
             strategies = load_model(Strategies, strategies)
         self.strategies = resolve_strategies(strategies, self.view, gpus, context_len=context_len, source=source)
         self.candidates = [
-            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines))
+            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines),
+                              tuple(objective_transfer_s(self.profile, np.array([p.tp for p in c.pipelines]),
+                                                         np.array([p.pp for p in c.pipelines]), gpus, objective).tolist()))
             for c in self.strategies.candidates
         ]
         from hydraplan.seqsplit import parse_seq1f1b, seq1f1b_scheme
@@ -357,8 +402,8 @@ class Planner:
         self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
         self.cp_shard = cp_shard
         if self.seq1f1b is not None:
-            self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
-                               for c in self.candidates]
+            self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes),
+                                                 c.transfer) for c in self.candidates]
 
     @property
     def max_len(self) -> int:
@@ -370,7 +415,8 @@ class Planner:
             raise infeasible_error(batch, self.candidates)
 
     def solve(self, batch: Any, iteration: int = 0) -> IterationResult:
-        """Plan one batch with every candidate; the lowest canonical estimate wins (ties: earlier candidate).
+        """Plan one batch with every candidate; the lowest estimate in the objective wins (ties: earlier
+        candidate): the end-to-end iteration_s, or with objective "propagation" the canonical propagation_s.
 
         Candidates are solved in order of a cheap lower bound; with `prune` one whose bound (before
         dispatch, after it, or after any packed pipeline) already exceeds the best estimate is abandoned.
@@ -395,7 +441,7 @@ class Planner:
             sols[k] = solve_candidate(cand, b.lengths, method=self.dispatch, seed=seed, loses=loses,
                                       dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs,
                                       pack_budget_s=share)
-            est = sols[k].solve.estimate_s
+            est = self._score(cand, sols[k])
             if est is not None and (best is None or (est, k) < best):
                 best = (est, k)
         if best is None:
@@ -407,10 +453,13 @@ class Planner:
 
             refine_plan(plan, [self.view.scheme(*p.key) for p in plan.pipelines],  # 1F1B MaxLen: splits cap from it
                         [p.micro_batches for p in won.pipelines], b.lengths, self.seq1f1b, self.cp_shard)
+        with_sync(plan, self.profile)
         summary = IterationSummary(
             iteration=b.iteration,
             strategy=plan.strategy,
             estimate_s=plan.estimate.propagation_s,
+            iteration_s=plan.estimate.iteration_s,
+            sync_s=plan.estimate.sync_s,
             solver_s=perf_counter() - t0,
             solver=solver_path(won.solve),
             candidates_s={s.solve.name: s.solve.estimate_s for s in sols},
@@ -420,6 +469,15 @@ class Planner:
             summary.tokens = int(b.lengths.sum())
             summary.delayed_token_iters = delayed_token_iters(b.lengths, b.sampled, b.iteration)
         return IterationResult(plan, summary)
+
+    def _score(self, cand: ResolvedCandidate, sol: CandidateSolution) -> float | None:
+        """The candidate's plan in the objective (None: infeasible or pruned); records its iteration_s."""
+        if sol.pipelines is None:
+            return None
+        est = iteration_estimate(self.profile, self.gpus, [s.key for s in cand.specs],
+                                 [p.estimate_s for p in sol.pipelines])
+        sol.solve.iteration_s = est.iteration_s
+        return est.iteration_s if self.objective == "end-to-end" else sol.solve.estimate_s
 
     def plan(self, batch: Any, iteration: int = 0) -> Plan:
         """The plan for one batch: a datasets.Batch or a plain list of sequence lengths."""
@@ -489,6 +547,7 @@ class PackOptions:
     seq1f1b: str | None = None
     cp_shard: bool = False
     outlier_delay: bool = False
+    objective: Objective = "end-to-end"
 
 
 class PackProgress(Protocol):
@@ -514,7 +573,7 @@ def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
         dataset=opts.dataset, gpus=opts.gpus, tokens_per_iter=opts.tokens_per_iter, context_len=opts.context_len,
         seed=opts.seed, dispatch=opts.dispatch,
         strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
-        seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay,
+        seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay, objective=opts.objective,
     )
 
 
@@ -560,7 +619,8 @@ def _load_strategies(opts: PackOptions, profile: Profile, dataset: Any, resumed:
     if opts.context_len is None and context_len > longest:
         raise UserError(f"dataset {opts.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
                         f"MaxLen of profile {profile.name} at {opts.gpus} GPUs ({longest}); pass --context-len")
-    return propose(profile, dataset, opts.gpus, context_len, tokens_per_iter=opts.tokens_per_iter)
+    return propose(profile, dataset, opts.gpus, context_len, tokens_per_iter=opts.tokens_per_iter,
+                   objective=opts.objective)
 
 
 def _sampled(dataset: Any, opts: PackOptions, start: int) -> Iterator[Any]:
@@ -588,24 +648,30 @@ class StaticBaseline:
     scheme: Scheme
     gpus: int
     context_len: int
+    profile: Profile | None = None  # whose sync model the end-to-end estimate uses (None: propagation only)
 
     @property
     def label(self) -> str:
         return f"megatron {self.scheme.label}x{self.gpus // self.scheme.gpus}"
 
-    def estimate_s(self, lengths: np.ndarray) -> float:
-        from hydraplan.baselines import megatron
+    def estimates_s(self, lengths: np.ndarray) -> tuple[float, float]:
+        """(propagation, end-to-end) of the baseline's plan for this batch, sync paid with the same formula."""
+        from hydraplan.baselines import megatron, plan_iteration_s
 
-        return megatron(lengths, self.scheme, self.gpus, self.context_len).estimate_s
+        plan = megatron(lengths, self.scheme, self.gpus, self.context_len)
+        if self.profile is None:
+            return plan.estimate_s, plan.estimate_s
+        return plan.estimate_s, plan_iteration_s(plan, self.profile, self.gpus)
 
 
 BASELINE_PROBE_ITERATIONS = 8
 
 
 def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
-    """The homogeneous scheme with the lowest mean Megatron estimate on the run's first batches (the same
-    choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
-    from hydraplan.baselines import best_static, holding, megatron
+    """The homogeneous scheme with the lowest mean Megatron estimate in the run's objective on the run's first
+    batches (the same choice `compare` makes on all of its batches); None when no single scheme holds the
+    context length."""
+    from hydraplan.baselines import best_static, holding, megatron, objective_score
     from hydraplan.datasets import sample_iterations
 
     view = for_gpus(profile, opts.gpus)
@@ -615,8 +681,9 @@ def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> Static
         return None
     probe = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
         dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed)]
-    scheme, _ = best_static(schemes, lambda s: [megatron(b, s, opts.gpus, context_len) for b in probe], "baseline")
-    return StaticBaseline(scheme, opts.gpus, context_len)
+    scheme, _ = best_static(schemes, lambda s: [megatron(b, s, opts.gpus, context_len) for b in probe], "baseline",
+                            objective_score(profile, opts.gpus, opts.objective))
+    return StaticBaseline(scheme, opts.gpus, context_len, profile)
 
 
 STATIC_CANDIDATE = "static"
@@ -653,6 +720,7 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         raise UserError(f"--out {opts.out}: exists and is not a folder")
     if opts.dispatch not in ("greedy", "ilp"):
         raise UserError(f"--dispatch must be greedy or ilp (got {opts.dispatch!r})")
+    check_objective(opts.objective)
     profile = load_profile(opts.profile)
     for_gpus(profile, opts.gpus)
     args = _pack_args(opts, profile)
@@ -667,13 +735,14 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         raise UserError(f"{opts.out / 'strategies.json'}: the candidates changed since the run started; "
                         "--resume needs the same strategies")
     planner = Planner(profile, strategies, opts.gpus, dispatch=opts.dispatch, seed=opts.seed,
-                      context_len=opts.context_len, seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard)
+                      context_len=opts.context_len, seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard,
+                      objective=opts.objective)
 
     done = resumed.iterations if resumed is not None else []
     summary = Summary(
         profile=profile.name, gpus=opts.gpus, dataset=dataset.name, tokens_per_iter=opts.tokens_per_iter,
         seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
-        iterations_requested=opts.iterations, context_len=opts.context_len,
+        iterations_requested=opts.iterations, context_len=opts.context_len, objective=opts.objective,
     )
     rule = None
     if opts.outlier_delay:
@@ -693,7 +762,9 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
             for result in stream:
                 if baseline is not None:
                     lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
-                    result.summary.baselines_s["megatron"] = baseline.estimate_s(lengths)
+                    prop, e2e = baseline.estimates_s(lengths)
+                    result.summary.baselines_s["megatron"] = prop
+                    result.summary.baselines_iteration_s["megatron"] = e2e
                 atomic_write_text(plan_path(opts.out, result.plan.iteration), model_json(result.plan) + "\n")
                 summary.iterations.append(result.summary)
                 writer.maybe_write()
@@ -729,6 +800,10 @@ class _SummaryWriter:
             self.summary.outlier_delay.avg_delay_iters_per_token = delayed
         base = [i.baselines_s["megatron"] for i in its if "megatron" in i.baselines_s]
         self.summary.mean_baseline_s = float(np.mean(base)) if base and len(base) == len(its) else None
+        e2e = [i.iteration_s for i in its if i.iteration_s is not None]
+        self.summary.mean_iteration_s = float(np.mean(e2e)) if its and len(e2e) == len(its) else None
+        base = [i.baselines_iteration_s["megatron"] for i in its if "megatron" in i.baselines_iteration_s]
+        self.summary.mean_baseline_iteration_s = float(np.mean(base)) if base and len(base) == len(its) else None
         write_model(self.out / "summary.json", self.summary)
         t1 = perf_counter()
         self.next_at = t1 + max(self.SUMMARY_EVERY_S, 5 * (t1 - t0))

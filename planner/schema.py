@@ -241,7 +241,9 @@ class CandidateSolve(_Model):
     pack_solvers: list[str] = Field(default_factory=list, description="packing solver path per pipeline")
     optimal: bool = Field(False, description="dispatch and every packing proven optimal")
     dispatch_optimal: bool = Field(False, description="the dispatch solver proved Eq. (3) optimal")
-    bound_s: float | None = Field(None, description="lower bound on the candidate's estimate for this batch")
+    bound_s: float | None = Field(None, description="lower bound on the candidate's estimate for this batch, in the "
+                                  "run's objective (end-to-end or propagation)")
+    iteration_s: float | None = Field(None, description="end-to-end estimate (DESIGN.md); null if not solved")
     pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
     infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
 
@@ -261,6 +263,8 @@ class PackArgs(_Model):
     seq1f1b: str | None = Field(None, description="--seq1f1b K|auto, null if off")
     cp_shard: bool = Field(False, description="--cp-shard: adaptive CP sharding recorded")
     outlier_delay: bool = Field(False, description="--outlier-delay: long outliers queued and trained in groups")
+    objective: str = Field("propagation", description="--objective end-to-end|propagation (runs that predate it: "
+                           "propagation)")
 
 
 class IterationSummary(_Model):
@@ -271,6 +275,9 @@ class IterationSummary(_Model):
     solver: str = Field(description="which solver path produced the plan (e.g. greedy+cpsat, greedy+warm-start)")
     candidates_s: dict[str, float | None] = Field(default_factory=dict, description="estimate per candidate; null if infeasible")
     baselines_s: dict[str, float] = Field(default_factory=dict)
+    iteration_s: float | None = Field(None, description="end-to-end estimate of the plan (estimate.iteration_s)")
+    sync_s: float | None = Field(None, description="its exposed sync (estimate.sync_s)")
+    baselines_iteration_s: dict[str, float] = Field(default_factory=dict, description="end-to-end estimate per baseline")
     candidates: list[CandidateSolve] = Field(default_factory=list)
     tokens: int | None = Field(None, description="--outlier-delay: tokens trained in this iteration")
     delayed_token_iters: int | None = Field(None, description="--outlier-delay: sum over its tokens of iterations waited")
@@ -300,6 +307,9 @@ class Summary(_Model):
     outlier_delay: OutlierDelay | None = None
     baseline: str | None = Field(None, description="the static Megatron-style strategy of baselines_s['megatron']")
     mean_baseline_s: float | None = None
+    objective: str | None = Field(None, description="what the plans minimize: end-to-end or propagation")
+    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration")
+    mean_baseline_iteration_s: float | None = Field(None, description="the static baseline's, end to end")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
