@@ -464,10 +464,13 @@ def flexsp_step(lengths: np.ndarray, subset: np.ndarray, schemes: Sequence[Schem
     return Phase(label, tuple(pipes), best.free)
 
 
-def flexsp(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, extra_steps: int = 3) -> IterationPlan:
+def flexsp(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, extra_steps: int = 3,
+           score: Callable[[IterationPlan], float] | None = None) -> IterationPlan:
     """Sort sequences by length, chunk them into M memory-balanced steps (Eq. 23-24) and run each step
     on flexible pp=1 groups. M is enumerated from the fewest steps whose token sums fit the cluster,
-    keeping the fastest, as FlexSP's solver does."""
+    keeping the fastest (by `score`, default the propagation estimate), as FlexSP's solver does. End to end
+    (plan_iteration_s) the steps are phases: parameters pulled before the first, pushed after the last."""
+    score = score or (lambda p: p.estimate_s)
     lengths = np.asarray(lengths, dtype=np.int64)
     sp = [s for s in schemes if s.pp == 1 and s.gpus <= gpus]
     if not sp:
@@ -484,7 +487,7 @@ def flexsp(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, extra_step
             tried += 1
             phases = tuple(flexsp_step(lengths, order[c], sp, gpus, f"step {i}") for i, c in enumerate(chunks))
             plan = IterationPlan("flexsp", f"{m} step{'s' if m > 1 else ''}", lengths, phases)
-            if best is None or plan.estimate_s < best.estimate_s:
+            if best is None or score(plan) < score(best):
                 best = plan
         m += 1
     if best is None:

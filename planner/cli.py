@@ -54,6 +54,8 @@ def propose(
     max_candidates: int = typer.Option(10, "--max-candidates", help="keep at most this many candidates, preferring the "
                                        "L' ranges that most often hold an iteration's longest sequence (0: all)"),
     json_out: bool = typer.Option(False, "--json", help="print the strategies file instead of the table"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
 ) -> None:
     """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
     relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
@@ -72,7 +74,7 @@ def propose(
     ds = load_dataset(dataset, context_len)
     length = context_len or int(ds.lengths.max())
     strategies = run_propose(prof, ds, gpus, length, gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter,
-                             max_candidates=max_candidates or None)
+                             max_candidates=max_candidates or None, objective=objective)
     write_model(out, strategies)
     if json_out:
         typer.echo(model_json(strategies))
@@ -116,6 +118,8 @@ def pack(
     outlier_delay: bool = typer.Option(
         False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
         "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -131,7 +135,7 @@ def pack(
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
-                       cp_shard=cp_shard, outlier_delay=outlier_delay)  # type: ignore[arg-type]
+                       cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -145,7 +149,7 @@ def pack(
 
         def advance(self, it: IterationSummary) -> None:
             self.n += 1
-            self.sum += it.estimate_s
+            self.sum += it.iteration_s if it.iteration_s is not None else it.estimate_s
             rate = self.n / max(bar.get_time() - self.t0, 1e-9)
             bar.update(self.task, advance=1, rate=f"{rate:.2f} it/s", mean=f"{self.sum / self.n:.3f} s")
 
@@ -153,12 +157,16 @@ def pack(
         summary = run_pack(opts, _Progress())
     its = summary.iterations
     chosen = sorted({i.strategy for i in its})
-    console.print(f"planned {len(its)} iterations into {out}: mean estimate "
-                  f"{summary.mean_estimate_s:.4f} s, strategies used {', '.join(chosen)}", soft_wrap=True)
-    if summary.mean_baseline_s is not None:
+    e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
+    console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
+                  f"{e2e}{summary.mean_estimate_s:.4f} s propagation, strategies used {', '.join(chosen)}", soft_wrap=True)
+    if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
+            and summary.mean_iteration_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
-                      f"{summary.mean_baseline_s:.4f} s, {summary.mean_baseline_s / summary.mean_estimate_s:.2f}x "
-                      "slower", soft_wrap=True)
+                      f"{summary.mean_baseline_iteration_s:.4f} s end to end, "
+                      f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
+                      f"({summary.mean_baseline_s:.4f} s propagation, "
+                      f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
@@ -214,6 +222,8 @@ def compare(
         None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
         "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
     json_out: bool = typer.Option(False, "--json", help="print compare.json instead of the table"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
 ) -> None:
     """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
     same sampled batches and the same cost model; write compare.json, PNG plots and report.html.
@@ -230,7 +240,8 @@ def compare(
 
     chosen = tuple(m for part in (methods or list(ALL_METHODS)) for m in part.replace(",", " ").split())
     opts = CompareOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
-                          iterations=iterations, seed=seed, context_len=context_len, methods=chosen)
+                          iterations=iterations, seed=seed, context_len=context_len, methods=chosen,
+                          objective=objective)  # type: ignore[arg-type]
     bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
                    TimeElapsedColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the table, not bar frames

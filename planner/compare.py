@@ -11,6 +11,12 @@ hydraplan-delay is (d) on the batches after hydraplan's outlier delay (hydraplan
 as hydraplan against wlb-nodelay.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
+
+Objective: every method is scored end to end with the same DESIGN.md formula on its own schemes and
+pipelines (baselines.plan_iteration_s; HotSPa's switching cost stays on top), and with the default
+end-to-end objective every static choice (megatron's, wlb-llm's, hotspa's schemes, flexsp's step count,
+hetero-static's candidate) and hydraplan's proposal, dispatch and selection minimize that score; with
+`objective="propagation"` they minimize the propagation estimate as the paper does. Both are reported.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from hydraplan.costmodel import for_gpus, load_profile, model_flops
 from hydraplan.errors import UserError
 from hydraplan.pipeline import simulate_1f1b
 from hydraplan.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
+from hydraplan.sync import Objective, check_objective
 
 HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
@@ -61,6 +68,7 @@ class CompareOptions:
     methods: tuple[str, ...] = ALL_METHODS
     wlb_queues: int = 2
     switch_bandwidth_gbs: float = 50.0
+    objective: Objective = "end-to-end"
 
 
 class CompareProgress(Protocol):
@@ -89,7 +97,8 @@ class CompareOutcome:
 # -------------------------------------------------------------------------------------------- metrics
 @dataclass(frozen=True)
 class IterationMetrics:
-    estimate_s: float
+    estimate_s: float  # propagation (HotSPa: with its switching)
+    iteration_s: float  # end to end: plus exposed sync
     sim_s: float
     gap: float
     idle_gpu_s: float
@@ -122,42 +131,54 @@ def busy_gpu_s(plan: bl.IterationPlan) -> float:
     return float(sum(p.scheme.gpus * p.mb_times.sum() for ph in plan.phases for p in ph.pipelines))
 
 
-def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flops: float) -> IterationMetrics:
+def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flops: float,
+                      objective: Objective = "propagation") -> IterationMetrics:
+    """Idle GPU-seconds and MFU are over the iteration's time in the objective (exposed sync is idle time)."""
     est = plan.estimate_s
+    e2e = bl.plan_iteration_s(plan, view, gpus)
+    t = e2e if objective == "end-to-end" else est
     flops = float(model_flops(view.model, plan.lengths).sum())
     return IterationMetrics(
         estimate_s=est,
+        iteration_s=e2e,
         sim_s=simulated_s(plan),
         gap=latency_gap(plan),
-        idle_gpu_s=gpus * est - busy_gpu_s(plan),
-        mfu=flops / (gpus * peak_flops * est) if est > 0 else 0.0,
+        idle_gpu_s=gpus * t - busy_gpu_s(plan),
+        mfu=flops / (gpus * peak_flops * t) if t > 0 else 0.0,
         tokens=int(plan.lengths.sum()),
     )
 
 
 # -------------------------------------------------------------------------------------------- methods
-def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int) -> tuple[Scheme, list[bl.IterationPlan]]:
+Score = Callable[[bl.IterationPlan], float]
+
+
+def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, score: Score | None = None
+                 ) -> tuple[Scheme, list[bl.IterationPlan]]:
     return bl.best_static(bl.holding(view.schemes, context_len, gpus),
-                       lambda s: [bl.megatron(b, s, gpus, context_len) for b in batches], "megatron")
+                          lambda s: [bl.megatron(b, s, gpus, context_len) for b in batches], "megatron", score)
 
 
-def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, switch: bl.SwitchModel
-               ) -> list[bl.IterationPlan]:
+def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, switch: bl.SwitchModel,
+               score: Score | None = None) -> list[bl.IterationPlan]:
     """One homogeneous scheme per length range, chosen jointly with the switching cost: per range the
     HOTSPA_SHORTLIST fastest schemes on its sequences, plus those of the longest range and the fastest on
     all ranges together (these hold every range, so one scheme for all, i.e. no switching, is always an
-    option); the combination with the lowest total time over the batches wins. Ranges chosen one by one
-    would switch even when switching costs more than it saves."""
+    option); the combination with the lowest total time over the batches wins (with `score`: the lowest
+    total score of its plans, e.g. end to end). Ranges chosen one by one would switch even when switching
+    costs more than it saves."""
     ranges = bl.hotspa_ranges(context_len)
     masks = [[(b > lo) & (b <= hi) for b in batches] for lo, hi in ranges]
     times: list[dict[tuple[int, int, int], float]] = []  # per range: scheme key -> total phase time
+    phases: list[dict[tuple[int, int, int], list[bl.Phase]]] = []  # per range: scheme key -> phase per batch
     by_key = {s.key: s for s in view.schemes}
     for (lo, hi), mask in zip(ranges, masks, strict=True):
         cands = bl.holding(view.schemes, hi, gpus)
         if not cands:
             raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
-        times.append({s.key: sum(bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi).latency_s
-                             for b, m in zip(batches, mask, strict=True)) for s in cands})
+        phases.append({s.key: [bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi)
+                               for b, m in zip(batches, mask, strict=True)] for s in cands})
+        times.append({k: sum(ph.latency_s for ph in v) for k, v in phases[-1].items()})
     top = [sorted(t, key=lambda k: (t[k], by_key[k].gpus))[:HOTSPA_SHORTLIST] for t in times]
     # ranges[0] is the longest: its schemes hold every range; the fastest of them over all ranges together
     overall = sorted(times[0], key=lambda k: (sum(t[k] for t in times), by_key[k].gpus))[:HOTSPA_SHORTLIST]
@@ -165,6 +186,11 @@ def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len:
     present = [[bool(masks[r][i].any()) for r in range(len(ranges))] for i in range(len(batches))]
 
     def total(combo: tuple[tuple[int, int, int], ...]) -> float:
+        if score is not None:  # the plans hotspa() makes for this combination, from the cached phases
+            return sum(score(bl.IterationPlan("hotspa", "", b, tuple(phases[r][k][i] for r, k in enumerate(combo) if here[r]),
+                                              overhead_s=bl.switch_overhead([by_key[k] for k, p in zip(combo, here) if p],
+                                                                            switch)))
+                       for i, (b, here) in enumerate(zip(batches, present, strict=True)))
         switching = sum(bl.switch_overhead([by_key[k] for k, p in zip(combo, here, strict=True) if p], switch)
                         for here in present)
         return sum(t[k] for t, k in zip(times, combo, strict=True)) + switching
@@ -175,7 +201,7 @@ def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len:
 
 
 def run_wlb(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, tokens_per_iter: int,
-            queues: int) -> list[bl.IterationPlan]:
+            queues: int, score: Score | None = None) -> list[bl.IterationPlan]:
     """Micro-batches per iteration as a fixed-length loader would make them (tokens / context length,
     rounded up to a multiple of the pipelines); outlier thresholds from wlb_thresholds."""
     def run(s: Scheme) -> list[bl.IterationPlan]:
@@ -184,7 +210,7 @@ def run_wlb(batches: list[np.ndarray], view: Profile, gpus: int, context_len: in
         thresholds = bl.wlb_thresholds(tokens_per_iter, d * per_pipe, queues)
         return bl.wlb_llm(batches, s, gpus, per_pipe, thresholds)
 
-    return bl.best_static(bl.holding(view.schemes, context_len, gpus), run, "wlb-llm")[1]
+    return bl.best_static(bl.holding(view.schemes, context_len, gpus), run, "wlb-llm", score)[1]
 
 
 def homo_candidate(scheme: Scheme, gpus: int) -> Candidate:
@@ -200,17 +226,18 @@ def _from_solution(name: str, schemes: Sequence[Scheme], lengths: np.ndarray, gr
 
 
 def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
-              tokens_per_iter: int, seed: int, homo: Scheme, methods: Sequence[str], advance: Callable[[str], None]
-              ) -> dict[str, MethodRun]:
+              tokens_per_iter: int, seed: int, homo: Scheme, methods: Sequence[str], advance: Callable[[str], None],
+              objective: Objective = "end-to-end") -> dict[str, MethodRun]:
     """Solve every candidate on every batch exactly as Planner.solve does (same per-iteration seed), then
     read the ablations off the same solutions so they are comparable iteration by iteration. homo-maxlen
     re-packs the homogeneous candidate's own dispatch with FFD, so (a) and (b) differ only in packing."""
     from hydraplan.iterate import Planner, solve_candidate, solver_seed
     from hydraplan.proposal import propose, strategy_label
 
-    proposed = propose(profile, dataset, gpus, context_len, tokens_per_iter=tokens_per_iter)
+    proposed = propose(profile, dataset, gpus, context_len, tokens_per_iter=tokens_per_iter, objective=objective)
     strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, gpus)], context_len=context_len)
-    planner = Planner(profile, strategies, gpus, seed=seed, context_len=context_len)
+    planner = Planner(profile, strategies, gpus, seed=seed, context_len=context_len, objective=objective)
+    score = bl.objective_score(profile, gpus, objective)
     cands = planner.candidates
     labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
     per_cand: dict[str, list[bl.IterationPlan | None]] = {c.name: [] for c in cands}
@@ -244,11 +271,11 @@ def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus
     static = [c for c in cands if c.name != HOMO_NAME and c.name in complete and c.max_len >= context_len]
     hetero = [c for c in static if len({s.key for s in c.schemes}) > 1] or static
     if hetero:
-        best = min(hetero, key=lambda c: np.mean([p.estimate_s for p in complete[c.name]]))
+        best = min(hetero, key=lambda c: np.mean([score(p) for p in complete[c.name]]))
         runs["hetero-static"] = MethodRun("hetero-static", named(complete[best.name], "hetero-static"), best.name)
     dynamic = []
     for it in range(len(batches)):
-        feasible = [(p.estimate_s, k, p) for k, c in enumerate(cands) if (p := per_cand[c.name][it]) is not None]
+        feasible = [(score(p), k, p) for k, c in enumerate(cands) if (p := per_cand[c.name][it]) is not None]
         dynamic.append(min(feasible, key=lambda x: (x[0], x[1]))[2])
     runs["hydraplan"] = MethodRun("hydraplan", named(dynamic, "hydraplan"), "dynamic")
     for run in runs.values():
@@ -257,7 +284,8 @@ def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus
 
 
 def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
-                    tokens_per_iter: int, seed: int, homo: Scheme, advance: Callable[[str], None]) -> MethodRun:
+                    tokens_per_iter: int, seed: int, homo: Scheme, advance: Callable[[str], None],
+                    objective: Objective = "end-to-end") -> MethodRun:
     """hydraplan, planned exactly as run_hydra does, on the batches after hydraplan's outlier delay (drained
     by the last iteration, so it trains exactly the sampled sequences)."""
     from hydraplan.delay import hydraplan_rule, outlier_delay, stream_batches
@@ -265,7 +293,7 @@ def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object
     rule = hydraplan_rule(np.asarray(dataset.lengths), tokens_per_iter)  # type: ignore[attr-defined]
     delayed = list(outlier_delay(stream_batches(batches), rule, len(batches)))
     run = run_hydra([d.lengths for d in delayed], profile, dataset, gpus, context_len, tokens_per_iter, seed, homo,
-                    ("hydraplan",), advance)["hydraplan"]
+                    ("hydraplan",), advance, objective)["hydraplan"]
     plans = [bl.IterationPlan("hydraplan-delay", p.strategy, p.lengths, p.phases, delayed_token_iters=d.delayed_token_iters)
              for p, d in zip(run.plans, delayed, strict=True)]
     note = (f"outliers: sequences longer than {rule.thresholds[0]} tokens (under one per iteration in the dataset); "
@@ -274,13 +302,21 @@ def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object
 
 
 # -------------------------------------------------------------------------------------------- driver
-def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float) -> MethodResult:
-    ms = [iteration_metrics(p, gpus, view, peak_flops) for p in run.plans]
+def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float,
+              objective: Objective = "propagation") -> MethodResult:
+    ms = [iteration_metrics(p, gpus, view, peak_flops, objective) for p in run.plans]
     est = [m.estimate_s for m in ms]
+    e2e = [m.iteration_s for m in ms]
+    sync = [max(0.0, e - p) for e, p in zip(e2e, est, strict=True)]
+    timed = e2e if objective == "end-to-end" else est
     out = MethodResult(
         description=DESCRIPTIONS[run.name],
         mean_estimate_s=float(np.mean(est)),
         iterations_s=est,
+        mean_iteration_s=float(np.mean(e2e)),
+        iteration_s=e2e,
+        mean_sync_s=float(np.mean(sync)),
+        sync_s=sync,
         mean_sim_s=float(np.mean([m.sim_s for m in ms])),
         sim_iterations_s=[m.sim_s for m in ms],
         strategies=[p.strategy for p in run.plans],
@@ -290,7 +326,7 @@ def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float) -> Me
         mfu=[m.mfu for m in ms],
         tokens=[m.tokens for m in ms],
         overhead_s=[p.overhead_s for p in run.plans],
-        tokens_per_s=float(sum(m.tokens for m in ms) / sum(est)) if sum(est) > 0 else None,
+        tokens_per_s=float(sum(m.tokens for m in ms) / sum(timed)) if sum(timed) > 0 else None,
     )
     if run.name in ("wlb-llm", "wlb-nodelay"):
         out.imbalance = [float(p.imbalance) for p in run.plans if p.imbalance is not None]
@@ -314,6 +350,7 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})")
     if opts.iterations < 1 or opts.tokens_per_iter < 1:
         raise UserError(f"--iterations and --tokens-per-iter must be positive (got {opts.iterations}, {opts.tokens_per_iter})")
+    check_objective(opts.objective)
     profile = load_profile(opts.profile)
     view = for_gpus(profile, opts.gpus)
     dataset = load_dataset(opts.dataset, opts.context_len)
@@ -333,7 +370,8 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         progress.start(total)
     tick = progress.advance if progress is not None else (lambda what: None)
 
-    homo, mega = run_megatron(batches, view, opts.gpus, context_len)
+    score = bl.objective_score(profile, opts.gpus, opts.objective)
+    homo, mega = run_megatron(batches, view, opts.gpus, context_len, score)
     runs: dict[str, MethodRun] = {}
     homo_label = f"{homo.label}x{opts.gpus // homo.gpus}"
     for m in methods:
@@ -342,13 +380,13 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         elif m == "hotspa":
             switch = bl.SwitchModel(bl.model_param_bytes(view.model),
                                     opts.switch_bandwidth_gbs * 1e9)
-            runs[m] = MethodRun(m, run_hotspa(batches, view, opts.gpus, context_len, switch))
+            runs[m] = MethodRun(m, run_hotspa(batches, view, opts.gpus, context_len, switch, score))
         elif m in ("wlb-llm", "wlb-nodelay"):
             queues = opts.wlb_queues if m == "wlb-llm" else 0
-            runs[m] = MethodRun(m, run_wlb(batches, view, opts.gpus, context_len, opts.tokens_per_iter, queues))
+            runs[m] = MethodRun(m, run_wlb(batches, view, opts.gpus, context_len, opts.tokens_per_iter, queues, score))
         elif m == "flexsp":
             try:
-                runs[m] = MethodRun(m, [bl.flexsp(b, view.schemes, opts.gpus) for b in batches])
+                runs[m] = MethodRun(m, [bl.flexsp(b, view.schemes, opts.gpus, score=score) for b in batches])
             except ValueError as e:
                 raise UserError(f"--methods flexsp: {e}") from None
         else:
@@ -358,23 +396,26 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         tick(m)
     if set(hydra) - {"hydraplan-delay"}:
         runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo,
-                              hydra, tick))
+                              hydra, tick, opts.objective))
     if "hydraplan-delay" in hydra:
         runs["hydraplan-delay"] = run_hydra_delay(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter,
-                                                  opts.seed, homo, tick)
+                                                  opts.seed, homo, tick, opts.objective)
     results: dict[str, MethodResult] = {}
     for m in methods:
         if m in runs:
-            results[m] = summarize(runs[m], opts.gpus, view, peak)
+            results[m] = summarize(runs[m], opts.gpus, view, peak, opts.objective)
         tick(f"metrics {m}")
     if "megatron" in results:
-        base = results["megatron"].mean_estimate_s
+        base, base_e2e = results["megatron"].mean_estimate_s, results["megatron"].mean_iteration_s
         for r in results.values():
-            r.speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
+            r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
+            r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
+            r.speedup_vs_megatron = (r.end_to_end_speedup_vs_megatron if opts.objective == "end-to-end"
+                                     else r.propagation_speedup_vs_megatron)
     result = CompareResult(
         profile=profile.name, dataset=dataset.name, gpus=opts.gpus, context_len=context_len,
         tokens_per_iter=opts.tokens_per_iter, iterations=opts.iterations, seed=opts.seed, methods=results,
-        notes=_notes(runs, results, opts, context_len),
+        notes=_notes(runs, results, opts, context_len), objective=opts.objective,
     )
     return CompareOutcome(result, runs, batches, np.asarray(dataset.lengths), view)
 
@@ -394,6 +435,12 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: C
         "closed form = sum_v T(m_v) + (pp-1) max_v T(m_v); the 1F1B simulator (F = T/3, B = 2T/3) equals it "
         "for uniform micro-batches and pp = 1, and differs when micro-batch times vary under pp > 1; mean "
         "sim/closed - 1 per method: " + ", ".join(f"{m} {d:+.2%}" for m, d in diffs.items()))
+    notes["objective"] = (
+        f"{opts.objective}: static choices and hydraplan minimize "
+        + ("the end-to-end estimate" if opts.objective == "end-to-end" else "the propagation estimate")
+        + "; end to end = propagation + exposed LNK pull/push of the DESIGN.md formula, each method on its own "
+        "schemes (phases in sequence pull once before the first and push once after the last; HotSPa's switching "
+        "on top); speedup_vs_megatron is in the objective")
     if "hotspa" in runs:
         notes["hotspa"] += (f"; switch cost per switch = (param_bytes/pp_old + param_bytes/pp_new) / "
                            f"{opts.switch_bandwidth_gbs:g} GB/s, bf16 weights and gradients; ranges "

@@ -323,10 +323,17 @@ class MethodResult(_Model):
 
     description: str = ""
     mean_estimate_s: float = Field(description="mean canonical propagation estimate per iteration")
-    iterations_s: list[float]
+    iterations_s: list[float] = Field(description="propagation estimate per iteration (HotSPa: with its switching)")
+    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration (DESIGN.md)")
+    iteration_s: list[float] = Field(default_factory=list, description="end-to-end estimate per iteration: "
+                                     "propagation (iterations_s) + exposed sync (sync_s)")
+    mean_sync_s: float | None = Field(None, description="mean exposed LNK pull/push per iteration")
+    sync_s: list[float] = Field(default_factory=list, description="exposed LNK pull/push per iteration")
     mean_sim_s: float | None = Field(None, description="mean 1F1B schedule-exact latency (timeline simulator)")
     sim_iterations_s: list[float] = Field(default_factory=list)
-    speedup_vs_megatron: float | None = None
+    speedup_vs_megatron: float | None = Field(None, description="mean megatron / mean of this method, in the objective")
+    end_to_end_speedup_vs_megatron: float | None = Field(None, description="both paying sync (mean_iteration_s)")
+    propagation_speedup_vs_megatron: float | None = Field(None, description="propagation only (mean_estimate_s)")
     strategies: list[str] = Field(default_factory=list, description="strategy used per iteration")
     strategy_labels: dict[str, str] = Field(default_factory=dict, description="pipelines of each named strategy")
     gap: list[float] = Field(default_factory=list, description="(max - min) / max pipeline latency")
@@ -350,6 +357,8 @@ class CompareResult(_Model):
     seed: int
     methods: dict[str, MethodResult]
     notes: dict[str, str] = Field(default_factory=dict)
+    objective: str | None = Field(None, description="what static choices and hydraplan minimized: end-to-end or "
+                                  "propagation")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

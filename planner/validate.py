@@ -20,6 +20,7 @@ from hydraplan.costmodel import for_gpus, pipeline_time_from_mb, seq_cost
 from hydraplan.errors import UserError
 from hydraplan.fileio import load_model
 from hydraplan.schema import Plan, PlanPipeline, Profile, Scheme, Strategies, Summary
+from hydraplan.sync import has_sync_model, iteration_estimate
 
 REL_TOL = 1e-6
 PLAN_FILE = re.compile(r"^iter_(\d+)\.json$")
@@ -157,6 +158,31 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>") -> list[Viola
         expected = max(pipeline_estimates, default=0.0)
         if not close(plan.estimate.propagation_s, expected):
             bad("estimate", f"propagation_s {plan.estimate.propagation_s!r}, the max over pipelines is {expected!r}")
+        out += check_sync(plan, profile, pipeline_estimates, file)
+    return out
+
+
+def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str) -> list[Violation]:
+    """The DESIGN.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
+    profile has a sync model, and checked whenever present (without a model the sync is 0)."""
+    out: list[Violation] = []
+    required = has_sync_model(profile)
+    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], propagation)
+    if not plan.pipelines:
+        est = est._replace(iteration_s=plan.estimate.propagation_s)
+
+    def check(field: str, got: float | None, want: float, pipeline: int | None = None) -> None:
+        if got is None:
+            if required:
+                out.append(Violation(file, "sync", f"field {field}: missing; profile {profile.name} has a sync model, "
+                                                   f"the end-to-end estimate is {want!r}", pipeline))
+        elif not close(got, want):
+            out.append(Violation(file, "sync", f"field {field}: {got!r}, the end-to-end estimate is {want!r}", pipeline))
+
+    for p, (pipe, exposed) in enumerate(zip(plan.pipelines, est.exposed_s, strict=True)):
+        check(f"pipelines.{p}.sync_s", pipe.sync_s, exposed, p)
+    check("estimate.sync_s", plan.estimate.sync_s, est.sync_s)
+    check("estimate.iteration_s", plan.estimate.iteration_s, est.iteration_s)
     return out
 
 
@@ -188,6 +214,10 @@ def check_summary(summary: Summary, plans: dict[int, Plan], file: str) -> list[V
                 file, "summary",
                 f"iteration {it.iteration}: estimate_s {it.estimate_s!r}, plan has {plan.estimate.propagation_s!r}",
             ))
+        for name, got, want in (("iteration_s", it.iteration_s, plan.estimate.iteration_s),
+                                ("sync_s", it.sync_s, plan.estimate.sync_s)):
+            if got is not None and (want is None or not close(got, want)):
+                out.append(Violation(file, "summary", f"iteration {it.iteration}: {name} {got!r}, plan has {want!r}"))
     return out
 
 

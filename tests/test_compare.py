@@ -124,16 +124,23 @@ def test_tiny_run_json_is_consistent(tiny):
     outcome, out, _ = tiny
     result = CompareResult.model_validate(json.loads((out / "compare.json").read_text()))
     assert result.schema_ == "hydraplan.compare/v1"
-    mega = result.methods["megatron"].mean_estimate_s
+    assert result.objective == "end-to-end"
+    mega, mega_e2e = result.methods["megatron"].mean_estimate_s, result.methods["megatron"].mean_iteration_s
+    view = outcome.view
     for name, m in result.methods.items():
         plans = outcome.runs[name].plans
         assert m.iterations_s == pytest.approx([p.estimate_s for p in plans])
         assert m.mean_estimate_s == pytest.approx(np.mean(m.iterations_s))
+        # end to end: the same formula for every method, on its own schemes
+        assert m.iteration_s == pytest.approx([bl.plan_iteration_s(p, view, 16) for p in plans], rel=1e-12)
+        assert m.sync_s == pytest.approx(np.array(m.iteration_s) - np.array(m.iterations_s), abs=1e-12)
+        assert m.mean_iteration_s == pytest.approx(m.mean_estimate_s + m.mean_sync_s)
         assert len(m.sim_iterations_s) == len(m.gap) == len(m.mfu) == len(m.strategies) == 3
-        assert m.speedup_vs_megatron == pytest.approx(mega / m.mean_estimate_s)
+        assert m.speedup_vs_megatron == m.end_to_end_speedup_vs_megatron == pytest.approx(mega_e2e / m.mean_iteration_s)
+        assert m.propagation_speedup_vs_megatron == pytest.approx(mega / m.mean_estimate_s)
         assert all(0.0 <= g <= 1.0 for g in m.gap) and all(0.0 < u < 1.0 for u in m.mfu)
         assert all(i >= -1e-9 for i in m.idle_gpu_s)
-    hydra, homo = result.methods["hydraplan"].iterations_s, result.methods["homo-pack"].iterations_s
+    hydra, homo = result.methods["hydraplan"].iteration_s, result.methods["homo-pack"].iteration_s
     assert all(h <= o + 1e-12 for h, o in zip(hydra, homo))  # the homogeneous strategy is one of its candidates
     assert result.methods["wlb-llm"].imbalance and result.methods["wlb-llm"].avg_delay_iters_per_token is not None
 
