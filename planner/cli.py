@@ -263,7 +263,7 @@ def compare(
     columns = [Column(TABLE_HEADER[i], no_wrap=True, overflow="ellipsis", max_width=18 if i == 1 else None)
                for i in STDOUT_COLUMNS]
     table = Table(*columns, box=box.SIMPLE_HEAD, title=f"{r.profile} {r.dataset} {r.gpus} GPUs "
-                  f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations")
+                  f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations, {r.objective} objective")
     for row in table_rows(r):
         table.add_row(*(row[i] for i in STDOUT_COLUMNS))
     console.print(table)

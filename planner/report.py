@@ -1,7 +1,8 @@
 """The compare report: compare.json, PNG plots and a self-contained report.html (plots embedded).
 
-Plots: per-iteration latency per method (hydraplan dots coloured by the strategy chosen, like Hydraulis
-Fig. 15a), mean latency per method with speedups, the length histogram (sequences and tokens per
+Plots: per-iteration latency per method in the compare's objective (hydraplan dots coloured by the strategy
+chosen, like Hydraulis Fig. 15a), mean latency per method as stacked bars (propagation, then exposed sync
+on top) with speedups, the length histogram (sequences and tokens per
 length range, like Hydraulis Fig. 1), per-pipeline load bars of one iteration, and the 1F1B timeline of
 the slowest pipeline of that iteration for megatron and hydraplan.
 """
@@ -40,7 +41,17 @@ def _plt():
 
 def _title(r: CompareResult) -> str:
     return (f"{r.profile} · {r.dataset} · {r.gpus} GPUs · {r.tokens_per_iter // 1000}K tokens/iter · "
-            f"context {r.context_len // 1024}K")
+            f"context {r.context_len // 1024}K · {r.objective or 'propagation'} objective")
+
+
+def _end_to_end(r: CompareResult) -> bool:
+    return r.objective == "end-to-end"
+
+
+def objective_series(r: CompareResult, name: str) -> list[float]:
+    """Per-iteration times in the compare's objective (end to end, or propagation)."""
+    m = r.methods[name]
+    return m.iteration_s if _end_to_end(r) and m.iteration_s else m.iterations_s
 
 
 def showcase_iteration(outcome: CompareOutcome) -> int:
@@ -48,7 +59,8 @@ def showcase_iteration(outcome: CompareOutcome) -> int:
     m = outcome.result.methods
     if "megatron" not in m or "hydraplan" not in m:
         return 0
-    ratio = np.array(m["megatron"].iterations_s) / np.array(m["hydraplan"].iterations_s)
+    r = outcome.result
+    ratio = np.array(objective_series(r, "megatron")) / np.array(objective_series(r, "hydraplan"))
     return int(np.argsort(ratio)[len(ratio) // 2])
 
 
@@ -59,22 +71,24 @@ def plot_latency(outcome: CompareOutcome, path: Path) -> None:
     r = outcome.result
     fig, ax = plt.subplots(figsize=(11, 4.4))
     its = np.arange(r.iterations)
-    for name, m in r.methods.items():
+    for name in r.methods:
         if name == "hydraplan":
             continue
-        ax.plot(its, m.iterations_s, color=COLORS[name], lw=1.3, marker=".", ms=4, alpha=0.85,
-                label=f"{name} ({m.mean_estimate_s:.3g} s)")
+        ys = objective_series(r, name)
+        ax.plot(its, ys, color=COLORS[name], lw=1.3, marker=".", ms=4, alpha=0.85,
+                label=f"{name} ({np.mean(ys):.3g} s)")
     if "hydraplan" in r.methods:
         m = r.methods["hydraplan"]
-        ax.plot(its, m.iterations_s, color=COLORS["hydraplan"], lw=2.0, alpha=0.6,
-                label=f"hydraplan ({m.mean_estimate_s:.3g} s)")
+        ys = objective_series(r, "hydraplan")
+        ax.plot(its, ys, color=COLORS["hydraplan"], lw=2.0, alpha=0.6,
+                label=f"hydraplan ({np.mean(ys):.3g} s)")
         names = sorted(set(m.strategies), key=m.strategies.index)
         cmap = plt.get_cmap("tab10")
         for k, s in enumerate(names):
             sel = [i for i, x in enumerate(m.strategies) if x == s]
             label = m.strategy_labels.get(s, s)
             label = label if len(label) <= 38 else label[:36] + "…"
-            ax.scatter(sel, [m.iterations_s[i] for i in sel], s=34, color=cmap(k % 10), edgecolor="black",
+            ax.scatter(sel, [ys[i] for i in sel], s=34, color=cmap(k % 10), edgecolor="black",
                        linewidth=0.5, zorder=5, label=f"  {s}: {label} ({len(sel)}x)")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
@@ -82,7 +96,7 @@ def plot_latency(outcome: CompareOutcome, path: Path) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("propagation estimate (s, log scale)")
+    ax.set_ylabel(f"{'end-to-end' if _end_to_end(r) else 'propagation'} estimate (s, log scale)")
     ax.set_title("Per-iteration latency on the same batches (hydraplan dots: the strategy it chose)\n" + _title(r),
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -95,21 +109,29 @@ def plot_methods(outcome: CompareOutcome, path: Path) -> None:
     plt = _plt()
     r = outcome.result
     names = list(r.methods)
-    mean = [r.methods[n].mean_estimate_s for n in names]
-    std = [float(np.std(r.methods[n].iterations_s)) for n in names]
+    prop = np.array([r.methods[n].mean_estimate_s for n in names])
+    sync = np.array([r.methods[n].mean_sync_s or 0.0 for n in names])
+    std = [float(np.std(objective_series(r, n))) for n in names]
+    top = prop + sync if _end_to_end(r) else prop
     sim = [r.methods[n].mean_sim_s or 0.0 for n in names]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(names))
-    ax.bar(x - 0.2, mean, 0.4, yerr=std, color=[COLORS[n] for n in names], capsize=3, label="closed form")
-    ax.bar(x + 0.2, sim, 0.4, color=[COLORS[n] for n in names], alpha=0.45, hatch="//", label="1F1B simulator")
+    colors = [COLORS[n] for n in names]
+    ax.bar(x - 0.2, prop, 0.4, color=colors, label="propagation (closed form)")
+    ax.bar(x - 0.2, sync, 0.4, bottom=prop, color=colors, alpha=0.35, hatch="xx", edgecolor="black", linewidth=0.3,
+           label="exposed sync (LNK pull/push)")
+    ax.errorbar(x - 0.2, top, yerr=std, fmt="none", ecolor="black", capsize=3, lw=0.8)
+    ax.bar(x + 0.2, sim, 0.4, color=colors, alpha=0.45, hatch="//", label="propagation, 1F1B simulator")
     for i, n in enumerate(names):
         sp = r.methods[n].speedup_vs_megatron
         if sp is not None:
-            ax.text(i, mean[i] + std[i], f"{sp:.2f}x", ha="center", va="bottom", fontsize=8, fontweight="bold")
+            ax.text(i, max(prop[i] + sync[i], top[i] + std[i]), f"{sp:.2f}x", ha="center", va="bottom", fontsize=8,
+                    fontweight="bold")
     ax.set_xticks(x, names, rotation=20)
     ax.set_ylabel("mean seconds / iteration")
-    ax.set_title("Mean propagation latency (error bar: std over iterations; label: speedup over megatron)\n"
-                 + _title(r), fontsize=9)
+    what = "end to end" if _end_to_end(r) else "propagation"
+    ax.set_title(f"Mean iteration: propagation + exposed sync (error bar: std over iterations; label: speedup over "
+                 f"megatron, {what})\n" + _title(r), fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -246,20 +268,23 @@ def plot_gantt(outcome: CompareOutcome, it: int, path: Path) -> None:
 
 
 def table_rows(result: CompareResult) -> list[list[str]]:
-    """Per method: most used strategy, mean estimate, mean 1F1B simulated latency, speedup over megatron,
-    mean pipeline gap, mean idle GPU-seconds, mean MFU."""
+    """Per method: most used strategy, mean end-to-end estimate, its propagation and exposed sync, mean 1F1B
+    simulated propagation, speedup over megatron (in the objective), mean pipeline gap, mean idle
+    GPU-seconds, mean MFU."""
     rows = []
     for n, m in result.methods.items():
+        e2e = "-" if m.mean_iteration_s is None else f"{m.mean_iteration_s:.3f}"
+        sync = "-" if m.mean_sync_s is None else f"{m.mean_sync_s:.3f}"
         rows.append([
-            n, most_common(m.strategies), f"{m.mean_estimate_s:.3f}", f"{m.mean_sim_s:.3f}",
+            n, most_common(m.strategies), e2e, f"{m.mean_estimate_s:.3f}", sync, f"{m.mean_sim_s:.3f}",
             "-" if m.speedup_vs_megatron is None else f"{m.speedup_vs_megatron:.2f}x",
             f"{np.mean(m.gap):.0%}", f"{np.mean(m.idle_gpu_s):.1f}", f"{np.mean(m.mfu):.1%}",
         ])
     return rows
 
 
-TABLE_HEADER = ["method", "strategy", "est s", "1F1B s", "speedup", "gap", "idle GPU·s", "MFU"]
-STDOUT_COLUMNS = [0, 1, 2, 3, 4, 5, 7]  # the terminal table leaves idle GPU-seconds to report.html
+TABLE_HEADER = ["method", "strategy", "iter s", "prop s", "sync s", "1F1B s", "speedup", "gap", "idle GPU·s", "MFU"]
+STDOUT_COLUMNS = [0, 1, 2, 3, 4, 5, 6, 7, 9]  # the terminal table leaves idle GPU-seconds to report.html
 
 
 def wlb_line(result: CompareResult) -> str | None:
@@ -289,8 +314,10 @@ def render_html(result: CompareResult, images: dict[str, Path], showcase: int) -
     descs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(m.description)}</li>" for n, m in result.methods.items())
     wlb = wlb_line(result)
     captions = {
-        "latency": "Per-iteration propagation estimate of every method on the same batches.",
-        "methods": "Mean latency per method: closed-form estimate next to the 1F1B timeline simulator.",
+        "latency": f"Per-iteration {'end-to-end' if _end_to_end(result) else 'propagation'} estimate of every method "
+                   "on the same batches.",
+        "methods": "Mean iteration per method: propagation (closed form) with the exposed sync stacked on top, next to "
+                   "the 1F1B timeline simulator's propagation.",
         "lengths": "Sequence and token share per length range of the dataset.",
         "load": f"Per-pipeline load in iteration {showcase} (the median hydraplan speedup).",
         "gantt": f"1F1B timelines (simulator) of the slowest pipelines in iteration {showcase}.",
@@ -307,7 +334,10 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #5
 </style></head><body>
 <h1>hydraplan compare</h1>
 <p>{html.escape(_title(result))}, {result.iterations} iterations, seed {result.seed}. Every method plans the
-identical sampled batches and is scored with the canonical estimate of hydraplan.costmodel.</p>
+identical sampled batches and is scored with the canonical estimate of hydraplan.costmodel: <i>iter s</i> is the
+end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pull/push that compute does not hide
+(DESIGN.md formula, each method on its own schemes); <i>speedup</i> is over megatron in the
+{html.escape(result.objective or "propagation")} objective, which static choices and hydraplan minimized.</p>
 <table><tr>{head}</tr>{body}</table>
 {f"<p>{html.escape(wlb)}</p>" if wlb else ""}
 <h2>Methods</h2><ul>{descs}</ul>
