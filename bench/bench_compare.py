@@ -1,96 +1,108 @@
-"""hydraplan vs Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations (issue 5 targets).
+"""hydraplan vs Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations (issues 5 and 12).
 
-builtin:wikipedia and builtin:prolong on h100-llama2-7b and a800-llama2-13b, 64 GPUs, 32K context,
-200K tokens per iteration, the same sampled batches for every method. Per configuration the full
-report (compare.json, report.html, PNGs) goes to bench/results/compare/<profile>_<dataset>/, and the
-summary with the target checks to bench/results/compare.json:
-- hydraplan >= 1.3x over megatron and ahead of every other method in mean estimate: hydraplan (no delay)
-  ahead of every method that trains each batch in its own iteration, hydraplan-delay ahead of wlb-llm (both
-  delay outliers across iterations; their average delay per token is reported next to each other);
-- WLB-LLM imbalance degree near its paper's 1.05 with two queues;
-- the 1F1B simulator vs the closed form (they agree exactly for uniform micro-batches, tests/test_compare.py).
-a800-llama2-32b (Hydraulis §8.4's case study) runs the same way as an extra configuration.
+Every method plans the same sampled batches and is scored end to end (propagation + exposed LNK pull/push,
+DESIGN.md) and on propagation alone. Each configuration runs twice: with the end-to-end objective (static
+choices and hydraplan minimize iteration time; the issue 12 targets) and with the propagation objective
+(the paper's; issue 5's figures). Configurations:
+- the issue 12 grid: h100-llama2-7b, 64 GPUs, 32K context, builtin:wikipedia and builtin:prolong, at 200K
+  and 1.6M tokens per iteration;
+- the earlier grid at 200K tokens: a800-llama2-13b and a800-llama2-32b (Hydraulis §8.4's case study).
+Targets, end to end (both paying sync): hydraplan >= 1.35x over megatron at 200K tokens, ahead of every
+method that trains each batch in its own iteration; hydraplan-delay ahead of wlb-llm (both delay outliers
+across iterations; their average delay per token is reported next to each other).
+Per configuration the full report (compare.json, report.html, PNGs) goes to
+bench/results/compare/<profile>_<dataset>_<tokens>_<objective>/, the summary to bench/results/compare.json.
+`python -m bench.bench_compare --grid issue12` runs only the issue 12 grid.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 import numpy as np
 
-from hydraplan.compare import BASELINE_METHODS, CompareOptions, run_compare
+from hydraplan.compare import CompareOptions, run_compare
 from hydraplan.paths import ROOT
 from hydraplan.report import write_report
 
 RESULTS = ROOT / "bench" / "results" / "compare.json"
 FIGURES = ROOT / "bench" / "results" / "compare"
-PROFILES = ("h100-llama2-7b", "a800-llama2-13b")
-EXTRA = ("a800-llama2-32b",)  # Hydraulis §8.4's case study (32B, 64 GPUs, 200K tokens, 32K), beyond the targets
 DATASETS = ("builtin:wikipedia", "builtin:prolong")
-GPUS, CONTEXT, TOKENS, ITERS, SEED = 64, 32768, 200_000, 30, 0
+GPUS, CONTEXT, SEED = 64, 32768, 0
+ITERS = {200_000: 30, 1_600_000: 10}  # 1.6M tokens: 8x the sequences per iteration, so fewer iterations
+GRIDS = {
+    "issue12": [("h100-llama2-7b", d, t) for t in (200_000, 1_600_000) for d in DATASETS],
+    "extra": [(p, d, 200_000) for p in ("a800-llama2-13b", "a800-llama2-32b") for d in DATASETS],
+}
+OBJECTIVES = ("end-to-end", "propagation")
+UNDELAYED = ("megatron", "hotspa", "wlb-nodelay", "flexsp", "homo-maxlen", "homo-pack", "hetero-static")
 
 
-def main() -> None:
-    configs = []
-    for profile in PROFILES + EXTRA:
-        for dataset in DATASETS:
-            t0 = time.perf_counter()
-            outcome = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=TOKENS,
-                                                 iterations=ITERS, seed=SEED, context_len=CONTEXT))
-            wall = time.perf_counter() - t0
-            out = FIGURES / f"{profile}_{dataset.replace('builtin:', '')}"
-            write_report(outcome, out)
-            m = outcome.result.methods
-            hydra, hydra_delay = m["hydraplan"].mean_estimate_s, m["hydraplan-delay"].mean_estimate_s
-            others = {n: r.mean_estimate_s for n, r in m.items() if n not in ("hydraplan", "hydraplan-delay")}
-            undelayed = {n: v for n, v in others.items() if n != "wlb-llm"}
-            best_other = min((n for n in others if n in BASELINE_METHODS), key=others.get)
-            configs.append({
-                "profile": profile, "dataset": dataset, "target_config": profile in PROFILES, "wall_s": wall,
-                "report": str(out.relative_to(ROOT)),
-                "mean_estimate_s": {n: r.mean_estimate_s for n, r in m.items()},
-                "mean_sim_s": {n: r.mean_sim_s for n, r in m.items()},
-                "speedup_vs_megatron": {n: r.speedup_vs_megatron for n, r in m.items()},
-                "mean_gap": {n: float(np.mean(r.gap)) for n, r in m.items()},
-                "mean_mfu": {n: float(np.mean(r.mfu)) for n, r in m.items()},
-                "static": {n: run.static for n, run in outcome.runs.items()},
-                "wlb_imbalance": float(np.mean(m["wlb-llm"].imbalance)),
-                "wlb_delay_iters_per_token": m["wlb-llm"].avg_delay_iters_per_token,
-                "hydraplan_delay_iters_per_token": m["hydraplan-delay"].avg_delay_iters_per_token,
-                "hydraplan_delay_vs_wlb_llm": others["wlb-llm"] / hydra_delay,
-                "sim_vs_closed_max_rel": max(abs(s / e - 1.0) for r in m.values()
-                                             for s, e in zip(r.sim_iterations_s, r.iterations_s)),
-                "best_baseline": best_other,
-                "hydraplan_vs_best_baseline": others[best_other] / hydra,
-                "target_1_3x_over_megatron": bool(m["hydraplan"].speedup_vs_megatron >= 1.3),
-                "target_ahead_of_every_method": bool(all(min(hydra, hydra_delay) <= v for v in others.values())),
-                "target_nodelay_ahead_of_undelayed_methods": bool(all(hydra <= v for v in undelayed.values())),
-                "target_delay_ahead_of_wlb_llm": bool(hydra_delay <= others["wlb-llm"]),
-            })
+def run(profile: str, dataset: str, tokens: int, objective: str) -> dict:
+    t0 = time.perf_counter()
+    outcome = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
+                                         iterations=ITERS[tokens], seed=SEED, context_len=CONTEXT, objective=objective))
+    wall = time.perf_counter() - t0
+    out = FIGURES / f"{profile}_{dataset.replace('builtin:', '')}_{tokens // 1000}K_{objective}"
+    write_report(outcome, out)
+    m = outcome.result.methods
+    e2e = {n: r.mean_iteration_s for n, r in m.items()}
+    hydra, delay = e2e["hydraplan"], e2e["hydraplan-delay"]
+    return {
+        "profile": profile, "dataset": dataset, "tokens_per_iter": tokens, "iterations": ITERS[tokens],
+        "objective": objective, "wall_s": wall, "report": str(out.relative_to(ROOT)),
+        "mean_iteration_s": e2e,
+        "mean_estimate_s": {n: r.mean_estimate_s for n, r in m.items()},
+        "mean_sync_s": {n: r.mean_sync_s for n, r in m.items()},
+        "end_to_end_speedup_vs_megatron": {n: r.end_to_end_speedup_vs_megatron for n, r in m.items()},
+        "propagation_speedup_vs_megatron": {n: r.propagation_speedup_vs_megatron for n, r in m.items()},
+        "mean_gap": {n: float(np.mean(r.gap)) for n, r in m.items()},
+        "mean_mfu": {n: float(np.mean(r.mfu)) for n, r in m.items()},
+        "static": {n: r.static for n, r in outcome.runs.items()},
+        "wlb_imbalance": float(np.mean(m["wlb-llm"].imbalance)),
+        "wlb_delay_iters_per_token": m["wlb-llm"].avg_delay_iters_per_token,
+        "hydraplan_delay_iters_per_token": m["hydraplan-delay"].avg_delay_iters_per_token,
+        "hydraplan_delay_vs_wlb_llm_end_to_end": e2e["wlb-llm"] / delay,
+        "sim_vs_closed_max_rel": max(abs(s / e - 1.0) for r in m.values()
+                                     for s, e in zip(r.sim_iterations_s, r.iterations_s)),
+        "target_1_35x_end_to_end_over_megatron": bool(m["hydraplan"].end_to_end_speedup_vs_megatron >= 1.35),
+        "target_ahead_of_undelayed_end_to_end": bool(all(hydra <= e2e[n] for n in UNDELAYED if n in e2e)),
+        "target_delay_ahead_of_wlb_llm_end_to_end": bool(delay <= e2e["wlb-llm"]),
+    }
+
+
+def main(grid: str = "all") -> None:
+    grids = [g for g in GRIDS if grid in (g, "all")]
+    configs = [run(p, d, t, o) for g in grids for p, d, t in GRIDS[g] for o in OBJECTIVES]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"gpus": GPUS, "context_len": CONTEXT, "tokens_per_iter": TOKENS,
-                                   "iterations": ITERS, "seed": SEED, "configs": configs}, indent=1) + "\n")
-    methods = list(configs[0]["mean_estimate_s"])
-    head = f"{'profile':16s} {'dataset':10s} " + " ".join(f"{n[:11]:>11s}" for n in methods)
-    for title, key, fmt in (("mean estimate (s)", "mean_estimate_s", "{:11.3f}"),
-                            ("speedup over megatron", "speedup_vs_megatron", "{:10.2f}x")):
-        print(title)
-        print(head)
-        for c in configs:
-            print(f"{c['profile']:16s} {c['dataset'].replace('builtin:', ''):10s} "
-                  + " ".join(fmt.format(c[key][n]) for n in methods))
+    RESULTS.write_text(json.dumps({"gpus": GPUS, "context_len": CONTEXT, "seed": SEED, "configs": configs},
+                                  indent=1) + "\n")
+    methods = list(configs[0]["mean_iteration_s"])
+    print("speedup over megatron, end to end (both paying sync) / propagation only")
+    print(f"{'profile':16s} {'dataset':9s} {'tokens':>6s} {'objective':11s} " + " ".join(f"{n[:11]:>11s}" for n in methods))
     for c in configs:
-        print(f"{c['profile']} {c['dataset']}: hydraplan {c['speedup_vs_megatron']['hydraplan']:.2f}x over megatron "
-              f"[{'ok' if c['target_1_3x_over_megatron'] else 'MISSED'}], vs best baseline {c['best_baseline']} "
-              f"{c['hydraplan_vs_best_baseline']:.2f}x; hydraplan-delay vs wlb-llm {c['hydraplan_delay_vs_wlb_llm']:.2f}x "
-              f"[{'ok' if c['target_delay_ahead_of_wlb_llm'] else 'MISSED'}], ahead of every method "
-              f"[{'ok' if c['target_ahead_of_every_method'] else 'MISSED'}]; wlb-llm imbalance {c['wlb_imbalance']:.3f}, "
-              f"delay per token: wlb-llm {c['wlb_delay_iters_per_token']:.2f}, hydraplan-delay "
-              f"{c['hydraplan_delay_iters_per_token']:.2f} it, "
-              f"sim vs closed form max {c['sim_vs_closed_max_rel']:.1%}")
+        print(f"{c['profile']:16s} {c['dataset'].replace('builtin:', ''):9s} {c['tokens_per_iter'] // 1000:5d}K "
+              f"{c['objective']:11s} " + " ".join(
+                  f"{c['end_to_end_speedup_vs_megatron'][n]:5.2f}/{c['propagation_speedup_vs_megatron'][n]:4.2f}"
+                  for n in methods))
+    for c in configs:
+        if c["objective"] != "end-to-end":
+            continue
+        ok = lambda k: "ok" if c[k] else "MISSED"  # noqa: E731
+        print(f"{c['profile']} {c['dataset']} {c['tokens_per_iter'] // 1000}K: hydraplan "
+              f"{c['end_to_end_speedup_vs_megatron']['hydraplan']:.2f}x over megatron end to end "
+              f"[{ok('target_1_35x_end_to_end_over_megatron') if c['tokens_per_iter'] == 200_000 else 'no target'}], "
+              f"ahead of undelayed methods [{ok('target_ahead_of_undelayed_end_to_end')}]; hydraplan-delay vs wlb-llm "
+              f"{c['hydraplan_delay_vs_wlb_llm_end_to_end']:.2f}x [{ok('target_delay_ahead_of_wlb_llm_end_to_end')}]; "
+              f"delay per token wlb-llm {c['wlb_delay_iters_per_token']:.2f}, hydraplan-delay "
+              f"{c['hydraplan_delay_iters_per_token']:.2f}; exposed sync hydraplan {c['mean_sync_s']['hydraplan']:.3f} s, "
+              f"megatron {c['mean_sync_s']['megatron']:.3f} s")
     print(f"wrote {RESULTS} and reports under {FIGURES}")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grid", choices=[*GRIDS, "all"], default="all")
+    main(parser.parse_args().grid)

@@ -109,7 +109,7 @@ def test_propagation_objective_plans_as_without_a_sync_model_and_resume_needs_th
     synced.write_text(model_json(synced_profile().model_copy(update={"name": "tiny"})))
     bare.write_text(model_json(tiny_profile()))
     a = pack(tmp_path, "propagation", synced, data, "a")
-    b = pack(tmp_path, "end-to-end", bare, data, "b")  # no sync model: end to end is propagation
+    pack(tmp_path, "end-to-end", bare, data, "b")  # no sync model: end to end is propagation
     for i in range(3):
         pa = json.loads((tmp_path / "a" / f"iter_{i:06d}.json").read_text())
         pb = json.loads((tmp_path / "b" / f"iter_{i:06d}.json").read_text())
