@@ -266,7 +266,7 @@ def compare(
                   f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations, {r.objective} objective")
     for row in table_rows(r):
         table.add_row(*(row[i] for i in STDOUT_COLUMNS))
-    console.print(table)
+    (console if console.is_terminal else Console(width=120)).print(table)  # not 80 columns in logs: 9 columns
     line = wlb_line(r)
     if line:
         console.print(line)
