@@ -24,6 +24,9 @@ homogeneous layout that `pack` and `compare` add to the proposal (h100-llama2-7b
 0.367 s per iteration with it, 0.414 s with the proposed candidates alone, 0.415 s without delay).
 One level suffices because hydraplan's dispatcher places each outlier on a pipeline that holds it; WLB-LLM
 uses two so that each of its fixed micro-batches gets one outlier of similar size (`wlb_rule`).
+The figures above are propagation estimates. The rule itself needs no objective: the delayed batches are
+planned like any other, so under the default end-to-end objective (hydraplan.iterate) the release
+iterations' candidates, dispatch and selection minimize iteration time including exposed sync.
 """
 
 from __future__ import annotations
