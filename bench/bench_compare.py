@@ -12,7 +12,9 @@ method that trains each batch in its own iteration; hydraplan-delay ahead of wlb
 across iterations; their average delay per token is reported next to each other).
 Per configuration the full report (compare.json, report.html, PNGs) goes to
 bench/results/compare/<profile>_<dataset>_<tokens>_<objective>/, the summary to bench/results/compare.json.
-`python -m bench.bench_compare --grid issue12` runs only the issue 12 grid.
+`python -m bench.bench_compare --grid issue12` runs only the issue 12 grid; `--only NAME` (a report folder's
+name) runs one configuration and `--summarize` rebuilds the summary from the report folders, so several
+processes can share a grid.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 
 import numpy as np
 
 from hydraplan.compare import CompareOptions, run_compare
 from hydraplan.paths import ROOT
 from hydraplan.report import write_report
+from hydraplan.schema import CompareResult
 
 RESULTS = ROOT / "bench" / "results" / "compare.json"
 FIGURES = ROOT / "bench" / "results" / "compare"
@@ -40,19 +44,29 @@ OBJECTIVES = ("end-to-end", "propagation")
 UNDELAYED = ("megatron", "hotspa", "wlb-nodelay", "flexsp", "homo-maxlen", "homo-pack", "hetero-static")
 
 
-def run(profile: str, dataset: str, tokens: int, objective: str) -> dict:
+def folder(profile: str, dataset: str, tokens: int, objective: str):
+    return FIGURES / f"{profile}_{dataset.replace('builtin:', '')}_{tokens // 1000}K_{objective}"
+
+
+def run(profile: str, dataset: str, tokens: int, objective: str) -> None:
     t0 = time.perf_counter()
     outcome = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
                                          iterations=ITERS[tokens], seed=SEED, context_len=CONTEXT, objective=objective))
-    wall = time.perf_counter() - t0
-    out = FIGURES / f"{profile}_{dataset.replace('builtin:', '')}_{tokens // 1000}K_{objective}"
+    out = folder(profile, dataset, tokens, objective)
     write_report(outcome, out)
-    m = outcome.result.methods
+    (out / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+
+
+def summary(profile: str, dataset: str, tokens: int, objective: str) -> dict:
+    out = folder(profile, dataset, tokens, objective)
+    result = CompareResult.model_validate_json((out / "compare.json").read_text())
+    m = result.methods
     e2e = {n: r.mean_iteration_s for n, r in m.items()}
     hydra, delay = e2e["hydraplan"], e2e["hydraplan-delay"]
     return {
-        "profile": profile, "dataset": dataset, "tokens_per_iter": tokens, "iterations": ITERS[tokens],
-        "objective": objective, "wall_s": wall, "report": str(out.relative_to(ROOT)),
+        "profile": profile, "dataset": dataset, "tokens_per_iter": tokens, "iterations": result.iterations,
+        "objective": objective, "wall_s": wall if (wall := float((out / "wall_s.txt").read_text())) == wall else None,
+        "report": str(out.relative_to(ROOT)),
         "mean_iteration_s": e2e,
         "mean_estimate_s": {n: r.mean_estimate_s for n, r in m.items()},
         "mean_sync_s": {n: r.mean_sync_s for n, r in m.items()},
@@ -60,7 +74,7 @@ def run(profile: str, dataset: str, tokens: int, objective: str) -> dict:
         "propagation_speedup_vs_megatron": {n: r.propagation_speedup_vs_megatron for n, r in m.items()},
         "mean_gap": {n: float(np.mean(r.gap)) for n, r in m.items()},
         "mean_mfu": {n: float(np.mean(r.mfu)) for n, r in m.items()},
-        "static": {n: r.static for n, r in outcome.runs.items()},
+        "strategy": {n: Counter(r.strategies).most_common(1)[0][0] for n, r in m.items()},
         "wlb_imbalance": float(np.mean(m["wlb-llm"].imbalance)),
         "wlb_delay_iters_per_token": m["wlb-llm"].avg_delay_iters_per_token,
         "hydraplan_delay_iters_per_token": m["hydraplan-delay"].avg_delay_iters_per_token,
@@ -73,9 +87,19 @@ def run(profile: str, dataset: str, tokens: int, objective: str) -> dict:
     }
 
 
-def main(grid: str = "all") -> None:
+def main(grid: str = "all", only: str | None = None, summarize: bool = False) -> None:
     grids = [g for g in GRIDS if grid in (g, "all")]
-    configs = [run(p, d, t, o) for g in grids for p, d, t in GRIDS[g] for o in OBJECTIVES]
+    todo = [(p, d, t, o) for o in OBJECTIVES for g in grids for p, d, t in GRIDS[g]]
+    if only is not None:
+        todo = [c for c in todo if folder(*c).name == only]
+        if not todo:
+            raise SystemExit(f"--only {only}: no such configuration")
+    if not summarize:
+        for c in todo:
+            run(*c)
+    if only is not None:
+        return
+    configs = [summary(*c) for c in todo if (folder(*c) / "wall_s.txt").exists()]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"gpus": GPUS, "context_len": CONTEXT, "seed": SEED, "configs": configs},
                                   indent=1) + "\n")
@@ -105,4 +129,7 @@ def main(grid: str = "all") -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--grid", choices=[*GRIDS, "all"], default="all")
-    main(parser.parse_args().grid)
+    parser.add_argument("--only", help="one configuration, by its report folder name")
+    parser.add_argument("--summarize", action="store_true", help="only rebuild the summary from the report folders")
+    args = parser.parse_args()
+    main(args.grid, args.only, args.summarize)
