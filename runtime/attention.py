@@ -1,31 +1,95 @@
-"""Causal variable-length attention on packed sequences (one interface, backend chosen per call).
+"""Causal variable-length attention on packed sequences (one interface, backend chosen by capability).
 
-Packed micro-batches hold several documents back to back; `cu_seqlens` marks where each starts, and a
-document never attends to another one (Hydraulis §2.1: the varlen interface costs sum(l_i^2), not
-(sum l_i)^2). Backends, best first:
-- CUDA, fp16/bf16: torch's own `torch.nn.attention.varlen.varlen_attn` (FlashAttention kernels), else
-  `flash_attn.flash_attn_varlen_func` when that package is installed;
-- everything else (CPU, fp32/fp64): exact causal `scaled_dot_product_attention` per document, documents
-  of equal length batched into one call. Its work is sum(l_i^2) like the varlen kernels' and the cost
-  model's (a block-diagonal mask over the packed micro-batch would cost (sum l_i)^2). Exact (no
-  approximation), so it is also the reference the fast kernels are tested against.
-`window_attention` is the same with queries that are only the last tokens of their key windows (a
-Seq1F1B split, a CP rank's share of a document).
+Packed micro-batches hold several documents back to back; a document never attends to another one
+(Hydraulis §2.1: the varlen interface costs sum(l_i^2), not (sum l_i)^2). Every attention of the runtime
+is one shape, `Windows`: segment i has q_lens[i] queries that are the LAST q_lens[i] of its k_lens[i]
+keys (bottom-right causal alignment). A plain packed micro-batch is the case q_lens == k_lens; a Seq1F1B
+split (keys cached from earlier splits) and a CP rank's token runs (keys gathered from the other CP
+ranks) have q_lens <= k_lens.
+
+Backends (`choose_backend`, first that applies; the reason is logged once per device/dtype/head dim):
+- "torch-varlen": torch's `torch.nn.attention.varlen.varlen_attn` (its FlashAttention-2 kernels) with
+  separate query and key offsets and window_size=(-1, 0), which torch's flash kernel aligns bottom-right;
+  needs CUDA, a torch built with flash attention, compute capability >= 8.0, fp16/bf16, head dim a
+  multiple of 8 and <= 256;
+- "flash-attn": `flash_attn.flash_attn_varlen_func(..., causal=True)` when flash-attn >= 2.1 is installed
+  (2.0 aligned causal masks top-left, wrong for q_len < k_len), same hardware/dtype/head-dim limits;
+- "sdpa-per-document": exact `scaled_dot_product_attention` one segment at a time (segments of equal shape batched
+  into one call). Square segments use is_causal=True (no mask). Segments with q_len < k_len use
+  torch's lower-right `CausalBias` on CUDA (flash / memory-efficient kernels, no mask materialised);
+  on CPU they split into a maskless part (the keys before the segment's queries, which every query
+  sees) and a causal square part, merged exactly by their log-sum-exps, so no q x k mask exists either.
+  Its work is sum(l_q * l_k) like the kernels'; it is also the reference the kernels' argument
+  construction is tested against (tests/test_attention_backends.py).
+Segment lengths are read to the host once per micro-batch (`Windows.lengths`, cached), never per layer.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.metadata
+import logging
+import math
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+log = logging.getLogger(__name__)
+
+HALF = (torch.float16, torch.bfloat16)
+MIN_CAPABILITY = (8, 0)  # FlashAttention-2 (torch's and flash-attn's): Ampere or newer
+MAX_HEAD_DIM = 256
+FLASH_ATTN_MIN = (2, 1)  # bottom-right causal alignment
 
 
-def _torch_varlen():
+@dataclass(frozen=True)
+class Capability:
+    """What the machine offers for a device: the inputs of `choose_backend` (tests pass stand-ins)."""
+
+    cuda: bool
+    compute_capability: tuple[int, int] | None = None
+    torch_varlen: bool = False  # torch.nn.attention.varlen importable and torch built with flash attention
+    flash_attn: str | None = None  # installed flash-attn version
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # "torch-varlen" | "flash-attn" | "sdpa-per-document"
+    reason: str
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
+
+
+def choose_backend(cap: Capability, dtype: torch.dtype, head_dim: int) -> Choice:
+    """Pure: the backend for attention of this dtype and head dim on a device with capability `cap`."""
+    if not cap.cuda:
+        return Choice("sdpa-per-document", "not a CUDA device")
+    if dtype not in HALF:
+        return Choice("sdpa-per-document", f"dtype {dtype} (the varlen kernels take fp16/bf16 only)")
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return Choice("sdpa-per-document", f"head dim {head_dim} (the varlen kernels need a multiple of 8 up to {MAX_HEAD_DIM})")
+    cc = cap.compute_capability or (0, 0)
+    if cc < MIN_CAPABILITY:
+        return Choice("sdpa-per-document", f"compute capability {cc[0]}.{cc[1]} < {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
+                              "(FlashAttention-2 kernels need Ampere or newer)")
+    if cap.torch_varlen:
+        return Choice("torch-varlen", f"CUDA sm{cc[0]}{cc[1]}, {dtype}, head dim {head_dim}: torch varlen_attn "
+                                      "(FlashAttention-2, bottom-right causal)")
+    if cap.flash_attn is not None:
+        if _major_minor(cap.flash_attn) >= FLASH_ATTN_MIN:
+            return Choice("flash-attn", f"CUDA sm{cc[0]}{cc[1]}, {dtype}, head dim {head_dim}: torch varlen_attn "
+                                        f"unavailable, flash-attn {cap.flash_attn} >= 2.1 (bottom-right causal)")
+        return Choice("sdpa-per-document", f"torch varlen_attn unavailable and flash-attn {cap.flash_attn} < 2.1 "
+                              "(its causal mask is top-left aligned)")
+    return Choice("sdpa-per-document", "neither torch varlen_attn (torch built without flash attention) nor flash-attn >= 2.1")
+
+
+def _torch_varlen_fn():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -33,97 +97,156 @@ def _torch_varlen():
     return varlen_attn
 
 
+def _flash_attn_fn():
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func
+
+
+@functools.cache
+def probe(device: torch.device) -> Capability:
+    """The real capability of `device` (cached: queried once per process and device)."""
+    if device.type != "cuda":
+        return Capability(cuda=False)
+    try:
+        flash = importlib.metadata.version("flash_attn")
+    except importlib.metadata.PackageNotFoundError:
+        flash = None
+    return Capability(cuda=True, compute_capability=tuple(torch.cuda.get_device_capability(device)),
+                      torch_varlen=_torch_varlen_fn() is not None and torch.backends.cuda.is_flash_attention_available(),
+                      flash_attn=flash)
+
+
+@functools.cache
+def choice_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> Choice:
+    choice = choose_backend(probe(device), dtype, head_dim)
+    log.info("attention backend %s on %s: %s", choice.backend, device, choice.reason)
+    return choice
+
+
+def select(q: torch.Tensor) -> Choice:
+    """The backend for queries like `q` [T, H, D] (tests replace this to drive a kernel's call path)."""
+    return choice_for(q.device, q.dtype, int(q.shape[-1]))
+
+
 def backend_for(q: torch.Tensor) -> str:
-    """Name of the backend `varlen_attention` uses for tensors like `q`."""
-    if q.is_cuda and q.dtype in _FLASH_DTYPES:
-        if _torch_varlen() is not None:
-            return "torch-varlen"
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash-attn"
-    return "sdpa-per-document"
+    return select(q).backend
 
 
-def _sdpa_per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA on each document alone; equal lengths share one batched call, so many short documents
-    cost a few kernel launches rather than one each."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    gqa = k.shape[1] != q.shape[1]
-    # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
-    qs, ks, vs = q.split(lengths), k.split(lengths), v.split(lengths)
-    outs: list[torch.Tensor] = list(qs)  # zero-length documents stay as their (empty) query rows
-    by_length: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        if n > 0:
-            by_length.setdefault(n, []).append(i)
-    for docs in by_length.values():
-        qb, kb, vb = (torch.stack([t[i] for i in docs]).transpose(1, 2) for t in (qs, ks, vs))  # [G, H, l, D]
-        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=gqa).transpose(1, 2)
-        for i, od in zip(docs, o.unbind(0), strict=True):
-            outs[i] = od
-    return torch.cat(outs)
-
-
-def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
-    """Causal attention within each packed document.
-
-    q: [T, Hq, D], k/v: [T, Hkv, D] (Hq a multiple of Hkv: grouped-query attention), cu_seqlens: [n+1]
-    int32 offsets starting at 0 and ending at T, max_seqlen: the longest document. Returns [T, Hq, D].
-    """
-    backend = backend_for(q)
-    gqa = k.shape[1] != q.shape[1]
-    if backend == "torch-varlen":
-        return _torch_varlen()(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0), enable_gqa=gqa)
-    if backend == "flash-attn":
-        from flash_attn import flash_attn_varlen_func
-
-        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
-    return _sdpa_per_document(q, k, v, cu_seqlens)
-
-
+# ------------------------------------------------------------------------------------------ windows
 @dataclass(frozen=True)
 class Windows:
     """Segments of packed queries, each attending to a window of packed keys that ends with its own
-    tokens: segment i has the last q_lens[i] of its k_lens[i] keys as queries, so causal alignment is
-    bottom-right. A Seq1F1B split's documents (keys from earlier splits) and a CP rank's token runs (keys
-    from the other CP ranks) are both this shape."""
+    tokens: segment i has the last q_lens[i] of its k_lens[i] keys as queries (bottom-right causal)."""
 
-    cu_q: torch.Tensor  # [n+1] int32 query offsets
+    cu_q: torch.Tensor  # [n+1] int32 query offsets (on the tensors' device)
     cu_k: torch.Tensor  # [n+1] int32 key offsets
     max_q: int
     max_k: int
 
     @functools.cached_property
     def lengths(self) -> tuple[list[int], list[int]]:
-        """Query and key counts of each segment, as Python ints (computed once per micro-batch, not per layer)."""
+        """Query and key counts of each segment, as Python ints (one host read per micro-batch, not per layer)."""
         return torch.diff(self.cu_q).tolist(), torch.diff(self.cu_k).tolist()
 
 
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
-    """Causal attention of each segment's queries (q [sum q_lens, Hq, D]) to its key window (k, v
-    [sum k_lens, Hkv, D]).
+def documents(cu_seqlens: torch.Tensor, max_seqlen: int) -> Windows:
+    """The windows of a plain packed micro-batch: every document is its own (square) window."""
+    return Windows(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
-    CUDA fp16/bf16 with flash-attn installed: flash_attn_varlen_func with per-segment query and key
-    offsets (causal masks are bottom-right aligned since flash-attn 2.1). Otherwise exact SDPA one
-    segment at a time with a bottom-right causal mask: its work is sum(l_q * l_k) over segments like the
-    varlen kernels', not (queries x keys) as one block-diagonal mask would cost.
-    """
-    if q.is_cuda and q.dtype in _FLASH_DTYPES and importlib.util.find_spec("flash_attn") is not None:
-        from flash_attn import flash_attn_varlen_func
 
-        return flash_attn_varlen_func(q, k, v, w.cu_q, w.cu_k, w.max_q, w.max_k, causal=True)
+@dataclass(frozen=True)
+class KernelArgs:
+    """The varlen kernels' shared arguments (FlashAttention-2's varlen interface)."""
+
+    cu_q: torch.Tensor  # int32, starts at 0, ends at T_q
+    cu_k: torch.Tensor  # int32, starts at 0, ends at T_k
+    max_q: int
+    max_k: int
+    enable_gqa: bool
+
+
+def kernel_args(q: torch.Tensor, k: torch.Tensor, w: Windows) -> KernelArgs:
+    return KernelArgs(w.cu_q.to(torch.int32), w.cu_k.to(torch.int32), int(w.max_q), int(w.max_k), k.shape[1] != q.shape[1])
+
+
+def _torch_varlen_call(q, k, v, a: KernelArgs) -> torch.Tensor:
+    """window_size=(-1, 0): causal; torch's flash kernel aligns it bottom-right (key j visible to query i
+    of a segment iff j <= i + k_len - q_len)."""
+    return _torch_varlen_fn()(q, k, v, a.cu_q, a.cu_k, a.max_q, a.max_k, window_size=(-1, 0), enable_gqa=a.enable_gqa)
+
+
+def _flash_attn_call(q, k, v, a: KernelArgs) -> torch.Tensor:
+    """flash-attn >= 2.1: causal=True is bottom-right aligned; grouped K/V heads are native."""
+    return _flash_attn_fn()(q, k, v, a.cu_q, a.cu_k, a.max_q, a.max_k, causal=True)
+
+
+# ------------------------------------------------------------------------------------------- exact
+def _lse_attention(q, k, v, causal: bool, gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention [B, H, lq, D] and its log-sum-exp [B, H, lq, 1], written out (CPU fallback pieces only)."""
+    if gqa:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n = q.shape[-2]
+        scores = scores + torch.full((n, n), float("-inf"), dtype=scores.dtype, device=scores.device).triu(1)
+    lse = scores.logsumexp(-1, keepdim=True)
+    return (scores - lse).exp() @ v, lse
+
+
+def _bottom_right(q, k, v, gqa: bool) -> torch.Tensor:
+    """Bottom-right causal attention of q [B, H, lq, D] to k, v [B, Hkv, lk, D] with lq < lk, exact and
+    without a q x k mask: on CUDA via torch's lower-right CausalBias (flash / memory-efficient SDPA); on
+    CPU as the merge of the prefix keys (seen by every query) and the causal square of the last lq keys."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    if q.is_cuda:
+        from torch.nn.attention.bias import causal_lower_right
+
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), enable_gqa=gqa)
+    p = lk - lq
+    o1, l1 = _lse_attention(q, k[..., :p, :], v[..., :p, :], False, gqa)
+    o2, l2 = _lse_attention(q, k[..., p:, :], v[..., p:, :], True, gqa)
+    lse = torch.logaddexp(l1, l2)
+    return o1 * (l1 - lse).exp() + o2 * (l2 - lse).exp()
+
+
+def exact_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
+    """The "sdpa-per-document" backend: exact, one SDPA call per group of segments with equal (q_len, k_len)."""
     gqa = k.shape[1] != q.shape[1]
     q_len, k_len = w.lengths
-    outs = []
     # split, not slicing: the backward of a split is one concatenation, a slice's backward a full-size zero tensor
-    for qd, kd, vd in zip(q.split(q_len), k.split(k_len), v.split(k_len)):
-        qd, kd, vd = qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1)
-        lq, lk = qd.shape[1], kd.shape[1]
+    qs, ks, vs = q.split(q_len), k.split(k_len), v.split(k_len)
+    outs: list[torch.Tensor] = list(qs)  # segments without queries stay as their (empty) query rows
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (lq, lk) in enumerate(zip(q_len, k_len)):
+        if lq > 0:
+            groups.setdefault((lq, lk), []).append(i)
+    for (lq, lk), segs in groups.items():
+        qb, kb, vb = (torch.stack([t[i] for i in segs]).transpose(1, 2) for t in (qs, ks, vs))  # [G, H, l, D]
         if lq == lk:
-            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=gqa)
         else:
-            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
-        outs.append(o.transpose(0, 1))
+            o = _bottom_right(qb, kb, vb, gqa)
+        for i, od in zip(segs, o.transpose(1, 2).unbind(0), strict=True):
+            outs[i] = od
     return torch.cat(outs)
+
+
+# --------------------------------------------------------------------------------------- interface
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
+    """Causal attention of each segment's queries (q [sum q_lens, Hq, D]) to its key window (k, v
+    [sum k_lens, Hkv, D]; Hq a multiple of Hkv: grouped-query attention). Returns [sum q_lens, Hq, D]."""
+    backend = select(q).backend
+    if backend == "torch-varlen":
+        return _torch_varlen_call(q, k, v, kernel_args(q, k, w))
+    if backend == "flash-attn":
+        return _flash_attn_call(q, k, v, kernel_args(q, k, w))
+    return exact_window_attention(q, k, v, w)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int) -> torch.Tensor:
+    """Causal attention within each packed document (cu_seqlens: [n+1] int32 offsets from 0 to T). The
+    model passes its micro-batch's cached `PackedBatch.windows` to `window_attention` instead."""
+    return window_attention(q, k, v, documents(cu_seqlens, max_seqlen))

@@ -8,6 +8,7 @@ alone: no data loader, no broadcast, and p2p activation shapes are known in adva
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from hydraplan.errors import UserError
+from hydraplan.runtime.attention import Windows, documents
 from hydraplan.schema import BatchSeq, Plan
 
 if TYPE_CHECKING:
@@ -40,6 +42,11 @@ class PackedBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+    @functools.cached_property
+    def windows(self) -> Windows:
+        """Its documents as attention windows; their lengths are read to the host once, not per layer."""
+        return documents(self.cu_seqlens, self.max_seqlen)
 
 
 def synthetic_sequence(seq_id: int, length: int, vocab: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch import nn
 
 from hydraplan.errors import UserError
 from hydraplan.hardware import MODELS
-from hydraplan.runtime.attention import varlen_attention
+from hydraplan.runtime.attention import window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
 from hydraplan.runtime.context_parallel import cp_attention
 
@@ -242,7 +242,7 @@ class Attention(nn.Module):
         k = F.linear(x, self.wk).unflatten(-1, (-1, self.head_dim))
         v = F.linear(x, self.wv).unflatten(-1, (-1, self.head_dim))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = varlen_attention(q, k, v, mb.cu_seqlens, mb.max_seqlen) if mb.cp is None else cp_attention(q, k, v, mb.cp)
+        o = window_attention(q, k, v, mb.windows) if mb.cp is None else cp_attention(q, k, v, mb.cp)
         return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hydraplan.runtime.attention import backend_for, varlen_attention
+from hydraplan.runtime.attention import varlen_attention
 
 
 def reference(q, k, v, lengths):
@@ -89,25 +89,3 @@ def test_zero_length_documents_are_allowed():
     q, k, v = (torch.randn(7, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     out = varlen_attention(q, k, v, cu(lengths), 4)
     torch.testing.assert_close(out, reference(q, k, v, [3, 4]), rtol=0, atol=1e-12)
-
-
-def test_cpu_and_fp64_use_the_exact_fallback():
-    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.float64)) == "sdpa-per-document"
-    assert backend_for(torch.zeros(1, 1, 1, dtype=torch.bfloat16)) == "sdpa-per-document"
-
-
-@pytest.mark.parametrize("varlen, flash, dtype, expected", [
-    (True, True, torch.bfloat16, "torch-varlen"),  # torch's own kernels first
-    (False, True, torch.float16, "flash-attn"),
-    (False, False, torch.bfloat16, "sdpa-per-document"),  # neither installed: the exact fallback
-    (True, True, torch.float32, "sdpa-per-document"),  # the fast kernels take half precision only
-])
-def test_cuda_backend_choice(monkeypatch, varlen, flash, dtype, expected):
-    """No GPU here: a stand-in CUDA tensor checks the order of the fallbacks."""
-    from types import SimpleNamespace
-
-    import hydraplan.runtime.attention as attention
-
-    monkeypatch.setattr(attention, "_torch_varlen", lambda: (lambda *a, **k: None) if varlen else None)
-    monkeypatch.setattr(attention.importlib.util, "find_spec", lambda name: object() if flash and name == "flash_attn" else None)
-    assert backend_for(SimpleNamespace(is_cuda=True, dtype=dtype)) == expected
