@@ -135,12 +135,29 @@ def stage_param_indices(cfg: ModelConfig, pp: int, stage: int) -> list[int]:
     return [i for i, s in enumerate(param_specs(cfg)) if s.layer in own]
 
 
-def init_full(spec: ParamSpec, index: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
-    """The canonical initial value of parameter `index`: identical on every rank and in the reference."""
+INIT_CHUNK = 1 << 20
+"""Initial values are drawn in chunks of this many flat elements, each from its own seeded generator, so
+any range of a parameter can be generated alone (`init_range`) with values independent of who asks."""
+
+
+def init_range(spec: ParamSpec, index: int, seed: int, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
+    """Elements [lo, hi) of parameter `index`'s flattened canonical initial value. An optimizer owner
+    generates only its shard (plus at most two partial chunks), not the whole model; every owner, the
+    single-process reference and any world size see the same values."""
     if spec.init == "ones":
-        return torch.ones(spec.shape, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
-    return (torch.randn(spec.shape, generator=gen, dtype=torch.float64) * INIT_STD).to(dtype)
+        return torch.ones(hi - lo, dtype=dtype)
+    parts = []
+    for c in range(lo // INIT_CHUNK, -(-hi // INIT_CHUNK)):
+        start, end = c * INIT_CHUNK, min((c + 1) * INIT_CHUNK, spec.numel)
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + index) * 1_000_033 + c)
+        chunk = torch.randn(end - start, generator=gen, dtype=torch.float64)
+        parts.append(chunk[max(lo, start) - start: min(hi, end) - start])
+    return (torch.cat(parts) * INIT_STD).to(dtype) if parts else torch.zeros(0, dtype=dtype)
+
+
+def init_full(spec: ParamSpec, index: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The canonical initial value of parameter `index` (tests and the reference; see `init_range`)."""
+    return init_range(spec, index, seed, 0, spec.numel, dtype).reshape(spec.shape)
 
 
 # --------------------------------------------------------------------------------- tensor parallelism

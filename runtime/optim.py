@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hydraplan.runtime.lnk import owner_ranges
-from hydraplan.runtime.model import ModelConfig, init_full, param_specs
+from hydraplan.runtime.model import ModelConfig, init_range, param_specs
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
@@ -34,7 +34,7 @@ class ShardedMaster:
                  device: torch.device | str = "cpu"):
         specs = param_specs(cfg)
         lo, hi = owner_ranges(np.array([s.numel for s in specs], dtype=np.int64), world)
-        flat = torch.cat([init_full(s, i, seed, dtype).reshape(-1)[lo[rank, i]:hi[rank, i]] for i, s in enumerate(specs)])
+        flat = torch.cat([init_range(s, i, seed, int(lo[rank, i]), int(hi[rank, i]), dtype) for i, s in enumerate(specs)])
         self.weights = nn.Parameter(flat.to(device))
         self.optimizer = make_optimizer([self.weights], lr)
 
@@ -42,3 +42,16 @@ class ShardedMaster:
         self.weights.grad = grad
         self.optimizer.step()
         self.weights.grad = None
+
+    def state(self) -> dict:
+        """The shard's weights and AdamW state (exp_avg, exp_avg_sq, step): what a checkpoint holds."""
+        return {"weights": self.weights.detach(), "optimizer": self.optimizer.state_dict()}
+
+    @torch.no_grad()
+    def load(self, weights: torch.Tensor, optimizer: dict | None = None) -> None:
+        """Replace the shard's weights (and the AdamW state, when given: resuming)."""
+        if weights.shape != self.weights.shape:
+            raise ValueError(f"shard of {weights.numel()} elements, expected {self.weights.numel()}")
+        self.weights.copy_(weights)
+        if optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)

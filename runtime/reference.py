@@ -26,6 +26,12 @@ class Reference:
         self.model = StageModule(cfg, dtype=dtype, device=device)
         self.optimizer = make_optimizer(self.master, lr)
 
+    @torch.no_grad()
+    def load(self, weights: list[torch.Tensor]) -> None:
+        """Start from these canonical tensors instead of the seeded initialization (run_plan --init-from)."""
+        for m, w in zip(self.master, weights, strict=True):
+            m.copy_(w)
+
     def step(self, plan: Plan) -> float:
         """Train one iteration on all of the plan's micro-batches; returns the token-mean loss."""
         with torch.no_grad():

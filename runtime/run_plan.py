@@ -1,7 +1,7 @@
 """Replay hydraplan plans: heterogeneous pipelines per iteration, LNK resharding, one global update.
 
-    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny]
-             [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify]
+    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
+             [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
 
 Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
 (collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
@@ -10,6 +10,8 @@ context_parallel.py), pushes its gradients to the owners, and each owner takes o
 The loss is the token mean over the whole global batch, so the result equals single-process training on
 the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
+--init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
+--save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ import torch
 import torch.distributed as dist
 
 from hydraplan.errors import UserError
+from hydraplan.runtime import checkpoint, hf
+from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
+from hydraplan.runtime.optim import master_dtype
 from hydraplan.runtime.plans import check_plan, load_plans
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
@@ -54,7 +60,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help="a plan JSON file, or a run folder of iter_*.json (replayed in order)")
     ap.add_argument("--iterations", type=int, default=None, help="replay only the first K plans")
-    ap.add_argument("--model", default="tiny", help=f"model config: {', '.join(CONFIGS)}")
+    ap.add_argument("--model", default=None, help=f"model config: {', '.join(CONFIGS)} (default tiny)")
+    ap.add_argument("--init-from", default=None, metavar="DIR",
+                    help="start from a local Hugging Face Llama checkpoint (config.json + safetensors); sets the model")
+    ap.add_argument("--save", default=None, metavar="DIR",
+                    help="after the last iteration, save the sharded masters and AdamW states")
+    ap.add_argument("--resume", default=None, metavar="DIR",
+                    help="continue a run saved with --save (same world size and model): the plans after its last iteration")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype (masters are fp32, fp64 for fp64)")
     ap.add_argument("--dataset", default=None,
                     help="tokenized dataset the plans were sampled from (token ids); default: synthetic tokens per sequence id")
@@ -73,12 +85,25 @@ def describe(plan: Plan) -> str:
 
 
 def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
-          device: torch.device) -> int:
+          device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None) -> int:
     rank = dist.get_rank()
     dtype = DTYPES[args.dtype]
+    mdt = master_dtype(dtype)
     tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
+    if rank == 0:
+        choice = choice_for(device, dtype, cfg.head_dim)
+        print(f"attention: {choice.backend} ({choice.reason})", flush=True)
     replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s))
     reference = Reference(cfg, data, args.seed, dtype, args.lr, device) if args.verify and rank == 0 else None
+    if done is not None:
+        replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
+        if rank == 0:
+            print(f"resume: {args.resume} after iteration {done}, {len(plans)} plans to go", flush=True)
+    elif hf_weights is not None:
+        lo, hi = owner_ranges(replayer.numels, dist.get_world_size())
+        replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
+        if reference is not None:
+            reference.load(hf_weights.full(mdt))
     worst = 0.0
     for _, plan in plans:
         st = replayer.step(plan)
@@ -93,6 +118,11 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
                 diff = float((weights - reference.flat_weights()).abs().max())
                 worst = max(worst, diff)
                 print(f"verify: iteration {plan.iteration} max_abs_param_diff={diff:.3e}", flush=True)
+    if args.save:
+        last = plans[-1][1].iteration if plans else (done if done is not None else -1)
+        checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
+        if rank == 0:
+            print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
     failed = torch.tensor([float(worst > tolerance)], device=device)
     dist.broadcast(failed, 0)
     if failed.item():
@@ -100,6 +130,20 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
             print(f"verify: FAILED, max_abs_param_diff={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
+    """The model config and, with --init-from (unless resuming), the checkpoint to read weights from."""
+    if args.verify and args.resume:
+        raise UserError("--verify and --resume: give one (the reference would start from the initial weights)")
+    if args.init_from is None:
+        return get_config(args.model or "tiny"), None
+    if args.model is not None:
+        raise UserError("--model and --init-from: give one (--init-from takes the model from DIR/config.json)")
+    if args.resume:
+        return hf.read_config(args.init_from)[0], None
+    ckpt = hf.Checkpoint(args.init_from)
+    return ckpt.cfg, ckpt
 
 
 def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
@@ -131,15 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = _init(timedelta(seconds=args.timeout_s))
     try:
-        error, plans, cfg, data = None, [], None, None
+        error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
-            cfg = get_config(args.model)
+            cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
             plans = load_plans(args.plan, args.iterations)
             for source, plan in plans:
                 check_plan(plan, source, dist.get_world_size(), cfg)
                 check_splits(plan, source)
                 data.check(plan, source)
+            if args.resume:
+                done = checkpoint.check(args.resume, dist.get_world_size(), cfg, master_dtype(DTYPES[args.dtype]))
+                plans = [(source, plan) for source, plan in plans if plan.iteration > done]
         except UserError as e:
             error = str(e)
         # Every rank must agree before the first collective of training, or one would wait forever.
@@ -149,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if first is not None:
             print(f"run_plan: {first}", file=sys.stderr, flush=True)
             return 2
-        return train(cfg, data, plans, args, device)
+        return train(cfg, data, plans, args, device, weights, done)
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,214 @@
+"""The runtime against Hugging Face transformers' LlamaForCausalLM holding the same weights (fp64, packed
+documents with per-document position_ids, use_cache=False): logits, loss and every gradient within 1e-10,
+on one rank and through the replay path on four ranks with TP and PP. The weights travel the way a user's
+would: save_pretrained (config.json + safetensors), then runtime/hf.py's loader.
+
+transformers computes its RoPE cos/sin tables (LlamaRotaryEmbedding) and its RMSNorm statistics (LlamaRMSNorm)
+in fp32 whatever the model dtype, which makes fp64 logits differ by ~1e-7; `fp64_hf` evaluates those two
+modules' own formulas in fp64, the only change to the model."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from helpers import free_port, init_gloo
+from test_run_plan import make_plan
+
+from hydraplan.errors import UserError
+from hydraplan.runtime import hf
+from hydraplan.runtime.batches import IGNORE, TokenData
+from hydraplan.runtime.lnk import owner_ranges
+from hydraplan.runtime.model import ModelConfig, StageModule, load_full, param_specs, rope_tables
+from hydraplan.runtime.plans import micro_batch_seqs
+from hydraplan.schema import BatchSeq
+
+transformers = pytest.importorskip("transformers")
+DT = torch.float64
+DOCS = [5, 9, 1, 3]
+
+
+def hf_model(folder: Path, tied: bool = False, shard: str | None = None):
+    """A tiny Llama with grouped-query attention and non-trivial norm weights, saved to `folder`."""
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                   max_position_embeddings=256, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(DT)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if name.endswith("norm.weight") else 0.05) + name.endswith("norm.weight"))
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    return fp64_hf(model.eval())
+
+
+def fp64_hf(model):
+    """HF's default RoPE (cos/sin of positions x 1/theta^(2i/D)) and RMSNorm (x / sqrt(mean(x^2) + eps) * w)
+    evaluated in the model's dtype instead of fp32."""
+    theta, dim = model.config.rope_parameters["rope_theta"], model.config.head_dim
+
+    def rope(x, position_ids):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=DT) / dim))
+        freqs = position_ids[..., None].to(DT) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def rms(norm):
+        return lambda x: norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+
+    model.model.rotary_emb.forward = rope
+    for m in model.modules():
+        if type(m).__name__ == "LlamaRMSNorm":
+            m.forward = rms(m)
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    return folder, hf_model(folder)
+
+
+def runtime_logits(mod: StageModule, mb) -> torch.Tensor:
+    """The full-vocab logits of a single-stage, single-rank module (its forward returns the loss)."""
+    x = mod.embed(mb.tokens)
+    cos, sin = rope_tables(mb.positions, mod.cfg.head_dim, mod.cfg.rope_theta, mod.dtype)
+    for block in mod.layers.values():
+        x = block(x, cos, sin, mb)
+    return F.linear(mod.norm(x), mod.head.weight)
+
+
+def hf_forward(model, mb) -> torch.Tensor:
+    out = model(input_ids=mb.tokens[None], position_ids=mb.positions[None], use_cache=False).logits[0]
+    return out
+
+
+def hf_grads(model, cfg: ModelConfig, tied: bool = False) -> list[torch.Tensor]:
+    """HF gradients in the canonical layout (o_proj and down_proj transposed)."""
+    named = dict(model.named_parameters())
+    out = []
+    for s in param_specs(cfg):
+        name, transposed = hf.hf_name(s.name, tied)
+        g = named[name].grad
+        out.append(g.T if transposed else g)
+    return out
+
+
+def test_config_json_becomes_the_model(saved):
+    folder, _ = saved
+    cfg, tied = hf.read_config(folder)
+    assert cfg == ModelConfig(f"hf:{folder.name}", vocab=128, hidden=32, layers=4, heads=4, kv_heads=2, ffn=64,
+                              rope_theta=10000.0, norm_eps=1e-5)
+    assert not tied
+
+
+def test_one_rank_logits_loss_and_gradients(saved):
+    folder, model = saved
+    ckpt = hf.Checkpoint(folder)
+    mod = StageModule(ckpt.cfg, dtype=DT)
+    load_full(mod, ckpt.full(DT))
+    mb = TokenData(128).pack([BatchSeq(id=i, length=n) for i, n in enumerate(DOCS)])
+
+    model.zero_grad()
+    ours, theirs = runtime_logits(mod, mb), hf_forward(model, mb)
+    assert (ours - theirs).abs().max() <= 1e-10 and theirs.abs().max() > 0.1
+    loss = mod(None, mb)
+    hf_loss = F.cross_entropy(theirs, mb.labels, ignore_index=IGNORE, reduction="sum")
+    assert abs(float(loss - hf_loss)) <= 1e-10
+    loss.backward()
+    hf_loss.backward()
+    for spec, p, g in zip(param_specs(ckpt.cfg), mod.ordered_params(), hf_grads(model, ckpt.cfg)):
+        assert (p.grad - g).abs().max() <= 1e-10, spec.name
+        assert g.abs().max() > 0, spec.name
+
+
+@pytest.mark.parametrize("world", [1, 3, 7])
+def test_each_owner_reads_its_range_of_sharded_safetensors(tmp_path, world):
+    """A checkpoint split over several safetensors files (index json) and a tied head; the owners' flat
+    ranges, put together, are the canonical tensors."""
+    model = hf_model(tmp_path, tied=True, shard="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ckpt = hf.Checkpoint(tmp_path)
+    assert ckpt.tied
+    state = model.state_dict()
+    full = ckpt.full(DT)
+    for s, t in zip(param_specs(ckpt.cfg), full):
+        name, transposed = hf.hf_name(s.name, True)
+        assert torch.equal(t, state[name].T if transposed else state[name]), s.name
+    specs = param_specs(ckpt.cfg)
+    lo, hi = owner_ranges(np.array([s.numel for s in specs]), world)
+    shards = [ckpt.shard(lo[r], hi[r], DT) for r in range(world)]
+    offsets = [np.concatenate(([0], np.cumsum(hi[r] - lo[r]))) for r in range(world)]
+    for i, t in enumerate(full):
+        assert torch.equal(torch.cat([shards[r][offsets[r][i]:offsets[r][i + 1]] for r in range(world)]), t.reshape(-1))
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"model_type": "mistral"}, "field model_type: 'mistral'"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type: 'llama3' is not supported"),
+    ({"hidden_act": "gelu"}, "field hidden_act: 'gelu' is not supported"),
+    ({"attention_bias": True}, "field attention_bias: True"),
+    ({"vocab_size": None}, "field vocab_size"),
+])
+def test_unsupported_configs_are_refused_in_one_line(tmp_path, edit, message):
+    import json
+
+    base = {"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in (base | edit).items() if v is not None}))
+    with pytest.raises(UserError, match=message) as e:
+        hf.read_config(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------- four ranks, TP and PP
+def _worker(rank: int, world: int, port: int, folder: str) -> None:
+    init_gloo(rank, world, port)
+    import torch.distributed as dist
+
+    from hydraplan.runtime.replay import Replayer
+
+    ckpt = hf.Checkpoint(folder)
+    cfg = ckpt.cfg
+    data = TokenData(cfg.vocab)
+    # <2,2> alone, then <2,1> next to <1,2>: TP and PP cut the HF tensors differently each time
+    plans = [make_plan(0, "TPxPP", [(2, 2, [0, 1, 2, 3], [[5, 9, 1], [3, 7], [6]])]),
+             make_plan(1, "mix", [(2, 1, [3, 1], [[4, 8], [2, 2, 5]]), (1, 2, [2, 0], [[9, 3], [6], [1, 4]])], first_id=50)]
+    replayer = Replayer(cfg, data, DT, 0, 1e-3, torch.device("cpu"), timedelta(seconds=60))
+    lo, hi = owner_ranges(replayer.numels, world)
+    replayer.master.load(ckpt.shard(lo[rank], hi[rank], DT))
+    model = fp64_hf(transformers.LlamaForCausalLM.from_pretrained(folder, dtype=DT).eval()) if rank == 0 else None
+    for plan in plans:
+        grads: list[torch.Tensor] = []
+        replayer.master.step = grads.append  # the owners' summed gradient shards; weights stay the HF ones
+        loss = replayer.step(plan).loss
+        shards: list = [None] * world
+        dist.all_gather_object(shards, grads[0])
+        if rank:
+            continue
+        offsets = [np.concatenate(([0], np.cumsum(hi[r] - lo[r]))) for r in range(world)]
+        ours = [torch.cat([shards[r][offsets[r][i]:offsets[r][i + 1]] for r in range(world)]) for i in range(len(lo[0]))]
+        model.zero_grad()
+        scale = 1.0 / data.labeled_tokens(plan)
+        hf_loss = 0.0
+        for pipeline in plan.pipelines:
+            for seqs in micro_batch_seqs(plan, pipeline):
+                mb = data.pack(seqs)
+                mb_loss = F.cross_entropy(hf_forward(model, mb), mb.labels, ignore_index=IGNORE, reduction="sum") * scale
+                mb_loss.backward()
+                hf_loss += float(mb_loss)
+        assert abs(loss - hf_loss) <= 1e-10, (plan.strategy, loss, hf_loss)
+        for spec, g, h in zip(param_specs(cfg), ours, hf_grads(model, cfg)):
+            assert (g - h.reshape(-1)).abs().max() <= 1e-10, (plan.strategy, spec.name)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_four_ranks_with_tp_and_pp_match_transformers(saved):
+    folder, _ = saved
+    mp.spawn(_worker, args=(4, free_port(), str(folder)), nprocs=4, join=True)
