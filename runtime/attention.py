@@ -203,7 +203,9 @@ def _bottom_right(q, k, v, gqa: bool) -> torch.Tensor:
     if q.is_cuda:
         from torch.nn.attention.bias import causal_lower_right
 
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), enable_gqa=gqa)
+        if gqa:  # CausalBias' kernels take equal head counts
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk))
     p = lk - lq
     o1, l1 = _lse_attention(q, k[..., :p, :], v[..., :p, :], False, gqa)
     o2, l2 = _lse_attention(q, k[..., p:, :], v[..., p:, :], True, gqa)

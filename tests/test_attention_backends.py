@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hydraplan.runtime.attention as attention
 from hydraplan.cpshard import shard_per_document
@@ -219,3 +220,20 @@ def test_cpu_fallback_builds_no_query_by_key_mask(monkeypatch):
     monkeypatch.setattr(torch, "full", full)
     assert shapes and all(s[0] == s[1] <= 5 for s in shapes)
     assert_same(out, kernel_reference(q[:8], k, v, w.cu_q, w.cu_k, 5, 30, []), (q, k, v), 2)
+
+
+def test_cuda_fallback_lower_right_bias_has_the_kernels_semantics():
+    """The CUDA fallback's torch CausalBias lower-right (here evaluated on the CPU) is the bottom-right
+    causal alignment of the kernels, with grouped K/V heads repeated as the fallback does."""
+    import warnings
+
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k, v = qkv(12, 4, 2, seed=11)
+    w = Windows(torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 12], dtype=torch.int32), 4, 12)
+    kr, vr = (t.transpose(0, 1)[None].repeat_interleave(2, 1) for t in (k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU has no flash kernel for it and says so
+        out = F.scaled_dot_product_attention(q[8:].transpose(0, 1)[None], kr, vr, attn_mask=causal_lower_right(4, 12))
+    torch.testing.assert_close(out[0].transpose(0, 1), kernel_reference(q[8:], k, v, w.cu_q, w.cu_k, 4, 12, []),
+                               rtol=0, atol=1e-12)

@@ -79,7 +79,8 @@ def _plans(folder: Path, gpus: int, n: int) -> Path:
         else:  # a different <TP,PP> mix every iteration, as a planner would produce
             p = [make_plan(it, "A", [(2, 1, [0, 1], [[9, 5], [12]]), (1, 1, [2], [[7, 3, 4]]), (1, 1, [3], [[6], [8]])],
                            first_id=100 * it),
-                 make_plan(it, "B", [(1, 2, [0, 1], [[9, 5], [12], [3, 3]]), (1, 2, [2, 3], [[7, 3, 4], [6]])], first_id=100 * it),
+                 make_plan(it, "B", [(1, 2, [0, 1], [[9, 5], [12], [3, 3]]), (1, 2, [2, 3], [[7, 3, 4], [6]])],
+                           first_id=100 * it),
                  make_plan(it, "C", [(2, 2, [3, 2, 1, 0], [[4, 4], [11], [2, 2, 2]])], first_id=100 * it)][it % 3]
         write_model(folder / f"iter_{it:06d}.json", p)
     return folder
@@ -98,22 +99,23 @@ def _assert_identical(a: list[dict], b: list[dict]) -> None:
             assert torch.equal(sx[k], sy[k]), k
 
 
-@pytest.mark.parametrize("dtype", ["fp64", "bf16"])
-def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, capsys, dtype):
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    """bf16 compute, fp32 masters: 3 iterations straight vs 1, then 2 resumed, bit for bit."""
     _no_torchrun_env(monkeypatch)
-    plans = _plans(tmp_path / "plans", 1, 4)
+    dtype = "bf16"
+    plans = _plans(tmp_path / "plans", 1, 3)
     assert main([str(plans), "--dtype", dtype, "--save", str(tmp_path / "straight")]) == 0
-    assert main([str(plans), "--dtype", dtype, "--iterations", "2", "--save", str(tmp_path / "half")]) == 0
+    assert main([str(plans), "--dtype", dtype, "--iterations", "1", "--save", str(tmp_path / "half")]) == 0
     assert main([str(plans), "--dtype", dtype, "--resume", str(tmp_path / "half"), "--save", str(tmp_path / "resumed")]) == 0
     out = capsys.readouterr().out
-    assert "resume: " in out and "after iteration 1, 2 plans to go" in out
-    assert re.findall(r"^iteration (\d+) ", out, re.M) == ["0", "1", "2", "3", "0", "1", "2", "3"]
+    assert "resume: " in out and "after iteration 0, 2 plans to go" in out
+    assert re.findall(r"^iteration (\d+) ", out, re.M) == ["0", "1", "2", "0", "1", "2"]
     straight, resumed, half = (_shards(tmp_path / d, 1) for d in ("straight", "resumed", "half"))
     _assert_identical(straight, resumed)
-    assert int(straight[0]["optimizer"]["state"][0]["step"]) == 4
+    assert int(straight[0]["optimizer"]["state"][0]["step"]) == 3
     assert not torch.equal(half[0]["weights"], straight[0]["weights"])  # the comparison can fail
     manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
-    assert manifest["world_size"] == 1 and manifest["iteration"] == 3 and manifest["model"]["hidden"] == TINY.hidden
+    assert manifest["world_size"] == 1 and manifest["iteration"] == 2 and manifest["model"]["hidden"] == TINY.hidden
 
 
 def _edit_manifest(folder: Path, **changes):

@@ -119,7 +119,7 @@ def test_one_rank_logits_loss_and_gradients(saved):
     assert (ours - theirs).abs().max() <= 1e-10 and theirs.abs().max() > 0.1
     loss = mod(None, mb)
     hf_loss = F.cross_entropy(theirs, mb.labels, ignore_index=IGNORE, reduction="sum")
-    assert abs(float(loss - hf_loss)) <= 1e-10
+    assert abs(float(loss.detach() - hf_loss.detach())) <= 1e-10
     loss.backward()
     hf_loss.backward()
     for spec, p, g in zip(param_specs(ckpt.cfg), mod.ordered_params(), hf_grads(model, ckpt.cfg)):
@@ -212,3 +212,27 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
 def test_four_ranks_with_tp_and_pp_match_transformers(saved):
     folder, _ = saved
     mp.spawn(_worker, args=(4, free_port(), str(folder)), nprocs=4, join=True)
+
+
+def test_run_plan_init_from_trains_the_hf_weights(saved, tmp_path, monkeypatch, capsys):
+    """run_plan --init-from: the first iteration's loss is transformers' loss on the same batch, and
+    --verify's single-process reference starts from the same weights."""
+    from hydraplan.fileio import write_model
+    from hydraplan.runtime.run_plan import main
+
+    folder, model = saved
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plan = make_plan(0, "S", [(1, 1, [0], [[5, 9], [4]])], gpus=1)
+    write_model(tmp_path / "plan.json", plan)
+    assert main([str(tmp_path / "plan.json"), "--init-from", str(folder), "--dtype", "fp64", "--verify"]) == 0
+    out = capsys.readouterr().out
+    data = TokenData(128)
+    with torch.no_grad():
+        want = sum(F.cross_entropy(hf_forward(model, data.pack(seqs)), data.pack(seqs).labels, ignore_index=IGNORE,
+                                   reduction="sum") for seqs in micro_batch_seqs(plan, plan.pipelines[0]))
+    want = float(want) / data.labeled_tokens(plan)
+    assert f"loss={want:.6f} " in out
+    assert float(out.split("max_abs_param_diff=")[1].split()[0]) <= 1e-12
+    assert main([str(tmp_path / "plan.json"), "--init-from", str(folder), "--model", "tiny"]) == 2
+    assert "--model and --init-from: give one" in capsys.readouterr().err
