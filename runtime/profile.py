@@ -1,7 +1,9 @@
-"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, or the
-propagation time of every pipeline of a run's plans (`hydraplan profile` launches it; it prints JSON).
+"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, LNK
+pull/push times (the network), or whole training iterations of a run's plans (`hydraplan profile` launches
+it; it writes JSON).
 
     torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --model tiny --capacity-bytes B --out m.json
+    torchrun --nproc-per-node N     runtime/profile.py --network 1,1 --network 2,1 --model tiny --out n.json
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
 (one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
 
@@ -17,9 +19,11 @@ the cost model's premise). Two clocks:
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
---check replays each plan pipeline alone (ranks 0..g-1, the others idle; pipelines of one plan occupy
-disjoint GPUs on a cluster) with the plan's micro-batches and splits, and times its propagation only
-(no pull, push or optimizer step, which the cost model does not estimate).
+--network times runtime/lnk.py's own pull and push for homogeneous <tp, pp> layouts over all ranks (the
+real pieces and all_to_all_single, at the real slice sizes), wall time between barriers.
+--check replays whole iterations of every plan (iteration_phases): pull, propagation of all pipelines at
+once, push and the optimizer step, each between barriers; on the cpu clock propagation is each
+pipeline's critical path over thread CPU time and the LNK phases stay wall time.
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
 saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a

@@ -244,6 +244,7 @@ def test_check_errors_by_hand():
     (r,) = compare([plan], got, prof)
     assert r.estimate_propagation_s == pytest.approx(0.17) and r.estimate_sync_s == pytest.approx(0.0)
     assert r.transfer_s == pytest.approx(0.05)
+    assert r.no_overlap_s == pytest.approx(max(0.1 + 2 * 0.05, 0.17 + 2 * 0.025))  # nothing hidden: 0.22
     # measured: 0.2 + (0.03 + 0.04 + 0.01) = 0.28; error (0.17 - 0.28) / 0.28; prop (0.17 - 0.2) / 0.28; sync -0.08 / 0.28
     assert r.measured_s == pytest.approx(0.28)
     assert (r.err, r.propagation_err, r.sync_err) == pytest.approx((-0.11 / 0.28, -0.03 / 0.28, -0.08 / 0.28))
