@@ -1,6 +1,11 @@
 """Measured profiles, the planner side of `hydraplan profile`: the measuring grid, MaxLen from measured
-memory, the T(l) fit and its quality, the profile file, and --check (estimated against measured time).
-The measuring itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+memory, the T(l) fit and its quality, the LNK bandwidth fit (`network`), the profile file, and --check
+(the end-to-end estimate against measured whole iterations, propagation and sync apart). The measuring
+itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+
+Network. LNK pull and push of homogeneous layouts at the real slice sizes are fitted to the one bandwidth
+with which hydraplan.sync.transfer_s reproduces them (the DESIGN.md model has no latency term, so at
+these sizes latency is folded into it). One node is measured; inter_node_GBps is set equal to it.
 
 Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
 of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
@@ -34,7 +39,7 @@ from hydraplan.costmodel import fit_micro_batches, pipeline_time, util_len
 from hydraplan.errors import UserError
 from hydraplan.paths import ROOT
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
-from hydraplan.sync import transfer_s
+from hydraplan.sync import WIRE_BYTES_PER_PARAM, transfer_s
 
 MEMORY_LENGTHS = (64, 128, 256, 512)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
@@ -146,8 +151,6 @@ def fit_bandwidth(slice_bytes: Sequence[float], seconds: Sequence[float]) -> Ban
 def network_slices(params: int, samples: Sequence[dict]) -> tuple[list[float], list[float]]:
     """(bytes as sync.transfer_s counts them: WIRE_BYTES_PER_PARAM * params / (tp * pp), seconds) of every
     measured pull and push; the wire may carry a wider dtype (fp32 on CPU), which the bandwidth absorbs."""
-    from hydraplan.sync import WIRE_BYTES_PER_PARAM
-
     sizes, secs = [], []
     for x in samples:
         for key in ("pull_s", "push_s"):
@@ -198,7 +201,7 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
     out, fits = [], []
     if progress is not None:
         progress("LNK pull/push")
-    network, net_fit, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _ in schemes}),
+    network, _, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _ in schemes}),
                                                  dtype=dtype, timeout_s=timeout_s)
     for tp, pp, cp in schemes:
         if progress is not None:
@@ -252,7 +255,7 @@ def measure_network(model: str, device: str, ranks: int, slices: Sequence[tuple[
     (runtime/profile.py --network), fitted to one bandwidth. `hydraplan profile` runs one node, so
     inter_node_GBps is set to the intra-node figure; a job within one node (N <= gpus_per_node) never uses
     it (sync.effective_bandwidth_GBps weighs it by 1 - G/N = 0)."""
-    todo = [(tp, pp) for tp, pp in slices if ranks % (tp * pp) == 0]
+    todo = [(tp, pp) for tp, pp in slices if ranks % (tp * pp) == 0] or [(1, 1)]
     args = ["--model", model, "--dtype", dtype, "--warmup", str(warmup), "--repeats", str(repeats)]
     for tp, pp in todo:
         args += ["--network", f"{tp},{pp}"]

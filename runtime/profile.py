@@ -77,7 +77,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
-    ap.add_argument("--check", default=None, help="plan folder (or file) to replay pipeline by pipeline")
+    ap.add_argument("--check", default=None, help="plan folder (or file) to replay as whole iterations")
     ap.add_argument("--network", action="append", default=None, metavar="TP,PP",
                     help="time LNK pull/push of a homogeneous <TP,PP> layout over all ranks (repeat for several)")
     ap.add_argument("--model", default="tiny")
@@ -272,10 +272,10 @@ def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
     per = [0.0] * len(plan.pipelines)
     if clock == "cpu":
         for j in range(len(plan.pipelines)):
-            stages = [c for g in got if g is not None and g[0] == j for c in [g[1]] if c is not None]
+            stages = [g[1] for g in got if g is not None and g[0] == j and g[1] is not None]
             per[j] = critical_path(stages) if stages else 0.0
         prop = max(per)
-    else:
+    else:  # wall: pipelines run at once, only the slowest is seen
         prop = prop_wall
         per = [prop_wall] * len(plan.pipelines)
     return Phases(pull_s, prop, push_s, step_s, per)
@@ -285,7 +285,7 @@ def _propagate(replayer: Replayer, plan: Plan, role, flat: torch.Tensor):
     """This rank's stage gradients (flat, canonical order) and (stage, pp, CPU seconds per action), or
     empty gradients and None on an idle rank or pipeline."""
     if role is None or not plan.pipelines[role.pipeline].micro_batches:
-        return flat.new_zeros(flat.numel()) if role is not None else flat.new_empty(0), None
+        return flat.new_zeros(flat.numel()), None  # an idle rank's flat is empty
     pipe = plan.pipelines[role.pipeline]
     groups = replayer.groups
     tp = TPGroup(groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
