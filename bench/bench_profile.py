@@ -9,19 +9,30 @@
 2. Packed-micro-batch attention cost: one 1024-token document against 4 x 256 and 16 x 64, forward +
    backward of one layer's attention, with attention.py's CPU fallback (one block-diagonal mask) and the
    executor's per-document attention. The cost model assumes sum(l_i^2): only the latter follows it.
+3. End to end (`hydraplan profile` then `profile --check`), all in this run: measure a profile of the
+   tiny model on 4 gloo ranks (the schemes <1,1,1>, <2,1,1>, <1,2,1>, <4,1,1>, plus LNK bandwidth and
+   model.params), pack 6 iterations of builtin:wikipedia with it (4 GPUs, 1536 tokens, context 768), and
+   replay them as whole iterations (pull + propagate + push + step) against the plans' end-to-end
+   estimate (DESIGN.md iteration_s): whole-iteration error, and the propagation and sync parts of it.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from hydraplan import measure
+from hydraplan.cli import CPU_MEMORY_GIB
 from hydraplan.datasets import load_dataset
+from hydraplan.fileio import write_model
 from hydraplan.pipeline import schedule_seq1f1b, simulate
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
@@ -120,9 +131,33 @@ def attention_cost() -> list[dict[str, float]]:
     return rows
 
 
+E2E_SCHEMES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (4, 1, 1)]
+E2E_PACK = ["--dataset", "builtin:wikipedia", "--gpus", "4", "--tokens-per-iter", "1536", "--context-len", "768",
+            "--iterations", "6", "--seed", "1"]
+
+
+def end_to_end_check() -> dict:
+    """Measure a profile, plan with it, replay the plans as whole iterations; figures of `profile --check`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench-tiny.json"
+        prof, fits = measure.measure_profile(path.stem, "tiny", "cpu", E2E_SCHEMES, CPU_MEMORY_GIB * 2**30,
+                                             gpus_per_node=4, clock="cpu")
+        write_model(path, prof)
+        run = Path(tmp) / "run"
+        subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "pack", "--profile", str(path), *E2E_PACK,
+                        "--out", str(run)], check=True, capture_output=True)
+        rows = measure.check_plans(str(run), prof, model="tiny", device="cpu", clock="cpu")
+    return {"profile": {"network": prof.network.model_dump(), "params": prof.model.params,
+                        "network_note": prof.notes["network"],
+                        "schemes": [{"scheme": s.label, "max_len": s.max_len, **s.time.model_dump(), "r2": f.r2,
+                                     "worst_rel_err": f.worst_rel_err} for s, f in zip(prof.schemes, fits)]},
+            "pack": " ".join(E2E_PACK), **measure.check_summary(rows),
+            "iterations": [measure.check_row_json(r) for r in rows]}
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    out = {"seq1f1b_vs_1f1b": seq1f1b_vs_1f1b(), "attention": attention_cost()}
+    out = {"seq1f1b_vs_1f1b": seq1f1b_vs_1f1b(), "attention": attention_cost(), "end_to_end_check": end_to_end_check()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1))
     print(f"Seq1F1B in the executor, P={P}, M={M} micro-batches of ~{TOKENS} tokens (tiny model, CPU):")
@@ -133,6 +168,16 @@ def main() -> None:
     print("  documents  varlen_attention  seq1f1b cached_attention")
     for r in out["attention"]:
         print(f"  {r['documents']:9d}  {r['varlen_vs_one_doc']:16.3f}  {r['seq1f1b_cached_vs_one_doc']:24.3f}")
+    e2e = out["end_to_end_check"]
+    print(f"profile --check, end to end (measured profile, LNK {e2e['profile']['network']['intra_node_GBps']:.4g} GB/s, "
+          f"then pack {e2e['pack']}, replayed on 4 gloo ranks):")
+    print("  iteration  pipelines  estimated s  measured s   error  prop. error  sync error")
+    for r in e2e["iterations"]:
+        pipes = "+".join(sorted({p["scheme"] for p in r["pipelines"]}))
+        print(f"  {r['iteration']:9d}  {pipes:9s}  {r['estimate_s']:11.4f}  {r['measured_s']:10.4f}  {r['err']:+6.1%}  "
+              f"{r['propagation_err']:+11.1%}  {r['sync_err']:+10.1%}")
+    print(f"  mean error {e2e['mean_rel_err']:.1%}, worst {e2e['worst_rel_err']:.1%} (iteration {e2e['worst_iteration']}); "
+          f"measured pull+push / 2 x transfer_s: {e2e['mean_pull_push_vs_transfer']:.2f}")
 
 
 if __name__ == "__main__":

@@ -341,8 +341,8 @@ def profile_cmd(
                                             "the CUDA device's; on cpu 1/32 GiB, a stand-in that keeps the exact CPU "
                                             "attention's [T, T] scores small)"),
     out: Path | None = typer.Option(None, "--out", help="profile JSON to write (required unless --check)"),
-    check: Path | None = typer.Option(None, "--check", help="replay this run folder's plans (or one plan) and compare "
-                                      "estimated with measured propagation time"),
+    check: Path | None = typer.Option(None, "--check", help="replay this run folder's plans (or one plan) as whole "
+                                      "iterations and compare with the end-to-end estimate"),
     profile_name: str | None = typer.Option(None, "--profile", help="--check: the profile whose estimates are compared"),
     dtype: str = typer.Option("fp32", "--dtype", help="compute dtype: fp32, bf16 (GPU), fp64"),
     clock: str | None = typer.Option(None, "--clock", help="wall: barrier-to-barrier wall time (default on cuda); cpu: "
@@ -353,14 +353,16 @@ def profile_cmd(
     json_out: bool = typer.Option(False, "--json", help="print the fit (or the --check rows) as JSON"),
 ) -> None:
     """Measure T(l,P) and MaxLen in the runtime on this machine and write a profile ("source": "measured"),
-    or with --check replay plans and report estimated against measured propagation time.
+    or with --check replay plans and report estimated against measured whole iterations.
 
     Timing (--clock): wall time between barriers, or on CPU the critical path of the executed schedule over
     each action's thread CPU time; warm-up runs dropped, median of --repeats kept. A scheme's point is the
     1F1B latency of pp identical micro-batches (under CP: per-sequence shards) divided by 2*pp - 1 (the
     canonical T(m)), over single sequences and 4-document packings at fractions of MaxLen; a, b, c are
-    fitted on all of them (the packings' own worst error is printed). --check replays each plan pipeline alone and times its
-    propagation phase (no pull, push or optimizer step).
+    fitted on all of them (the packings' own worst error is printed). LNK pull and push of each scheme's
+    homogeneous layout over --gpus ranks give `network` (one node: inter-node set to the intra-node figure).
+    --check replays whole iterations (pull, propagate, push, optimizer step, each between barriers) and
+    compares them with the end-to-end estimate, propagation and sync errors apart.
     """
     import json
 
@@ -388,21 +390,20 @@ def profile_cmd(
         prof = load_profile(profile_name)
         rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
                                     warmup=warmup, repeats=repeats)
-        errs = [r.rel_err for r in rows]
+        summary = measure.check_summary(rows)
         if json_out:
-            typer.echo(json.dumps({"profile": prof.name, "mean_rel_err": sum(errs) / len(errs), "worst_rel_err": max(errs),
-                                   "iterations": [{"iteration": r.iteration, "strategy": r.strategy, "estimate_s": r.estimate_s,
-                                                   "measured_s": r.measured_s, "rel_err": r.rel_err,
-                                                   "pipelines": [{"scheme": s, "estimate_s": e, "measured_s": m}
-                                                                 for s, e, m in r.pipelines]} for r in rows]}, indent=1))
+            typer.echo(json.dumps({"profile": prof.name, **summary, "iterations": [measure.check_row_json(r) for r in rows]},
+                                  indent=1))
             return
-        table = Table("iteration", "strategy", "pipelines", "estimated s", "measured s", "error",
-                      title=f"{check}: estimated ({prof.name}) vs measured propagation per iteration", title_justify="left")
+        table = Table("iteration", "strategy", "pipelines", "estimated s", "measured s", "error", "prop. error", "sync error",
+                      title=f"{check}: end-to-end estimate ({prof.name}) vs measured whole iterations", title_justify="left")
         for r in rows:
-            table.add_row(str(r.iteration), r.strategy, " ".join(s for s, _, _ in r.pipelines), f"{r.estimate_s:.4f}",
-                          f"{r.measured_s:.4f}", f"{(r.estimate_s - r.measured_s) / r.measured_s:+.1%}")
+            table.add_row(str(r.iteration), r.strategy, measure.describe_pipelines(r), f"{r.estimate_s:.4f}",
+                          f"{r.measured_s:.4f}", f"{r.err:+.1%}", f"{r.propagation_err:+.1%}", f"{r.sync_err:+.1%}")
         console.print(table)
-        console.print(f"relative error: mean {sum(errs) / len(errs):.1%}, worst {max(errs):.1%} over {len(rows)} iterations")
+        console.print(f"whole-iteration error: mean {summary['mean_rel_err']:.1%}, worst {summary['worst_rel_err']:.1%} "
+                      f"(iteration {summary['worst_iteration']}) over {len(rows)} iterations; mean share of the measured "
+                      f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
         return
     if out is None:
         raise UserError("--out is required (the profile JSON to write), unless --check is given")
@@ -435,9 +436,11 @@ def profile_cmd(
                                              progress=lambda s: status.update(f"measuring {s} in the runtime"))
     write_model(out, prof)
     if json_out:
-        typer.echo(json.dumps([{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len, **s.time.model_dump(),
-                                "r2": f.r2, "worst_rel_err": f.worst_rel_err, "packed_worst_rel_err": f.packed_worst_rel_err}
-                               for s, f in zip(prof.schemes, fits)], indent=1))
+        typer.echo(json.dumps({"schemes": [{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len,
+                                            **s.time.model_dump(), "r2": f.r2, "worst_rel_err": f.worst_rel_err,
+                                            "packed_worst_rel_err": f.packed_worst_rel_err}
+                                           for s, f in zip(prof.schemes, fits)],
+                               "network": prof.network.model_dump(), "params": prof.model.params}, indent=1))
         return
     table = Table("scheme", "MaxLen", "UtilLen", "a", "b", "c", "R^2", "worst err", "packed worst err",
                   title=f"{prof.name}: measured on {prof.gpu.name}, {memory_gib:g} GiB per device", title_justify="left")
@@ -446,6 +449,9 @@ def profile_cmd(
         table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",
                       f"{f.r2:.4f}", f"{f.worst_rel_err:.1%}", packed)
     console.print(table)
+    net = prof.network
+    console.print(f"LNK pull/push: {net.intra_node_GBps:.3g} GB/s per rank within the node (inter-node set equal: one "
+                  f"node measured); model.params {prof.model.params:,}")
     console.print(f"wrote {out}")
 
 

@@ -1,6 +1,11 @@
 """Measured profiles, the planner side of `hydraplan profile`: the measuring grid, MaxLen from measured
-memory, the T(l) fit and its quality, the profile file, and --check (estimated against measured time).
-The measuring itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+memory, the T(l) fit and its quality, the LNK bandwidth fit (`network`), the profile file, and --check
+(the end-to-end estimate against measured whole iterations, propagation and sync apart). The measuring
+itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+
+Network. LNK pull and push of homogeneous layouts at the real slice sizes are fitted to the one bandwidth
+with which hydraplan.sync.transfer_s reproduces them (the DESIGN.md model has no latency term, so at
+these sizes latency is folded into it). One node is measured; inter_node_GBps is set equal to it.
 
 Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
 of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
@@ -33,7 +38,8 @@ import numpy as np
 from hydraplan.costmodel import fit_micro_batches, pipeline_time, util_len
 from hydraplan.errors import UserError
 from hydraplan.paths import ROOT
-from hydraplan.schema import GPUInfo, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.sync import WIRE_BYTES_PER_PARAM, transfer_s
 
 MEMORY_LENGTHS = (64, 128, 256, 512)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
@@ -119,6 +125,40 @@ def fit_points(points: Sequence[tuple[Sequence[int], float]]) -> SchemeFit:
     return SchemeFit(time, fit.r2, fit.worst_rel_err, max(errs) if errs else None, len(points))
 
 
+@dataclass(frozen=True)
+class BandwidthFit:
+    """The one bandwidth with which sync.transfer_s reproduces measured LNK times best (relative least
+    squares), and its worst relative error over them."""
+
+    GBps: float
+    worst_rel_err: float
+    points: int
+
+
+def fit_bandwidth(slice_bytes: Sequence[float], seconds: Sequence[float]) -> BandwidthFit:
+    """Fit t = bytes / bw (the DESIGN.md model has no latency term) on (slice bytes, seconds) pairs:
+    with r_i = bytes_i / t_i, minimizing sum((bytes_i / bw - t_i) / t_i)^2 gives 1/bw = sum(r) / sum(r^2).
+    At the real slice sizes a fixed latency is folded into bw, which is what the estimate then sees."""
+    b = np.asarray(slice_bytes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if len(b) == 0 or np.any(b <= 0) or np.any(t <= 0):
+        raise ValueError("need positive bytes and seconds to fit a bandwidth")
+    r = b / t
+    inv = float(r.sum() / (r * r).sum())  # seconds per byte
+    return BandwidthFit(1e-9 / inv, float(np.max(np.abs(b * inv - t) / t)), len(b))
+
+
+def network_slices(params: int, samples: Sequence[dict]) -> tuple[list[float], list[float]]:
+    """(bytes as sync.transfer_s counts them: WIRE_BYTES_PER_PARAM * params / (tp * pp), seconds) of every
+    measured pull and push; the wire may carry a wider dtype (fp32 on CPU), which the bandwidth absorbs."""
+    sizes, secs = [], []
+    for x in samples:
+        for key in ("pull_s", "push_s"):
+            sizes.append(WIRE_BYTES_PER_PARAM * params / (x["tp"] * x["pp"]))
+            secs.append(float(x[key]))
+    return sizes, secs
+
+
 # ------------------------------------------------------------------------------------------ running
 def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
     """Run runtime/profile.py on `ranks` processes (torchrun when more than one), one thread each, and
@@ -159,6 +199,10 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
 
     cfg = get_config(model)
     out, fits = [], []
+    if progress is not None:
+        progress("LNK pull/push")
+    network, _, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _ in schemes}),
+                                                 dtype=dtype, timeout_s=timeout_s)
     for tp, pp, cp in schemes:
         if progress is not None:
             progress(f"<{tp},{pp},{cp}>")
@@ -178,8 +222,9 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
     gpu = _device_name(device)
     profile = Profile(
         name=name, gpu=GPUInfo(name=gpu, memory_gib=capacity_bytes / 2**30, gpus_per_node=gpus_per_node),
-        model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab),
-        schemes=out, reference_gpus=gpus_per_node, source="measured",
+        model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
+                        params=model_params(model)),
+        schemes=out, reference_gpus=gpus_per_node, source="measured", network=network,
         notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: 1F1B latency of pp identical micro-batches / "
                        f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; "
                        "a, b, c fitted on single "
@@ -187,8 +232,44 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
                        "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage) * act(l) <= {capacity_bytes / 2**30:g} GiB on every stage; "
                           "act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward (measured_memory)",
+               "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
+               "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
     return profile, fits
+
+
+def model_params(model: str) -> int:
+    """Phi of a runtime model config: what LNK pulls and pushes."""
+    from hydraplan.runtime.model import get_config, param_specs
+
+    return sum(s.numel for s in param_specs(get_config(model)))
+
+
+NETWORK_REPEATS = 15
+
+
+def measure_network(model: str, device: str, ranks: int, slices: Sequence[tuple[int, int]], *, dtype: str = "fp32",
+                    warmup: int = 2, repeats: int = NETWORK_REPEATS,
+                    timeout_s: float = 600.0) -> tuple[Network, BandwidthFit, str]:
+    """LNK pull/push of homogeneous <tp, pp> layouts over `ranks` ranks of this node, timed in the runtime
+    (runtime/profile.py --network), fitted to one bandwidth. `hydraplan profile` runs one node, so
+    inter_node_GBps is set to the intra-node figure; a job within one node (N <= gpus_per_node) never uses
+    it (sync.effective_bandwidth_GBps weighs it by 1 - G/N = 0)."""
+    todo = [(tp, pp) for tp, pp in slices if ranks % (tp * pp) == 0] or [(1, 1)]
+    args = ["--model", model, "--dtype", dtype, "--warmup", str(warmup), "--repeats", str(repeats)]
+    for tp, pp in todo:
+        args += ["--network", f"{tp},{pp}"]
+    raw = run_runtime(args, ranks, device, timeout_s)
+    fit = fit_bandwidth(*network_slices(raw["params"], raw["samples"]))
+    backend = "NCCL" if device == "cuda" else "gloo"
+    times = ", ".join(f"<{x['tp']},{x['pp']}> pull {x['pull_s'] * 1e3:.2f} ms push {x['push_s'] * 1e3:.2f} ms"
+                      for x in raw["samples"])
+    note = (f"intra_node_GBps: runtime/lnk.py pull and push on {ranks} {backend} ranks of one node ({dtype} on the wire), "
+            f"homogeneous layouts {times} (wall time between barriers, median of {repeats} after {warmup} warm-up); "
+            f"one bandwidth fitted to those times as sync.transfer_s counts bytes (2 per parameter / (tp*pp)), "
+            f"worst error {fit.worst_rel_err:.0%} (latency folded in at these slice sizes). inter_node_GBps: "
+            "no second node was measured, so it is set to the intra-node figure; a job within one node never uses it")
+    return Network(intra_node_GBps=fit.GBps, inter_node_GBps=fit.GBps), fit, note
 
 
 def _device_name(device: str) -> str:
@@ -202,15 +283,50 @@ def _device_name(device: str) -> str:
 # -------------------------------------------------------------------------------------------- check
 @dataclass(frozen=True)
 class CheckRow:
+    """One iteration: estimated propagation + exposed sync (= iteration_s) against the measured phases.
+    Errors are signed and relative to the measured whole iteration, so propagation_err + sync_err = err."""
+
     iteration: int
     strategy: str
-    estimate_s: float
-    measured_s: float
-    pipelines: list[tuple[str, float, float]]  # (scheme label, estimate, measured) per pipeline
+    estimate_propagation_s: float  # of the pipeline attaining iteration_s
+    estimate_sync_s: float
+    pull_s: float
+    propagate_s: float  # the slowest pipeline
+    push_s: float
+    step_s: float
+    estimate_from: str  # "plan" (its estimate.iteration_s/sync_s) or "profile" (sync.iteration_estimate)
+    transfer_s: float  # sync.transfer_s of the plan's slowest-moving busy pipeline: one pull or push, unhidden
+    no_overlap_s: float  # max over busy pipelines of propagation + pull + push: the estimate if LNK hid nothing
+    pipelines: list[tuple[str, float, float]]  # (scheme label, estimated, measured propagation) per pipeline
+
+    @property
+    def estimate_s(self) -> float:
+        return self.estimate_propagation_s + self.estimate_sync_s
+
+    @property
+    def sync_s(self) -> float:
+        """Measured sync: pull + push + optimizer step (all exposed while LNK does not overlap compute)."""
+        return self.pull_s + self.push_s + self.step_s
+
+    @property
+    def measured_s(self) -> float:
+        return self.propagate_s + self.sync_s
+
+    @property
+    def err(self) -> float:
+        return (self.estimate_s - self.measured_s) / self.measured_s
 
     @property
     def rel_err(self) -> float:
-        return abs(self.estimate_s - self.measured_s) / self.measured_s
+        return abs(self.err)
+
+    @property
+    def propagation_err(self) -> float:
+        return (self.estimate_propagation_s - self.propagate_s) / self.measured_s
+
+    @property
+    def sync_err(self) -> float:
+        return (self.estimate_sync_s - self.sync_s) / self.measured_s
 
 
 def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[int, int]) -> float:
@@ -227,9 +343,22 @@ def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[in
     return seq1f1b_estimate(scheme, plans)[0]
 
 
+def plan_estimate(plan: Plan, profile: Profile, estimates: Sequence[float]) -> tuple[float, float, str]:
+    """(propagation, exposed sync) of the pipeline attaining the plan's end-to-end estimate: the plan's own
+    estimate.iteration_s/sync_s when it carries them for this profile, else sync.iteration_estimate over
+    the pipelines' estimates under `profile`."""
+    from hydraplan.sync import iteration_estimate
+
+    e = plan.estimate
+    if plan.profile == profile.name and e.iteration_s is not None and e.sync_s is not None:
+        return e.iteration_s - e.sync_s, e.sync_s, "plan"
+    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], estimates)
+    return est.iteration_s - est.sync_s, est.sync_s, "profile"
+
+
 def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[CheckRow]:
-    """Estimated (max over pipelines) against measured propagation per plan; `measured` is the JSON of
-    runtime/profile.py --check for the same plans."""
+    """Estimated against measured whole iterations per plan; `measured` is the JSON of runtime/profile.py
+    --check for the same plans."""
     rows = []
     for plan, got in zip(plans, measured["plans"], strict=True):
         lengths = {s.id: s.length for s in plan.batch}
@@ -240,17 +369,58 @@ def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[Che
                 raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
                                 f"is not in profile {profile.name}")
             pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
-        rows.append(CheckRow(plan.iteration, plan.strategy, max(p[1] for p in pipes), max(p[2] for p in pipes), pipes))
+        prop, sync, source = plan_estimate(plan, profile, [p[1] for p in pipes])
+        busy = [(transfer_s(profile, p.tp, p.pp, plan.gpus), e) for p, (_, e, _) in zip(plan.pipelines, pipes) if p.micro_batches]
+        rows.append(CheckRow(plan.iteration, plan.strategy, prop, sync, float(got["pull_s"]), float(got["propagate_s"]),
+                             float(got["push_s"]), float(got["step_s"]), source, max((t for t, _ in busy), default=0.0),
+                             max((e + 2 * t for t, e in busy), default=0.0), pipes))
     return rows
+
+
+def check_summary(rows: Sequence[CheckRow]) -> dict:
+    """Mean and worst whole-iteration error, the mean signed propagation and sync errors (shares of the
+    measured iteration), measured pull + push over twice sync.transfer_s (the network figure's own check,
+    whatever compute hides), and the mean error of an estimate that assumes LNK hides nothing."""
+    errs = [r.rel_err for r in rows]
+    worst = max(range(len(rows)), key=lambda i: errs[i])
+    lnk = [(r.pull_s + r.push_s) / (2 * r.transfer_s) for r in rows if r.transfer_s > 0]
+    return {"mean_rel_err": float(np.mean(errs)), "worst_rel_err": errs[worst], "worst_iteration": rows[worst].iteration,
+            "mean_pull_push_vs_transfer": float(np.mean(lnk)) if lnk else None,
+            "mean_rel_err_no_overlap": float(np.mean([abs(r.no_overlap_s - r.measured_s) / r.measured_s for r in rows])),
+            "mean_propagation_err": float(np.mean([r.propagation_err for r in rows])),
+            "mean_sync_err": float(np.mean([r.sync_err for r in rows]))}
+
+
+def describe_pipelines(r: CheckRow) -> str:
+    """e.g. "4x<1,1,1>" or "1x<2,1,1>+2x<1,1,1>", in plan order."""
+    counts: dict[str, int] = {}
+    for label, _, _ in r.pipelines:
+        counts[label] = counts.get(label, 0) + 1
+    return "+".join(f"{n}x{k}" for k, n in counts.items())
+
+
+def check_row_json(r: CheckRow) -> dict:
+    return {"iteration": r.iteration, "strategy": r.strategy, "estimate_from": r.estimate_from,
+            "estimate_s": r.estimate_s, "estimate_propagation_s": r.estimate_propagation_s,
+            "estimate_sync_s": r.estimate_sync_s, "measured_s": r.measured_s, "pull_s": r.pull_s,
+            "propagate_s": r.propagate_s, "push_s": r.push_s, "step_s": r.step_s, "sync_s": r.sync_s,
+            "estimate_transfer_s": r.transfer_s, "no_overlap_s": r.no_overlap_s, "err": r.err, "rel_err": r.rel_err,
+            "propagation_err": r.propagation_err, "sync_err": r.sync_err,
+            "pipelines": [{"scheme": s, "estimate_s": e, "measured_s": m} for s, e, m in r.pipelines]}
 
 
 def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
                 warmup: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> list[CheckRow]:
-    """Replay every plan of a run (each pipeline alone) and compare with the profile's estimates."""
+    """Replay every plan of a run as whole training iterations and compare with the profile's estimates."""
     from hydraplan.runtime.plans import load_plans
 
-    plans = [p for _, p in load_plans(plan_dir, None)]
-    ranks = max(len(pipe.ranks) for p in plans for pipe in p.pipelines)
+    loaded = load_plans(plan_dir, None)
+    plans = [p for _, p in loaded]
+    ranks = plans[0].gpus
+    for source, p in loaded:
+        if p.gpus != ranks:
+            raise UserError(f"{source}: field gpus: {p.gpus}, but the run's first plan has {ranks} (--check replays "
+                            "one run on one set of ranks)")
     measured = run_runtime(["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock,
                             "--warmup", str(warmup),
                             "--repeats", str(repeats)], ranks, device, timeout_s)

@@ -1,7 +1,9 @@
-"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, or the
-propagation time of every pipeline of a run's plans (`hydraplan profile` launches it; it prints JSON).
+"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, LNK
+pull/push times (the network), or whole training iterations of a run's plans (`hydraplan profile` launches
+it; it writes JSON).
 
     torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --model tiny --capacity-bytes B --out m.json
+    torchrun --nproc-per-node N     runtime/profile.py --network 1,1 --network 2,1 --model tiny --out n.json
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
 (one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
 
@@ -17,9 +19,11 @@ the cost model's premise). Two clocks:
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
---check replays each plan pipeline alone (ranks 0..g-1, the others idle; pipelines of one plan occupy
-disjoint GPUs on a cluster) with the plan's micro-batches and splits, and times its propagation only
-(no pull, push or optimizer step, which the cost model does not estimate).
+--network times runtime/lnk.py's own pull and push for homogeneous <tp, pp> layouts over all ranks (the
+real pieces and all_to_all_single, at the real slice sizes), wall time between barriers.
+--check replays whole iterations of every plan (iteration_phases): pull, propagation of all pipelines at
+once, push and the optimizer step, each between barriers; on the cpu clock propagation is each
+pipeline's critical path over thread CPU time and the LNK phases stay wall time.
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
 saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
@@ -44,18 +48,24 @@ import os
 import statistics
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from hydraplan.errors import UserError
 from hydraplan.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
 from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
+from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
-from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+from hydraplan.runtime.plans import micro_batch_seqs, rank_roles
+from hydraplan.runtime.replay import Replayer
+from hydraplan.runtime.seq1f1b import Seq1F1BStage, pipeline_splits, run_seq1f1b
 from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -67,7 +77,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
-    ap.add_argument("--check", default=None, help="plan folder (or file) to replay pipeline by pipeline")
+    ap.add_argument("--check", default=None, help="plan folder (or file) to replay as whole iterations")
+    ap.add_argument("--network", action="append", default=None, metavar="TP,PP",
+                    help="time LNK pull/push of a homogeneous <TP,PP> layout over all ranks (repeat for several)")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="wall", help="see the module docstring")
@@ -78,6 +90,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout-s", type=float, default=300.0)
     return ap.parse_args(argv)
+
+
+def _pair(text: str) -> tuple[int, int]:
+    tp, pp = (int(x) for x in text.split(","))
+    return tp, pp
 
 
 def _init(timeout: timedelta) -> torch.device:
@@ -159,7 +176,6 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in DESIGN.md's rank order); the
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
-    from hydraplan.runtime.plans import rank_roles
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != tp * pp * cp:
@@ -216,43 +232,136 @@ def _device_batch(mb: PackedBatch, device: torch.device) -> PackedBatch:
                        mb.max_seqlen)
 
 
+class Phases(NamedTuple):
+    """Seconds of one replayed iteration per phase (propagate: the slowest pipeline; per_pipeline: each)."""
+
+    pull_s: float
+    propagate_s: float
+    push_s: float
+    step_s: float
+    per_pipeline: list[float]
+
+
+def _barrier_timed(fn, device: torch.device):
+    """Run fn between two barriers; (its result, wall seconds): what the slowest rank takes."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    return out, time.perf_counter() - t0
+
+
+def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
+    """One training iteration of `plan` through the replay's pull, push and optimizer step, each phase
+    between barriers. Propagation runs the Seq1F1B executor (K = 1 where the plan has no splits: 1F1B),
+    as the profile's fits do (the replay's 1F1B path masks whole micro-batches on CPU, see the module
+    docstring). Clock "cpu": propagation is each pipeline's critical path over its ranks' thread CPU
+    seconds; pull, push and step stay wall time (communication is not this thread's CPU time).
+    Collective over all ranks. The runtime overlapping pull/push with compute will report these phases
+    itself; then this function reduces to reading them."""
+    s = replayer.setup(plan)
+    device = replayer.device
+    flat, pull_s = _barrier_timed(lambda: lnk.pull(s.link, replayer.master.weights.detach(), replayer.dtype), device)
+    (grads, cpu), prop_wall = _barrier_timed(lambda: _propagate(replayer, plan, s.role, flat), device)
+    push, push_s = _barrier_timed(lambda: lnk.push(s.link, grads, replayer.master.weights.dtype), device)
+    _, step_s = _barrier_timed(lambda: replayer.master.step(push), device)
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, (s.role.pipeline, cpu) if s.role is not None else None)
+    per = [0.0] * len(plan.pipelines)
+    if clock == "cpu":
+        for j in range(len(plan.pipelines)):
+            stages = [g[1] for g in got if g is not None and g[0] == j and g[1] is not None]
+            per[j] = critical_path(stages) if stages else 0.0
+        prop = max(per)
+    else:  # wall: pipelines run at once, only the slowest is seen
+        prop = prop_wall
+        per = [prop_wall] * len(plan.pipelines)
+    return Phases(pull_s, prop, push_s, step_s, per)
+
+
+def _propagate(replayer: Replayer, plan: Plan, role, flat: torch.Tensor):
+    """This rank's stage gradients (flat, canonical order) and (stage, pp, CPU seconds per action), or
+    empty gradients and None on an idle rank or pipeline."""
+    if role is None or not plan.pipelines[role.pipeline].micro_batches:
+        return flat.new_zeros(flat.numel()), None  # an idle rank's flat is empty
+    pipe = plan.pipelines[role.pipeline]
+    groups = replayer.groups
+    tp = TPGroup(groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
+    module = StageModule(replayer.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=replayer.dtype, device=replayer.device)
+    params = module.ordered_params()
+    with torch.no_grad():
+        for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+            p.copy_(chunk.view_as(p))
+    mbs = [replayer.data.pack(seqs, replayer.device) for seqs in micro_batch_seqs(plan, pipe)]
+    cp = None
+    if role.cp > 1:
+        cp = CPShards.of(mbs, [mb.cp_shard for mb in pipe.micro_batches], role.cp_rank, role.cp_ranks,
+                         groups.get(role.cp_ranks))
+    splits = pipeline_splits(plan, role.pipeline) or [[0, mb.num_tokens] for mb in mbs]
+    comm = StageComm(role.stage, role.pp, role.prev, role.next, replayer.cfg.hidden, replayer.dtype, replayer.device)
+    _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0 / replayer.data.labeled_tokens(plan), cp)
+    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    return grads, (role.stage, role.pp, stage.cpu_s)
+
+
 def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:
-    """Propagation seconds of every pipeline of every plan, each replayed alone (median of repeats)."""
-    from hydraplan.runtime.groups import GroupCache
-    from hydraplan.runtime.plans import check_plan, load_plans, micro_batch_seqs, rank_roles
+    """Phase seconds of whole iterations of every plan (median of `repeats` after `warmup`, each phase on
+    its own; every repeat is a real training step)."""
+    from hydraplan.runtime.plans import check_plan, load_plans
     from hydraplan.runtime.seq1f1b import check_splits
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    dtype = DTYPES[args.dtype]
-    data = TokenData(cfg.vocab)
-    full = [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))]
-    groups = GroupCache(timedelta(seconds=args.timeout_s))
+    replayer = Replayer(cfg, TokenData(cfg.vocab), DTYPES[args.dtype], 0, 1e-3, device, timedelta(seconds=args.timeout_s))
     out = []
     for source, plan in load_plans(args.check, None):
-        pipes = []
-        for pipe in plan.pipelines:
-            local = pipe.model_copy(update={"ranks": list(range(len(pipe.ranks)))})
-            alone = plan.model_copy(update={"gpus": world, "pipelines": [local]})
-            check_plan(alone, source, world, cfg)
-            check_splits(alone, source)
-            groups.ensure(alone)
-            role = rank_roles(alone, world)[rank]
-            module, comm, cp = None, None, None
-            mbs = [_device_batch(data.pack(seqs), device) for seqs in micro_batch_seqs(alone, alone.pipelines[0])]
-            splits = [list(mb.splits) if mb.splits is not None else [0, b.num_tokens]
-                      for mb, b in zip(pipe.micro_batches, mbs)]
-            if role is not None:
-                tp = TPGroup(groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
-                module = StageModule(cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=dtype, device=device)
-                load_full(module, full, role.tp, role.tp_rank)
-                comm = StageComm(role.stage, role.pp, role.prev, role.next, cfg.hidden, dtype, device)
-                if role.cp > 1:
-                    cp = CPShards.of(mbs, [mb.cp_shard for mb in pipe.micro_batches], role.cp_rank, role.cp_ranks,
-                                     groups.get(role.cp_ranks))
-            runs = timed_pipeline(module, mbs, splits, comm, args, device, cp)
-            pipes.append({"seconds": statistics.median(runs), "runs": runs})
-        out.append({"source": source, "iteration": plan.iteration, "pipelines": pipes})
+        check_plan(plan, source, world, cfg)
+        check_splits(plan, source)
+        runs = [iteration_phases(replayer, plan, args.clock) for _ in range(args.warmup + args.repeats)][args.warmup:]
+        med = {k: statistics.median(getattr(r, k) for r in runs) for k in ("pull_s", "propagate_s", "push_s", "step_s")}
+        pipes = [{"seconds": statistics.median(r.per_pipeline[j] for r in runs)} for j in range(len(plan.pipelines))]
+        out.append({"source": source, "iteration": plan.iteration, **med, "pipelines": pipes,
+                    "runs": [r._asdict() for r in runs]})
     return {"plans": out} if rank == 0 else None
+
+
+def measure_network(cfg: ModelConfig, schemes: list[tuple[int, int]], args: argparse.Namespace,
+                    device: torch.device) -> dict | None:
+    """Wall seconds of LNK pull and push (runtime/lnk.py itself, between barriers) when all ranks of this
+    job run one homogeneous <tp, pp> layout: each rank moves its stage's slice for its TP rank from and to
+    owners spread over every rank, the runtime's own messages at the real slice sizes. Median of
+    `repeats` after `warmup` per scheme and direction."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = DTYPES[args.dtype]
+    specs = param_specs(cfg)
+    numels = np.array([s.numel for s in specs], dtype=np.int64)
+    sharded = np.array([s.sharded for s in specs], dtype=bool)
+    master = ShardedMaster(cfg, rank, world, master_dtype(dtype), 0, 1e-3, device)
+    shard = master.weights.detach()
+    out = []
+    for tp, pp in schemes:
+        d = tp * pp
+        if world % d:
+            raise UserError(f"network: <{tp},{pp}> needs a multiple of {d} ranks but WORLD_SIZE is {world}")
+        layout = Plan(iteration=0, profile="", gpus=world, batch=[], strategy="", estimate=Estimate(propagation_s=0.0),
+                      pipelines=[PlanPipeline(tp=tp, pp=pp, cp=1, ranks=list(range(i * d, (i + 1) * d)), micro_batches=[],
+                                              estimate_s=0.0) for i in range(world // d)])
+        link = lnk.plan_link(numels, sharded, [r.link_role(cfg) for r in rank_roles(layout, world)], rank)
+        grads = torch.ones(link.local.total, dtype=dtype, device=device)
+        pulls, pushes = [], []
+        for i in range(args.warmup + args.repeats):
+            _, t_pull = _barrier_timed(lambda: lnk.pull(link, shard, dtype), device)
+            _, t_push = _barrier_timed(lambda: lnk.push(link, grads, shard.dtype), device)
+            if i >= args.warmup:
+                pulls.append(t_pull)
+                pushes.append(t_push)
+        moved: list = [None] * world
+        dist.all_gather_object(moved, link.local.total)
+        out.append({"tp": tp, "pp": pp, "elements": max(moved), "wire_bytes_per_element": dtype.itemsize,
+                    "pull_s": statistics.median(pulls), "push_s": statistics.median(pushes),
+                    "pull_runs": pulls, "push_runs": pushes})
+    return {"ranks": world, "params": int(numels.sum()), "samples": out} if rank == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     device = _init(timedelta(seconds=args.timeout_s))
     try:
         cfg = get_config(args.model)
-        result = check_plans(cfg, args, device) if args.check else measure_scheme(cfg, args.tp, args.pp, args.cp, args, device)
+        if args.check:
+            result = check_plans(cfg, args, device)
+        elif args.network:
+            result = measure_network(cfg, [_pair(x) for x in args.network], args, device)
+        else:
+            result = measure_scheme(cfg, args.tp, args.pp, args.cp, args, device)
         if result is not None:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return 0

@@ -1,7 +1,8 @@
-"""Measured profiles: MaxLen from measured memory, the grid, the fit on synthetic timings, the
-estimates --check compares against, the critical-path clock, and the `hydraplan profile` command
-(real measurements of <1,1,1> and <1,1,2>, --check on a 2-iteration plan and on a Seq1F1B plan with
-CP, under torchrun)."""
+"""Measured profiles: MaxLen from measured memory, the grid, the fit on synthetic timings, the network
+bandwidth fit, the end-to-end estimates --check compares against and its error arithmetic, the
+critical-path clock, and the `hydraplan profile` command (real measurements of <1,1,1> with LNK
+bandwidth and of <1,1,2>, --check of whole iterations on a 3-iteration run with a Seq1F1B plan with CP,
+under torchrun)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from hydraplan.measure import (
     PACKED_DOCS,
     StageMemory,
     activation_fit,
+    check_summary,
     compare,
+    fit_bandwidth,
     fit_points,
+    network_slices,
     pipeline_estimate,
     scheme_max_len,
     stage_max_len,
@@ -33,7 +37,20 @@ from hydraplan.measure import (
 )
 from hydraplan.pipeline import fb_split, schedule_seq1f1b, simulate
 from hydraplan.runtime.profile import critical_path
-from hydraplan.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, ModelInfo, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.schema import (
+    BatchSeq,
+    Estimate,
+    GPUInfo,
+    MicroBatch,
+    ModelInfo,
+    Network,
+    Plan,
+    PlanPipeline,
+    Profile,
+    Scheme,
+    TimeCoeffs,
+)
+from hydraplan.sync import has_sync_model
 
 runner = CliRunner()
 
@@ -112,6 +129,37 @@ def test_fit_points_needs_three_distinct_points():
         fit_points([([64], 0.1), ([64], 0.11), ([16, 16], 0.1)])
 
 
+# ----------------------------------------------------------------------------------------- network
+def test_fit_bandwidth_recovers_a_pure_bandwidth_and_minimizes_relative_error():
+    sizes = [98880.0, 49440.0, 24720.0, 12360.0]
+    fit = fit_bandwidth(sizes, [b / 0.004e9 for b in sizes])  # exactly 4 MB/s
+    assert fit.GBps == pytest.approx(0.004, rel=1e-12) and fit.worst_rel_err < 1e-12 and fit.points == 4
+    # with a latency no single bandwidth is exact; the fit is the relative least-squares optimum (brute force)
+    secs = [2e-3 + b / 0.01e9 for b in sizes]
+    fit = fit_bandwidth(sizes, secs)
+    grid = np.linspace(0.001, 0.02, 200001)
+    loss = (((np.array(sizes)[None, :] / (grid[:, None] * 1e9)) - secs) / secs) ** 2
+    best = grid[np.argmin(loss.sum(axis=1))]
+    assert fit.GBps == pytest.approx(best, rel=1e-4)
+    assert fit.worst_rel_err == pytest.approx(max(abs(b / (fit.GBps * 1e9) - t) / t for b, t in zip(sizes, secs)))
+    # the latency is folded in: small slices look slower than large ones
+    assert sizes[-1] / secs[-1] < fit.GBps * 1e9 < sizes[0] / secs[0]
+    with pytest.raises(ValueError, match="positive"):
+        fit_bandwidth([1.0], [0.0])
+
+
+def test_network_slices_count_bytes_as_sync_transfer_does():
+    samples = [{"tp": 1, "pp": 1, "pull_s": 0.02, "push_s": 0.03}, {"tp": 2, "pp": 2, "pull_s": 0.01, "push_s": 0.011}]
+    sizes, secs = network_slices(1000, samples)
+    assert sizes == [2000.0, 2000.0, 500.0, 500.0] and secs == [0.02, 0.03, 0.01, 0.011]
+    # a profile with the fitted bandwidth predicts those transfers through hydraplan.sync
+    from hydraplan.sync import transfer_s
+
+    prof = tiny_profile().model_copy(update={"network": Network(intra_node_GBps=2e-4, inter_node_GBps=2e-4)})
+    prof.model.params = 1000
+    assert transfer_s(prof, 2, 2, 4) == pytest.approx(500 / 2e5)
+
+
 # ------------------------------------------------------------------------------------------- check
 def tiny_profile(**time) -> Profile:
     t = TimeCoeffs(**(dict(a=2e-7, b=3e-5, c=5e-3) | time))
@@ -160,16 +208,62 @@ def test_pipeline_estimate_is_canonical_without_splits_and_the_schedule_with_the
     assert pipeline_estimate(s2, plan.pipelines[1], lengths) == pytest.approx(want, rel=1e-12)
 
 
+def measured(pull, pipes, push, step) -> dict:
+    return {"pull_s": pull, "propagate_s": max(pipes), "push_s": push, "step_s": step,
+            "pipelines": [{"seconds": x} for x in pipes]}
+
+
 def test_compare_takes_the_slowest_pipeline_and_names_a_missing_scheme():
-    prof = tiny_profile()
+    prof = tiny_profile()  # no network: sync is 0 and the end-to-end estimate is the propagation
     plan = plan_of(4, [(1, [0], [[100]], None), (2, [1, 2], [[50], [60]], None)])
-    rows = compare([plan], {"plans": [{"pipelines": [{"seconds": 0.02}, {"seconds": 0.05}]}]}, prof)
+    rows = compare([plan], {"plans": [measured(0.001, [0.02, 0.05], 0.002, 0.0005)]}, prof)
     est = [pipeline_time(prof.scheme(1, 1, 1), [[100]]), pipeline_time(prof.scheme(1, 2, 1), [[50], [60]])]
-    assert rows[0].estimate_s == pytest.approx(max(est)) and rows[0].measured_s == 0.05
-    assert rows[0].rel_err == pytest.approx(abs(max(est) - 0.05) / 0.05)
+    r = rows[0]
+    assert r.estimate_s == pytest.approx(max(est)) and r.estimate_sync_s == 0 and r.estimate_from == "profile"
+    assert r.measured_s == pytest.approx(0.0535) and r.sync_s == pytest.approx(0.0035)
+    assert r.rel_err == pytest.approx(abs(max(est) - 0.0535) / 0.0535)
+    assert [p[2] for p in r.pipelines] == [0.02, 0.05]
     plan.pipelines[0].tp = 4
     with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p"):
-        compare([plan], {"plans": [{"pipelines": [{"seconds": 0.02}, {"seconds": 0.05}]}]}, prof)
+        compare([plan], {"plans": [measured(0.001, [0.02, 0.05], 0.002, 0.0005)]}, prof)
+
+
+def test_check_errors_by_hand():
+    """A 4-GPU plan: <1,1,1> on 100 tokens and <1,2,1> on 50 + 60 under a 4 MB/s network, 1e5 parameters."""
+    prof = tiny_profile(a=0.0, b=1e-3, c=0.0)
+    prof = prof.model_copy(update={"network": Network(intra_node_GBps=0.004, inter_node_GBps=0.004)})
+    prof.model.params = 100_000
+    prof.gpu.gpus_per_node = 4
+    assert has_sync_model(prof)
+    plan = plan_of(0, [(1, [0], [[100]], None), (2, [1, 2], [[50], [60]], None)], gpus=4)
+    # by hand: T(m) = 1e-3 * tokens. <1,1,1>: prop 0.1; <1,2,1>: sum T + (pp - 1) * max T = 0.11 + 0.06 = 0.17
+    # transfer = 2 bytes * 1e5 / (tp*pp) / 4e6 B/s: 0.05 s for pp 1, 0.025 s for pp 2
+    # exposed: pp 1: max(0, 0.05 - 0.1/3) + max(0, 0.05 - 0.2/3) = 0.05 - 0.0333.. = 0.01666..; pp 2: 0
+    # iteration: max(0.1 + 0.01667, 0.17 + 0) = 0.17 (pipeline 1), sync 0
+    got = {"plans": [measured(0.03, [0.09, 0.2], 0.04, 0.01)]}
+    (r,) = compare([plan], got, prof)
+    assert r.estimate_propagation_s == pytest.approx(0.17) and r.estimate_sync_s == pytest.approx(0.0)
+    assert r.transfer_s == pytest.approx(0.05)
+    assert r.no_overlap_s == pytest.approx(max(0.1 + 2 * 0.05, 0.17 + 2 * 0.025))  # nothing hidden: 0.22
+    # measured: 0.2 + (0.03 + 0.04 + 0.01) = 0.28; error (0.17 - 0.28) / 0.28; prop (0.17 - 0.2) / 0.28; sync -0.08 / 0.28
+    assert r.measured_s == pytest.approx(0.28)
+    assert (r.err, r.propagation_err, r.sync_err) == pytest.approx((-0.11 / 0.28, -0.03 / 0.28, -0.08 / 0.28))
+    assert r.propagation_err + r.sync_err == pytest.approx(r.err)
+    # a slower network makes the one-GPU pipeline the critical one: 2x the transfer (0.1 s): 0.1 + 0.1 > 0.17
+    slow = prof.model_copy(update={"network": Network(intra_node_GBps=0.002, inter_node_GBps=0.002)})
+    (r,) = compare([plan], got, slow)
+    exposed = (0.1 - 0.1 / 3) + (0.1 - 0.2 / 3)
+    assert (r.estimate_propagation_s, r.estimate_sync_s) == pytest.approx((0.1, exposed))
+    assert r.sync_err == pytest.approx((exposed - 0.08) / 0.28)
+    # a plan carrying the end-to-end fields for this profile is taken at its word
+    plan.profile = slow.name
+    plan.estimate = Estimate(propagation_s=0.18, iteration_s=0.3, sync_s=0.05)
+    (r,) = compare([plan], got, slow)
+    assert (r.estimate_from, r.estimate_propagation_s, r.estimate_sync_s) == ("plan", pytest.approx(0.25), 0.05)
+    summary = check_summary([r, compare([plan_of(1, [(1, [0], [[100]], None)], gpus=4)],
+                                        {"plans": [measured(0.0, [0.1], 0.0, 0.0)]}, prof)[0]])
+    assert summary["mean_rel_err"] == pytest.approx((0.02 / 0.28 + abs(0.1 + 0.05 - 0.1 / 3 - 0.1) / 0.1) / 2)
+    assert summary["worst_iteration"] == 1 and summary["worst_rel_err"] == pytest.approx(abs(0.1 + 0.05 - 0.1 / 3 - 0.1) / 0.1)
 
 
 def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
@@ -187,6 +281,7 @@ def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
     (["--schemes", "1,2,4", "--out", "x.json"], "<1,2,4> needs 8 ranks"),
     (["--schemes", "2,2", "--gpus", "2", "--out", "x.json"], "needs 4 ranks"),
     (["--check", "plans"], "--check needs --profile"),
+    (["--check", "no-such-run", "--profile", "cpu-tiny"], "no-such-run: no such file"),
     ([], "--out is required"),
     (["--device", "tpu", "--out", "x.json"], "--device must be cpu or cuda"),
 ])
@@ -221,7 +316,14 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     assert (s.time.a, s.time.b, s.time.c) == pytest.approx((fit.a, fit.b, fit.c))
     assert single[-1][1] > single[0][1] and s.time.a > 0
     printed = json.loads(res.output)
-    assert printed[0]["scheme"] == "<1,1,1>" and printed[0]["max_len"] == s.max_len
+    assert printed["schemes"][0]["scheme"] == "<1,1,1>" and printed["schemes"][0]["max_len"] == s.max_len
+    # network: LNK pull/push of <1,1> on 4 ranks, fitted to one bandwidth; params: the tiny config's count
+    from hydraplan.measure import model_params
+
+    assert has_sync_model(prof) and prof.model.params == model_params("tiny") == printed["params"]
+    assert prof.network.intra_node_GBps > 0 and prof.network.inter_node_GBps == prof.network.intra_node_GBps
+    assert "<1,1> pull" in prof.notes["network"] and "inter_node_GBps" in prof.notes["network"]
+    assert printed["network"] == prof.network.model_dump()
 
 
 @pytest.mark.slow
@@ -260,8 +362,8 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
     write_model(tmp_path / "p.json", prof)
     run = tmp_path / "run"
     run.mkdir()
-    plans = [plan_of(0, [(1, [0], [[48, 16]], None), (2, [1, 2], [[40], [32, 8]], [[0, 20, 40], [0, 24, 40]])]),
-             plan_of(1, [(2, [0, 2], [[64], [30, 10]], None)], first_id=10),
+    plans = [plan_of(0, [(1, [0], [[48, 16]], None), (2, [1, 2], [[40], [32, 8]], [[0, 20, 40], [0, 24, 40]])], gpus=4),
+             plan_of(1, [(2, [0, 2], [[64], [30, 10]], None)], first_id=10, gpus=4),
              with_cp(plan_of(2, [(2, [0, 1, 2, 3], [[30, 14], [20]], [[0, 20, 44], [0, 8, 20]])], first_id=20, gpus=4))]
     for p in plans:
         write_model(run / f"iter_{p.iteration:06d}.json", p)
@@ -272,7 +374,21 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
     assert [r["iteration"] for r in rows] == [0, 1, 2] and [len(r["pipelines"]) for r in rows] == [2, 1, 1]
     lengths = [{s.id: s.length for s in p.batch} for p in plans]
     want = [max(pipeline_estimate(prof.scheme(*q.key), q, lengths[i]) for q in p.pipelines) for i, p in enumerate(plans)]
-    assert [r["estimate_s"] for r in rows] == pytest.approx(want)
-    assert all(0 < r["measured_s"] < 60 and math.isclose(r["rel_err"], abs(r["estimate_s"] - r["measured_s"]) / r["measured_s"])
-               for r in rows)
+    assert [r["estimate_s"] for r in rows] == pytest.approx(want)  # no network in this profile: sync 0
+    for r in rows:
+        assert min(r["pull_s"], r["push_s"], r["step_s"]) > 0 and 0 < r["propagate_s"] < 60
+        assert r["propagate_s"] == pytest.approx(max(p["measured_s"] for p in r["pipelines"]))
+        assert r["measured_s"] == pytest.approx(r["propagate_s"] + r["pull_s"] + r["push_s"] + r["step_s"])
+        assert math.isclose(r["rel_err"], abs(r["estimate_s"] - r["measured_s"]) / r["measured_s"])
+        assert r["propagation_err"] + r["sync_err"] == pytest.approx(r["err"])
     assert got["worst_rel_err"] == pytest.approx(max(r["rel_err"] for r in rows))
+
+
+def test_profile_check_rejects_a_run_of_mixed_gpu_counts(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_model(run / "iter_000000.json", plan_of(0, [(1, [0], [[48]], None)], gpus=2))
+    write_model(run / "iter_000001.json", plan_of(1, [(1, [0], [[48]], None)], first_id=5, gpus=4))
+    res = runner.invoke(app, ["profile", "--check", str(run), "--profile", "cpu-tiny"])
+    assert isinstance(res.exception, UserError)
+    assert "iter_000001.json: field gpus: 4" in str(res.exception) and "\n" not in str(res.exception)
