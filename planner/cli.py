@@ -120,6 +120,10 @@ def pack(
         "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+    no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
+                                   "'static' (so a hand-written --strategies file is used as given)"),
+    candidates_only: bool = typer.Option(False, "--candidates-only", help="only the candidates: no strategy made for "
+                                         "each batch from the any-strategy MILP (plans marked synthesized)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -135,7 +139,8 @@ def pack(
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
-                       cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective)  # type: ignore[arg-type]
+                       cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective, static=not no_static,
+                       synthesize=not candidates_only)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -156,10 +161,12 @@ def pack(
     with bar:
         summary = run_pack(opts, _Progress())
     its = summary.iterations
-    chosen = sorted({i.strategy for i in its})
+    chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")})
+    made = f", {summary.synthesized_iterations} made for their batch" if summary.synthesized_iterations else ""
     e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
     console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
-                  f"{e2e}{summary.mean_estimate_s:.4f} s propagation, strategies used {', '.join(chosen)}", soft_wrap=True)
+                  f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
+                  f"{summary.new_process_groups} process groups", soft_wrap=True)
     if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
             and summary.mean_iteration_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "

@@ -9,10 +9,10 @@
 
 Attention time of a rank. Causal query token p (0-based in its document) attends to p+1 keys, so a
 query range [s, e) of a document does e^2 - s^2 units of work (a document does l^2, the profile's
-a*l^2). The tokens a rank holds of one document form one query segment of the varlen kernel, which
-pads it to a multiple of the 128-token tile (FlashAttention's tile; WLB-LLM §5.2), so its work is
-scaled by ceil(n/128)*128 / n. In seconds: a * cp * work (perfectly balanced work takes a*l^2 on every
-rank, the profile's time). The CP group is synchronous, so a sharding costs its slowest rank; `adaptive`
+a*l^2). Each contiguous run of tokens a rank holds of one document is one query segment of the varlen kernel
+(the runtime's own cut, runtime/context_parallel.py), which pads it to a multiple of the 128-token tile
+(FlashAttention's tile; WLB-LLM §5.2), so its work is scaled by ceil(n/128)*128 / n. In seconds: a * cp * work
+(perfectly balanced work takes a*l^2 on every rank, the profile's time). The CP group is synchronous, so a sharding costs its slowest rank; `adaptive`
 picks the cheaper of the two (WLB-LLM §5.3).
 """
 
@@ -112,17 +112,23 @@ def shard_per_document(lengths: np.ndarray, cp: int) -> Shards:
 
 
 def attention_work(lengths: np.ndarray, shards: Shards, cp: int, tile: int = TILE) -> np.ndarray:
-    """Per rank causal attention work in token^2 units, each (rank, document) query segment padded to
-    a multiple of `tile` (tile=1: exact work)."""
+    """Per rank causal attention work in token^2 units, each query segment padded to a multiple of `tile`
+    (tile=1: exact work). A segment is what the runtime hands the varlen kernel (runtime/context_parallel.py
+    cuts a rank's merged ranges at document boundaries into runs): a rank's adjacent ranges of one document
+    form one segment, its separate ranges of a document (per-document sharding's chunk pair, a remainder
+    token) are segments of their own."""
     starts = _doc_starts(np.asarray(lengths, dtype=np.int64))
-    s = (shards.start - starts[shards.doc]).astype(np.float64)
-    e = (shards.end - starts[shards.doc]).astype(np.float64)
-    group = shards.rank * len(starts) + shards.doc
-    n_groups = cp * len(starts)
-    work = np.bincount(group, weights=e * e - s * s, minlength=n_groups)
-    tokens = np.bincount(group, weights=e - s, minlength=n_groups)
+    order = np.lexsort((shards.start, shards.rank))
+    rank, start, end, doc = shards.rank[order], shards.start[order], shards.end[order], shards.doc[order]
+    joins = np.r_[False, (rank[1:] == rank[:-1]) & (doc[1:] == doc[:-1]) & (start[1:] == end[:-1])]
+    seg = np.cumsum(~joins) - 1  # segment id per range
+    s = (start - starts[doc]).astype(np.float64)
+    e = (end - starts[doc]).astype(np.float64)
+    work = np.bincount(seg, weights=e * e - s * s)
+    tokens = np.bincount(seg, weights=e - s)
     pad = np.where(tokens > 0, np.ceil(tokens / tile) * tile / np.maximum(tokens, 1), 0.0)
-    return (work * pad).reshape(cp, len(starts)).sum(axis=1)
+    seg_rank = rank[np.r_[True, ~joins[1:]]]
+    return np.bincount(seg_rank, weights=work * pad, minlength=cp)
 
 
 def adaptive_shard(lengths: np.ndarray, cp: int, a: float, tile: int = TILE) -> CPSharding:

@@ -371,6 +371,7 @@ class Planner:
         seq1f1b: str | None = None,
         cp_shard: bool = False,
         objective: Objective = "end-to-end",
+        synthesize: bool = True,
     ) -> None:
         if dispatch not in ("greedy", "ilp"):
             raise UserError(f"--dispatch must be greedy or ilp (got {dispatch!r})")
@@ -401,6 +402,7 @@ class Planner:
         # Seq1F1B (hydraplan.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
         self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
         self.cp_shard = cp_shard
+        self.synthesize = synthesize and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
         if self.seq1f1b is not None:
             self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes),
                                                  c.transfer) for c in self.candidates]
@@ -446,8 +448,16 @@ class Planner:
                 best = (est, k)
         if best is None:
             raise infeasible_error(b, self.candidates)
+        cands = self.candidates
+        if self.synthesize:
+            from hydraplan.synthesis import solve_synthesized
+
+            extra, extra_sols, best = solve_synthesized(self, b.lengths, seed, best, share)
+            cands, sols = [*cands, *extra], [*sols, *extra_sols]
         won = sols[best[1]]
-        plan = build_plan(b, self.candidates[best[1]], won.pipelines, self.profile.name, self.gpus)
+        plan = build_plan(b, cands[best[1]], won.pipelines, self.profile.name, self.gpus)
+        if best[1] >= len(self.candidates):
+            plan.synthesized = True
         if self.seq1f1b is not None or self.cp_shard:
             from hydraplan.seqsplit import refine_plan
 
@@ -548,6 +558,8 @@ class PackOptions:
     cp_shard: bool = False
     outlier_delay: bool = False
     objective: Objective = "end-to-end"
+    static: bool = True  # False (--no-static): the static baseline's layout does not join the candidates
+    synthesize: bool = True  # False (--candidates-only): no strategy made for the batch
 
 
 class PackProgress(Protocol):
@@ -574,6 +586,7 @@ def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
         seed=opts.seed, dispatch=opts.dispatch,
         strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
         seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay, objective=opts.objective,
+        static=opts.static, synthesize=opts.synthesize,
     )
 
 
@@ -728,7 +741,7 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
     dataset = load_dataset(opts.dataset, opts.context_len)
     baseline = static_baseline(dataset, opts, profile)
     strategies = _load_strategies(opts, profile, dataset, resumed)
-    if baseline is not None:
+    if baseline is not None and opts.static:
         strategies = with_static_candidate(strategies, baseline, for_gpus(profile, opts.gpus), opts.context_len)
     digest = strategies_digest(strategies)
     if resumed is not None and resumed.strategies_sha256 != digest:
@@ -736,7 +749,7 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
                         "--resume needs the same strategies")
     planner = Planner(profile, strategies, opts.gpus, dispatch=opts.dispatch, seed=opts.seed,
                       context_len=opts.context_len, seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard,
-                      objective=opts.objective)
+                      objective=opts.objective, synthesize=opts.synthesize)
 
     done = resumed.iterations if resumed is not None else []
     summary = Summary(
@@ -757,9 +770,17 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         progress.start(len(done), opts.iterations)
     workers = opts.workers or os.cpu_count() or 1
     writer = _SummaryWriter(opts.out, summary)
+    from hydraplan.synthesis import GroupLedger
+
+    groups = GroupLedger(planner.strategies, opts.gpus, planner.view.gpu.gpus_per_node)
+    for it in done:  # a resumed run: the groups and placements its plans already use
+        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(opts.out, it.iteration)), place=False)
+    summary.new_process_groups = groups.created
     try:
         with closing(planner.plan_stream(_batches(dataset, opts, len(done), rule), workers=workers)) as stream:
             for result in stream:
+                summary.synthesized_iterations += groups.record(result.plan)  # reuses ranks already in use
+                summary.new_process_groups = groups.created
                 if baseline is not None:
                     lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
                     prop, e2e = baseline.estimates_s(lengths)

@@ -238,12 +238,18 @@ def _solve_v(l: np.ndarray, w: np.ndarray, V: int, M: int, pp: int, c: float, ff
 
 
 # -------------------------------------------------------------------------------------- enumeration
-def v_range(total_tokens: int, n: int, max_len: int, util_len: int) -> tuple[int, int]:
-    """Appendix D: [max(ceil(sum/MaxLen), 1), min(floor(sum/UtilLen), U)], widened to one value when
-    empty (few tokens: floor(sum/UtilLen) < the lower end)."""
+def v_range(w: np.ndarray, total_tokens: int, max_len: int, c: float, pp: int, upper: float) -> list[int]:
+    """The V worth trying, by cost (appendix D's UtilLen cap is dropped: c is charged per micro-batch, so the
+    estimate itself says when more micro-batches stop paying): from ceil(sum/MaxLen) up, every V whose
+    estimate lower bound reaches no higher than `upper`, the estimate of a feasible packing (first-fit
+    decreasing: its V is included). `w` are the items' costs sorted descending."""
+    n = len(w)
     lo = max(-(-total_tokens // max_len), 1)
-    hi = min(total_tokens // util_len, n)
-    return lo, max(lo, hi)
+    V = np.arange(lo, n + 1)
+    S = float(w.sum())
+    pair = np.where(V < n, w[np.minimum(V - 1, n - 1)] + w[np.minimum(V, n - 1)], 0.0)
+    lb = S + V * c + (pp - 1) * (np.maximum(np.maximum(w[0], S / V), pair) + c)
+    return V[lb <= upper * (1 + _TOL)].tolist()
 
 
 def _estimate(S: float, V: int, mx: float, c: float, pp: int) -> float:
@@ -278,7 +284,7 @@ def _search(l: np.ndarray, w: np.ndarray, vs: list[int], M: int, c: float, pp: i
 
 
 @lru_cache(maxsize=4096)
-def _pack_sorted(key: bytes, M: int, util: int, a: float, b: float, c: float, pp: int,
+def _pack_sorted(key: bytes, M: int, a: float, b: float, c: float, pp: int,
                  time_limit_s: float, rel_gap: float, seed: int, only_v: int) -> tuple | None:
     """pack() on lengths sorted longest first, cached: candidates often hand a pipeline the same
     sequences (one long sequence alone, say)."""
@@ -290,15 +296,9 @@ def _pack_sorted(key: bytes, M: int, util: int, a: float, b: float, c: float, pp
         # pp=1 costs S + V*c whatever the packing: FFD meeting the volume bound is optimal (the common case)
         est = float(w.sum()) + n_ffd * c
         return ffd, est, "greedy", True, est, 0.0
-    if only_v:
-        best, proven, left = _search(l, w, [only_v], M, c, pp, ffd, time_limit_s, rel_gap, seed)
-    else:
-        lo, hi = v_range(int(l.sum()), len(l), M, util)
-        best, proven, left = _search(l, w, list(range(lo, hi + 1)), M, c, pp, ffd, time_limit_s, rel_gap, seed)
-        if best is None:  # nothing in the range packs: grow V up to FFD's bin count, which always does
-            best, _, left = _search(l, w, list(range(hi + 1, n_ffd + 1)), M, c, pp, ffd, left,
-                                    rel_gap, seed)
-            proven = False
+    vs = [only_v] if only_v else v_range(w, int(l.sum()), M, c, pp, _estimate(float(w.sum()), n_ffd,
+                                                                            _max_load(ffd, w, n_ffd), c, pp))
+    best, proven, left = _search(l, w, vs, M, c, pp, ffd, time_limit_s, rel_gap, seed)
     if best is None:
         return None
     est, V, fx = best
@@ -332,7 +332,7 @@ def pack(lengths: np.ndarray, scheme: Scheme, *, time_limit_s: float = DEFAULT_T
         return PackResult([], 0.0, "empty", True, 0.0)
     t = scheme.time
     key = np.sort(lengths)[::-1].astype(np.int64).tobytes()
-    return _result(lengths, _pack_sorted(key, scheme.max_len, scheme.util_len, t.a, t.b, t.c, scheme.pp,
+    return _result(lengths, _pack_sorted(key, scheme.max_len, t.a, t.b, t.c, scheme.pp,
                                          float(time_limit_s), float(rel_gap), int(seed), 0))
 
 
@@ -344,5 +344,5 @@ def pack_fixed_v(lengths: np.ndarray, scheme: Scheme, V: int, *, time_limit_s: f
         raise ValueError(f"V must be in [1, {len(lengths)}] (got {V})")
     t = scheme.time
     key = np.sort(lengths)[::-1].astype(np.int64).tobytes()
-    return _result(lengths, _pack_sorted(key, scheme.max_len, scheme.util_len, t.a, t.b, t.c, scheme.pp,
+    return _result(lengths, _pack_sorted(key, scheme.max_len, t.a, t.b, t.c, scheme.pp,
                                          float(time_limit_s), float(rel_gap), int(seed), int(V)))

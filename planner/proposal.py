@@ -11,10 +11,12 @@ pipelines of scheme P costs
     latency = max(W / d + B, F),    W = sum_seq (a*l^2 + b*l) + c * MB,    B = (pp - 1) * t(longest micro-batch),
                                     F = pp * T(l_max, P)
 
-Micro-batch model: sequences shorter than UtilLen(P) are packed into UtilLen-token micro-batches, longer
-ones run alone, so a sequence of length l adds min(l, UtilLen)/UtilLen micro-batches (MB) and the longest
-micro-batch of an interval with longest sequence l_max holds m = max(l_max, UtilLen) tokens of such
-sequences: t = a*l_max*m + b*m + c, which is T(l_max, P) whenever l_max >= UtilLen. W is split over the
+Micro-batch model, the packer's (planner/packing.py): on pp=1 every packing into V micro-batches costs
+S + V*c, so the packer fills them to MaxLen and a sequence of length l adds l/MaxLen micro-batches (MB).
+On pp>1 more micro-batches shrink the bubble: sequences shorter than UtilLen(P) are packed into
+UtilLen-token micro-batches, longer ones run alone, so a sequence adds min(l, UtilLen)/UtilLen micro-batches
+and the longest micro-batch of an interval with longest sequence l_max holds m = max(l_max, UtilLen) tokens
+of such sequences: t = a*l_max*m + b*m + c, which is T(l_max, P) whenever l_max >= UtilLen. W is split over the
 d pipelines; the bubble B is not. Nor is a sequence: the pipeline holding the interval's longest one takes
 at least its micro-batch alone, F = pp * T(l_max, P) (sum + (pp-1)*max >= pp*max). Without this floor a
 pp=1 interval's longest sequence would cost only its share of W, and the long tail would go to many narrow
@@ -128,7 +130,7 @@ def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, c
     s1 = np.add.reduceat(counts * lv, starts)
 
     c = np.array([s.time.c for s in schemes])
-    util = np.array([min(s.util_len, s.max_len) for s in schemes], dtype=np.float64)
+    util = np.array([s.max_len if s.pp == 1 else min(s.util_len, s.max_len) for s in schemes], dtype=np.float64)
     pp = np.array([s.pp for s in schemes], dtype=np.float64)
     maxlen = np.array([s.max_len for s in schemes])
     seq = np.stack([seq_cost(s, values) for s in schemes], axis=1)  # canonical a*l^2 + b*l, (lengths, K)

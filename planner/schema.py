@@ -225,6 +225,8 @@ class Plan(_Model):
     strategy: str
     pipelines: list[PlanPipeline]
     estimate: Estimate
+    synthesized: bool | None = Field(None, description="true: the strategy was made for this batch "
+                                     "(planner/synthesis.py), so it is not one of the run's strategies.json candidates")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -265,6 +267,9 @@ class PackArgs(_Model):
     outlier_delay: bool = Field(False, description="--outlier-delay: long outliers queued and trained in groups")
     objective: str = Field("propagation", description="--objective end-to-end|propagation (runs that predate it: "
                            "propagation)")
+    static: bool = Field(True, description="the static baseline's layout joins the candidates (--no-static: it does not)")
+    synthesize: bool = Field(True, description="a strategy made for each batch competes with the candidates "
+                             "(--candidates-only: it does not)")
 
 
 class IterationSummary(_Model):
@@ -310,6 +315,9 @@ class Summary(_Model):
     objective: str | None = Field(None, description="what the plans minimize: end-to-end or propagation")
     mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration")
     mean_baseline_iteration_s: float | None = Field(None, description="the static baseline's, end to end")
+    synthesized_iterations: int = Field(0, description="iterations whose plan uses a strategy made for the batch")
+    new_process_groups: int = Field(0, description="TP and CP process groups the run's plans create, in iteration "
+                                    "order (runtime/groups.py creates each once; new ones cost an NCCL init)")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

@@ -187,7 +187,10 @@ def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str
 
 
 def check_against_strategies(plan: Plan, strategies: Strategies, file: str) -> list[Violation]:
-    """A plan in a run folder must use one of the run's candidates, pipeline for pipeline."""
+    """A plan in a run folder must use one of the run's candidates, pipeline for pipeline (unless its strategy
+    was made for its batch: `synthesized`)."""
+    if plan.synthesized:
+        return []
     cand = next((c for c in strategies.candidates if c.name == plan.strategy), None)
     if cand is None:
         return [Violation(file, "strategy", f"strategy {plan.strategy!r} is not in strategies.json")]

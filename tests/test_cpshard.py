@@ -71,3 +71,25 @@ def test_tile_padding_and_adaptive_choice() -> None:
     # balanced per-document work takes a * l^2 in total, the profile's attention time
     assert pick.max_s == pytest.approx(a * np.sum(mixed.astype(float) ** 2), rel=0.01)
     assert sorted(s for r in pick.ranges for s, _ in r)[0] == 0
+
+
+def test_padding_follows_the_runtimes_query_segments():
+    """attention_work pads exactly the runs the runtime hands the varlen kernel (its own cut of a rank's
+    ranges at document boundaries), not one segment per (rank, document)."""
+    from hydraplan.cpshard import TILE, attention_work, shard_per_document, shard_per_sequence
+    from hydraplan.runtime.context_parallel import _runs
+
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        lengths = rng.integers(1, 3000, int(rng.integers(1, 6)))
+        cp = int(rng.choice([2, 4]))
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        for fn in (shard_per_sequence, shard_per_document):
+            sh = fn(lengths, cp)
+            want = np.zeros(cp)
+            for r, ranges in enumerate(sh.ranges(cp)):
+                for s, e in zip(*_runs(ranges, cu, 0, int(cu[-1]))):
+                    d = cu[np.searchsorted(cu, s, side="right") - 1]
+                    n = e - s
+                    want[r] += ((e - d) ** 2 - (s - d) ** 2) * np.ceil(n / TILE) * TILE / n
+            assert np.allclose(attention_work(lengths, sh, cp), want, rtol=1e-12)

@@ -43,7 +43,8 @@ def test_pack_then_validate(inputs):
     assert [i.iteration for i in summary.iterations] == [0, 1, 2, 3]
     assert summary.args.seed == 3 and summary.args.strategies == str(inputs["strategies"].resolve())
     for it in summary.iterations:
-        assert set(it.candidates_s) == {"mixed", "pp2", "static"}  # static: the baseline's layout, added
+        # static: the baseline's layout, added; batch:k: strategies made for the batch
+        assert {k for k in it.candidates_s if not k.startswith("batch:")} == {"mixed", "pp2", "static"}
         assert it.estimate_s == min(v for v in it.candidates_s.values() if v is not None)
         assert it.solver and it.solver_s > 0
     # hand-written candidates had no ranks: the run's strategies.json has them placed
@@ -52,6 +53,46 @@ def test_pack_then_validate(inputs):
     v = hp("validate", out, "--profile", inputs["profile"], "--json")
     assert v.returncode == 0, v.stdout
     assert json.loads(v.stdout)["plans"] == 4
+
+
+def test_no_static_and_candidates_only_use_the_file_as_given(inputs):
+    out = inputs["tmp"] / "run"
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--no-static", "--candidates-only"))
+    assert r.returncode == 0, r.stderr
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    assert summary.args.static is False and summary.args.synthesize is False
+    assert summary.synthesized_iterations == 0
+    for it in summary.iterations:
+        assert set(it.candidates_s) == {"mixed", "pp2"}
+    placed = Strategies.model_validate_json((out / "strategies.json").read_text())
+    assert [c.name for c in placed.candidates] == ["mixed", "pp2"]
+    # one forced candidate: every plan uses it, even where the static layout would be faster
+    only = inputs["tmp"] / "only.json"
+    only.write_text(Strategies(candidates=[placed.candidates[1]]).model_dump_json())
+    r = hp(*pack_args(inputs, out, "--strategies", only, "--no-static", "--candidates-only"))
+    assert r.returncode == 0, r.stderr
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    assert {it.strategy for it in summary.iterations} == {"pp2"}
+
+
+def test_synthesized_plans_validate_and_count_process_groups(inputs):
+    out = inputs["tmp"] / "run"
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--no-static", iterations=6))
+    assert r.returncode == 0, r.stderr
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    plans = [json.loads((out / f"iter_{i:06d}.json").read_text()) for i in range(6)]
+    made = [p for p in plans if p.get("synthesized")]
+    assert summary.synthesized_iterations == len(made) > 0
+    groups = set()
+    for p in plans:  # TP and CP groups of more than one rank, as runtime/groups.py creates them
+        for q in p["pipelines"]:
+            for s in range(q["pp"]):
+                stage = q["ranks"][s * q["tp"] * q["cp"]:(s + 1) * q["tp"] * q["cp"]]
+                groups |= {tuple(stage[c * q["tp"]:(c + 1) * q["tp"]]) for c in range(q["cp"]) if q["tp"] > 1}
+                groups |= {tuple(stage[t::q["tp"]]) for t in range(q["tp"]) if q["cp"] > 1}
+    assert summary.new_process_groups == len(groups)
+    v = hp("validate", out, "--profile", inputs["profile"], "--json")
+    assert v.returncode == 0, v.stdout
 
 
 def megatron_by_hand(lengths: list[int], scheme: Scheme, gpus: int, capacity: int) -> float:

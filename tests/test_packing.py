@@ -58,10 +58,7 @@ def test_pack_equals_brute_force(case):
     packing._pack_sorted.cache_clear()
     paths = set()
     for lengths, s in instances(25, seed=case):
-        lo, hi = v_range(int(lengths.sum()), len(lengths), s.max_len, s.util_len)
-        want = brute(lengths, s, range(lo, hi + 1))
-        if not np.isfinite(want):  # the appendix-D range cannot hold them: pack grows V
-            want = brute(lengths, s, range(hi + 1, len(lengths) + 1))
+        want = brute(lengths, s, range(1, len(lengths) + 1))  # the best over every V: the range is by cost
         res = pack(lengths, s, rel_gap=0.0, time_limit_s=10.0)
         check_valid(lengths, s, res)
         assert res.estimate_s == pytest.approx(want, rel=1e-6)
@@ -93,17 +90,23 @@ def test_infeasible_lower_end_grows_v():
     # 1800 tokens fit in 2 micro-batches of 1000 by volume, but three 600s need 3
     s = scheme(pp=2, util_len=900)
     lengths = np.array([600, 600, 600])
-    assert v_range(1800, 3, 1000, 900) == (2, 2)
     res = pack(lengths, s, rel_gap=0.0)
     check_valid(lengths, s, res)
     assert len(res.micro_batches) == 3
     assert res.estimate_s == pytest.approx(brute(lengths, s, [3]))
 
 
-def test_v_range_degenerate_cases():
-    assert v_range(100, 3, 1000, 4096) == (1, 1)  # few tokens: floor(sum/UtilLen) = 0
-    assert v_range(5000, 10, 1000, 100) == (5, 10)  # capped by U
-    assert v_range(5000, 4, 1000, 100) == (5, 5)  # upper end below the lower one: keep the lower
+def test_v_range_keeps_the_best_v_and_drops_by_cost():
+    for lengths, s in instances(40, seed=11):
+        l = np.sort(lengths)[::-1]
+        w = (s.time.a * l + s.time.b) * l
+        vs = v_range(w, int(l.sum()), s.max_len, s.time.c, s.pp, brute(lengths, s, range(1, len(l) + 1)))
+        costs = {V: brute(lengths, s, [V]) for V in range(1, len(l) + 1)}
+        assert min(costs, key=lambda V: (costs[V], V)) in vs
+    # a costly micro-batch constant: only the fewest micro-batches are worth trying
+    s = scheme(pp=2, c=1e6)
+    w = np.full(6, 10.0)
+    assert v_range(w, 600, 1000, s.time.c, s.pp, 60 + 1e6 + (60 + 1e6)) == [1]  # V=1: S + c + (pp-1)(S + c)
 
 
 def test_pp1_prefers_fewest_micro_batches():

@@ -44,7 +44,7 @@ def cells_of(lengths: np.ndarray, L: int) -> tuple[list[np.ndarray], list[int]]:
 def interval_terms(s: Scheme, seqs: np.ndarray) -> tuple[float, float, float]:
     """(W, B, F) of the documented model: UtilLen-packed micro-batches, bubble of the longest one, and the
     floor of the pipeline that runs the longest sequence (a sequence is never split across pipelines)."""
-    u = min(s.util_len, s.max_len)
+    u = s.max_len if s.pp == 1 else min(s.util_len, s.max_len)  # pp=1: the packer fills to MaxLen
     work = seq_cost(s, seqs).sum() + s.time.c * np.sum(np.minimum(seqs, u) / u)
     lmax = float(seqs.max())
     m = max(lmax, u)
@@ -246,7 +246,7 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
 
     def homo_time(sc: Scheme) -> float:
         d = gpus // sc.gpus
-        u = min(sc.util_len, sc.max_len)
+        u = sc.max_len if sc.pp == 1 else min(sc.util_len, sc.max_len)
         work = scale * (seq_cost(sc, seqs).sum() + sc.time.c * np.sum(np.minimum(seqs, u) / u))
         m = max(seqs.max(), u)
         floor = sc.pp * (sc.time.a * seqs.max() ** 2 + sc.time.b * seqs.max() + sc.time.c)

@@ -1,0 +1,146 @@
+"""How far `pack`'s plans are from the best any strategy could do: plan / any-strategy bound per iteration.
+
+The bound (planner/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
+excess is an upper limit on what a better strategy, dispatch or packing could still win. Per bundled analytic
+profile x builtin dataset at 64 and 256 GPUs (32K context, 3125 tokens per GPU, seed 3), for the default `pack`
+(candidates + per-batch synthesis) and `--candidates-only`, with the propagation objective; the end-to-end
+figure takes the same plans' end-to-end estimate (planner/sync.py) over the end-to-end bound. The headline
+case (h100-llama2-7b, 64 GPUs, 200K tokens) runs more iterations. Speed: seconds per iteration of both paths
+on the same batches (one process; the ratio is what to read on a shared machine), at 64 GPUs and at 1024
+GPUs / 3.2M tokens. Each bound probe gets PROBE_LIMIT_S of wall time (an open probe counts as feasible, so a
+loaded machine can only loosen the bound, never invalidate it). Writes bench/results/bound.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hydraplan.bound import any_strategy_bound
+from hydraplan.costmodel import bundled_profiles, for_gpus, load_profile
+from hydraplan.datasets import load_dataset, sample_iterations
+from hydraplan.iterate import Planner
+from hydraplan.proposal import propose
+from hydraplan.sync import has_sync_model, iteration_estimate, transfer_s
+
+RESULTS = Path(__file__).parent / "results" / "bound.json"
+CONTEXT = 32768
+SEED = 3
+TOKENS_PER_GPU = 3125  # 200K tokens at 64 GPUs
+HEADLINE = ("h100-llama2-7b", 64)
+HEADLINE_ITERATIONS = 4
+ITERATIONS = 1
+PROBE_LIMIT_S = 10.0  # wall seconds per MILP probe; an open probe counts as feasible, so the bound stays valid
+DATASETS = ("builtin:wikipedia", "builtin:prolong")
+
+
+def end_to_end(profile, gpus: int, plan) -> float:
+    keys = [(p.tp, p.pp, p.cp) for p in plan.pipelines]
+    return iteration_estimate(profile, gpus, keys, [p.estimate_s for p in plan.pipelines]).iteration_s
+
+
+def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
+    profile = load_profile(profile_name)
+    view = for_gpus(profile, gpus)
+    tokens = TOKENS_PER_GPU * gpus
+    ds = load_dataset(dataset, CONTEXT)
+    context = min(CONTEXT, max(s.max_len for s in view.schemes))
+    batches = sample_iterations(ds, tokens, iterations, SEED)
+    strategies = propose(profile, ds, gpus, context, tokens_per_iter=tokens)
+    paths = {"default": Planner(profile, strategies, gpus, context_len=context),
+             "candidates_only": Planner(profile, strategies, gpus, context_len=context, synthesize=False)}
+    transfer = np.array([transfer_s(profile, s.tp, s.pp, gpus) for s in view.schemes]) \
+        if has_sync_model(profile) else None
+    rows: dict[str, list] = {k: [] for k in ("bound_s", "bound_e2e_s", "default_s", "candidates_only_s",
+                                             "default_e2e_s", "candidates_only_e2e_s", "default_solve_s",
+                                             "candidates_only_solve_s", "synthesized")}
+    for b in batches:
+        lengths = np.minimum(b.lengths, context)
+        plans = {}
+        for name, planner in paths.items():
+            t0 = time.perf_counter()
+            plans[name] = planner.solve(lengths, b.iteration).plan
+            rows[f"{name}_solve_s"].append(time.perf_counter() - t0)
+            rows[f"{name}_s"].append(plans[name].estimate.propagation_s)
+            rows[f"{name}_e2e_s"].append(end_to_end(profile, gpus, plans[name]))
+        rows["synthesized"].append(bool(plans["default"].synthesized))
+        best = min(rows["default_s"][-1], rows["candidates_only_s"][-1])
+        rows["bound_s"].append(any_strategy_bound(lengths, view.schemes, gpus, upper=best, rel_tol=2e-3,
+                                                  time_limit_s=PROBE_LIMIT_S).latency_s)
+        if transfer is not None:
+            rows["bound_e2e_s"].append(any_strategy_bound(lengths, view.schemes, gpus, transfer=transfer,
+                                                          upper=rows["default_e2e_s"][-1], rel_tol=2e-3,
+                                                          time_limit_s=PROBE_LIMIT_S).latency_s)
+    out = {"profile": profile_name, "dataset": dataset, "gpus": gpus, "tokens_per_iter": tokens, "context_len": context,
+           "iterations": iterations, "seed": SEED}
+    bound = np.array(rows["bound_s"])
+    for name in paths:
+        ratio = np.array(rows[f"{name}_s"]) / bound
+        out[f"{name}_over_bound"] = np.round(ratio, 4).tolist()
+        out[f"{name}_over_bound_mean"] = float(ratio.mean())
+        out[f"{name}_over_bound_max"] = float(ratio.max())
+        if rows["bound_e2e_s"]:
+            e2e = np.array(rows[f"{name}_e2e_s"]) / np.array(rows["bound_e2e_s"])
+            out[f"{name}_e2e_over_e2e_bound_mean"] = float(e2e.mean())
+            out[f"{name}_e2e_over_e2e_bound_max"] = float(e2e.max())
+        out[f"{name}_s_per_iter"] = float(np.mean(rows[f"{name}_solve_s"]))
+    out["synthesized_iterations"] = int(sum(rows["synthesized"]))
+    out["bound_s"] = np.round(bound, 6).tolist()
+    return out
+
+
+def speed(gpus: int, tokens: int, iterations: int) -> dict:
+    """Seconds per iteration of the default and the candidates-only path on the same batches, one process."""
+    profile = load_profile("h100-llama2-7b")
+    ds = load_dataset("builtin:wikipedia", CONTEXT)
+    batches = sample_iterations(ds, tokens, iterations, 0)
+    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens)
+    out = {"gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations}
+    for name, synth in (("default", True), ("candidates_only", False)):
+        planner = Planner(profile, strategies, gpus, context_len=CONTEXT, synthesize=synth)
+        t0 = time.perf_counter()
+        est = [planner.solve(b).summary.estimate_s for b in batches]
+        out[f"{name}_s_per_iter"] = (time.perf_counter() - t0) / iterations
+        out[f"{name}_mean_estimate_s"] = float(np.mean(est))
+    out["time_ratio"] = out["default_s_per_iter"] / out["candidates_only_s_per_iter"]
+    return out
+
+
+def _write(out: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> None:
+    """The headline case and the speed runs first, then the sweep; the file is rewritten after every case, so
+    an interrupted run keeps what it measured."""
+    out: dict = {"cases": [], "speed": [], "targets": {"plan_over_bound_mean": 1.05, "plan_over_bound_max": 1.20,
+                                                       "s_per_iter_64": 0.3, "s_per_iter_1024": 1.0}}
+    runs = [(*HEADLINE, d, HEADLINE_ITERATIONS) for d in DATASETS]
+    for path in bundled_profiles():
+        if load_profile(path.stem).source != "analytic":
+            continue
+        runs += [(path.stem, g, d, ITERATIONS) for g in (64, 256) for d in DATASETS if (path.stem, g) != HEADLINE]
+    for k, (name, gpus, dataset, its) in enumerate(runs):
+        c = case(name, dataset, gpus, its)
+        out["cases"].append(c)
+        e2e = c.get("default_e2e_over_e2e_bound_mean")
+        print(f"{c['profile']:16s} {c['dataset']:18s} {gpus:4d} GPUs  plan/bound {c['default_over_bound_mean']:.3f} "
+              f"(max {c['default_over_bound_max']:.3f}; candidates only {c['candidates_only_over_bound_mean']:.3f})"
+              f"  end to end {'n/a' if e2e is None else f'{e2e:.3f}'}", flush=True)
+        _write(out)
+        if k == len(DATASETS) - 1:
+            for args in ((64, 200_000, 6), (1024, 3_200_000, 2)):
+                s = speed(*args)
+                out["speed"].append(s)
+                print(f"speed {s['gpus']:5d} GPUs  default {s['default_s_per_iter']:.3f} s/iter  candidates only "
+                      f"{s['candidates_only_s_per_iter']:.3f} s/iter  (x{s['time_ratio']:.2f})", flush=True)
+                _write(out)
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
