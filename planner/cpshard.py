@@ -12,8 +12,8 @@ query range [s, e) of a document does e^2 - s^2 units of work (a document does l
 a*l^2). Each contiguous run of tokens a rank holds of one document is one query segment of the varlen kernel
 (the runtime's own cut, runtime/context_parallel.py), which pads it to a multiple of the 128-token tile
 (FlashAttention's tile; WLB-LLM §5.2), so its work is scaled by ceil(n/128)*128 / n. In seconds: a * cp * work
-(perfectly balanced work takes a*l^2 on every rank, the profile's time). The CP group is synchronous, so a sharding costs its slowest rank; `adaptive`
-picks the cheaper of the two (WLB-LLM §5.3).
+(perfectly balanced work takes a*l^2 on every rank, the profile's time). The CP group is synchronous, so a
+sharding costs its slowest rank; `adaptive` picks the cheaper of the two (WLB-LLM §5.3).
 """
 
 from __future__ import annotations
