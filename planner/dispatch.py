@@ -13,6 +13,7 @@ Alg. 1's argmin, the local search and the ILP carry over on h_j of the loads; t 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ class _Pipes:
     gid: np.ndarray  # group per sorted pipeline, groups numbered in order of first appearance
     rep: np.ndarray  # first sorted pipeline of each group
     t: np.ndarray  # one-direction LNK transfer per sorted pipeline (all 0: the propagation objective)
+    sync: bool  # some t > 0
 
     @classmethod
     def of(cls, schemes: list[Scheme], transfer: np.ndarray | None = None) -> "_Pipes":
@@ -75,18 +77,16 @@ class _Pipes:
             order=order,
             a=np.array([s.time.a for s in pick]), b=np.array([s.time.b for s in pick]),
             c=np.array([s.time.c for s in pick]), ppm1=np.array([s.pp - 1 for s in pick], dtype=np.float64),
-            max_len=ml[order], gid=gid, rep=rep, t=t,
+            max_len=ml[order], gid=gid, rep=rep, t=t, sync=bool(t.any()),
         )
 
-    @property
-    def sync(self) -> bool:
-        return bool(self.t.any())
-
-    def h(self, load: np.ndarray, cols: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """The objective of loads in columns `cols` (the loads themselves without sync; 0 for an empty pipeline)."""
+    def h(self, load: np.ndarray, cols: np.ndarray | slice = slice(None), busy: bool = False) -> np.ndarray:
+        """The objective of loads in columns `cols` (the loads themselves without sync; 0 for an empty
+        pipeline unless `busy` says every load holds a sequence)."""
         if not self.sync:
             return load
-        return np.where(load > 0, np.maximum(load, self.t[cols] + (2.0 / 3.0) * load), 0.0)
+        out = np.maximum(load, self.t[cols] + (2.0 / 3.0) * load)
+        return out if busy else np.where(load > 0, out, 0.0)
 
     def group_cost(self, lengths: np.ndarray) -> np.ndarray:
         """(B, G) table of a_g l_i^2 + b_g l_i."""
@@ -127,7 +127,7 @@ def lower_bound(lengths: np.ndarray, assign: np.ndarray, schemes: list[Scheme]) 
 def _trivial_bound(Wg: np.ndarray, P: _Pipes, lengths: np.ndarray) -> float:
     """max_i min_{j eligible} Eq. (2) of sequence i alone: a bound on Eq. (3) the greedy may meet."""
     r = P.rep
-    alone = P.h(Wg + P.c[r] * np.ceil(lengths[:, None] / P.max_len[r]) + P.ppm1[r] * (Wg + P.c[r]), r)
+    alone = P.h(Wg + P.c[r] * np.ceil(lengths[:, None] / P.max_len[r]) + P.ppm1[r] * (Wg + P.c[r]), r, busy=True)
     alone[lengths[:, None] > P.max_len[r]] = np.inf
     return float(alone.min(axis=1).max())
 
@@ -269,7 +269,7 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
         # moves: member i -> pipeline q
         wq = W[mem]  # (m, D)
         Lq = L + lp[:, None]
-        newq = P.h(C + wq + P.c * -(-Lq // P.max_len) + P.ppm1 * (np.maximum(Mx, wq) + P.c))
+        newq = P.h(C + wq + P.c * -(-Lq // P.max_len) + P.ppm1 * (np.maximum(Mx, wq) + P.c), busy=True)
         val = np.maximum(newp[:, None], newq)
         val[np.arange(D) >= J[mem][:, None]] = np.inf
         val[:, p] = np.inf
@@ -305,14 +305,15 @@ def _local_search(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, 
         Lp2 = rem_L[:, None] + lk[None, :]
         lmp = np.maximum(rem_lmax[:, None], lk[None, :])
         Cp2 = rem_C[:, None] + W[oth, p][None, :]
-        np2 = P.h(Cp2 + P.c[p] * -(-Lp2 // P.max_len[p]) + P.ppm1[p] * ((P.a[p] * lmp + P.b[p]) * lmp + P.c[p]), p)
+        np2 = P.h(Cp2 + P.c[p] * -(-Lp2 // P.max_len[p]) + P.ppm1[p] * ((P.a[p] * lmp + P.b[p]) * lmp + P.c[p]), p,
+                  busy=True)
         # new load of q
         Lq2 = (L[q] - lk)[None, :] + li
         lmq = np.maximum(remq_lmax[None, :], li)
         aq, bq, cq = P.a[q][None, :], P.b[q][None, :], P.c[q][None, :]
         Cq2 = (C[q] - W[oth, q])[None, :] + W[mem][:, q]
         nq2 = P.h(Cq2 + cq * -(-Lq2 // P.max_len[q][None, :]) + P.ppm1[q][None, :] * ((aq * lmq + bq) * lmq + cq),
-                  q[None, :])
+                  q[None, :], busy=True)
         val = np.where(ok, np.maximum(np2, nq2), np.inf)
         r, s = np.unravel_index(int(val.argmin()), val.shape)
         if not val[r, s] < top * (1 - 1e-12):
@@ -452,6 +453,19 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
     lengths = np.asarray(lengths, dtype=np.int64)
     if not schemes:
         raise ValueError("dispatch needs at least one pipeline")
+    uniform = None
+    if transfer is not None and len(set(np.asarray(transfer, dtype=np.float64).tolist())) == 1:
+        # one transfer for all: h is one increasing map, so Eq. (3)'s dispatch is optimal for it; search without
+        # it (cheaper) and report the cost through it
+        uniform, transfer = float(np.asarray(transfer)[0]), None
+    res = _dispatch(lengths, schemes, method, trials, seed, time_limit_s, transfer)
+    if uniform and res.cost > 0:
+        res = dataclasses.replace(res, cost=max(res.cost, uniform + 2.0 / 3.0 * res.cost))
+    return res
+
+
+def _dispatch(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: int, seed: int, time_limit_s: float,
+              transfer: np.ndarray | None) -> DispatchResult:
     P = _Pipes.of(schemes, transfer)
     if len(lengths) == 0:
         return DispatchResult(np.zeros(0, dtype=np.int64), 0.0, "greedy", True, 0)
