@@ -423,6 +423,7 @@ def _ilp(lengths, W, J, P, hint: np.ndarray, ub: float, time_limit_s: float, see
     for (i, j), v in x.items():
         m.add_hint(v, int(h[i] == j))
     s = cp_model.CpSolver()
+    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
     s.parameters.num_workers = 1
     s.parameters.random_seed = seed
     s.parameters.max_deterministic_time = time_limit_s

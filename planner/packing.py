@@ -166,6 +166,7 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
                 m.add_hint(x[i][v], int(h[i] == v))
         m.add_hint(z, hi)
     s = cp_model.CpSolver()
+    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
     s.parameters.num_workers = 1
     s.parameters.random_seed = seed
     s.parameters.max_deterministic_time = max(budget, 1e-3)
