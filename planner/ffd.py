@@ -24,6 +24,21 @@ def first_fit_bins(lengths: np.ndarray, capacity: int) -> np.ndarray:
         raise ValueError("first_fit_bins: lengths must be sorted longest first")
     if int(l[0]) > capacity or int(l[-1]) < 1:
         raise ValueError(f"first_fit_bins: lengths must be in [1, {capacity}] (got {int(l[-1])}..{int(l[0])})")
+    if int(l.sum()) <= capacity:  # one bin (the common case for a pipeline's share of a batch)
+        bins[:] = 0
+        return bins
+    if n <= 24:  # small inputs: the plain loop is cheaper than numpy calls
+        room_list: list[int] = []
+        for i, x in enumerate(l.tolist()):
+            for b, r in enumerate(room_list):
+                if r >= x:
+                    room_list[b] -= x
+                    bins[i] = b
+                    break
+            else:
+                room_list.append(capacity - x)
+                bins[i] = len(room_list) - 1
+        return bins
     room = np.empty(n, dtype=np.int64)  # never more bins than items
     used = 0  # bins opened so far
     live = np.empty(0, dtype=np.int64)  # bins whose room can still take the shortest item, ascending
