@@ -224,9 +224,14 @@ def pack(
 def validate(
     path: Path = typer.Argument(..., help="a run folder or one iter_NNNNNN.json plan"),
     profile: str = typer.Option(..., "--profile", help="the profile the plans were made with"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for the placement warnings "
+                                             "(default: the profile's)"),
     json_out: bool = json_option("machine-readable report"),
 ) -> None:
-    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation."""
+    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation.
+
+    Warnings (exit 0): TP or CP groups that span nodes although they fit in one, and candidates whose
+    largest MaxLen is below the run's context length."""
     import json
     from dataclasses import asdict
 
@@ -235,22 +240,28 @@ def validate(
     from hydraplan.costmodel import load_profile
     from hydraplan.validate import validate_path
 
-    report = validate_path(path, load_profile(profile))
+    positive(gpus_per_node, "--gpus-per-node")
+    report = validate_path(path, load_profile(profile), gpus_per_node)
     if json_out:
         console.print_json(json.dumps({
             "ok": report.ok, "plans": report.plans, "pipelines": report.pipelines,
-            "micro_batches": report.micro_batches, "violations": [asdict(v) for v in report.violations],
+            "micro_batches": report.micro_batches, "violations": [asdict(v) for v in report.errors],
+            "warnings": [asdict(v) for v in report.warnings],
         }))
-    elif report.ok:
-        console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
-                      f"{report.micro_batches} micro-batches satisfy every constraint")
     else:
-        table = Table("file", "pipeline", "micro-batch", "kind", "problem")
-        for v in report.violations:
-            table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
-                          "" if v.micro_batch is None else str(v.micro_batch), v.kind, v.message)
-        console.print(table)
-        console.print(f"{len(report.violations)} violations in {report.plans} plans")
+        if report.violations:
+            table = Table("file", "pipeline", "micro-batch", "kind", "problem")
+            for v in report.violations:
+                table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
+                              "" if v.micro_batch is None else str(v.micro_batch),
+                              v.kind + (" (warning)" if v.severity == "warning" else ""), v.message)
+            console.print(table)
+        warned = f" ({len(report.warnings)} warnings)" if report.warnings else ""
+        if report.ok:
+            console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
+                          f"{report.micro_batches} micro-batches satisfy every constraint{warned}")
+        else:
+            console.print(f"{len(report.errors)} violations in {report.plans} plans{warned}")
     if not report.ok:
         raise typer.Exit(1)
 

@@ -137,8 +137,11 @@ def _say(text: str) -> None:
 def run(command: Callable[[], Any]) -> None:
     """Run the CLI with the exit codes above: 2 for a UserError or OS error, 128 + signal number when
     interrupted; never a traceback for either."""
+    import warnings
+
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _raise_interrupted)
+    warnings.showwarning = lambda message, *_: _say(f"warning: {message}")
     try:
         command()
     except UserError as e:

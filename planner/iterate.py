@@ -162,6 +162,26 @@ def resolve_strategies(
     })
 
 
+class PlacementWarning(UserWarning):
+    """Legal but likely slow: a TP/CP group across nodes, a candidate that cannot hold the context."""
+
+
+def warn_placement(strategies: Strategies, profile: Profile, context_len: int, gpus_per_node: int) -> None:
+    """The placement findings of `hydraplan validate`, as warnings before planning starts."""
+    import warnings
+
+    from hydraplan.validate import short_candidates, split_groups
+
+    for cand in strategies.candidates:
+        for pi, p in enumerate(cand.pipelines):
+            for problem in split_groups(p.ranks or [], p.tp, p.pp, p.cp, gpus_per_node):
+                warnings.warn(f"candidate {cand.name} pipeline {pi}: {problem}", PlacementWarning, stacklevel=2)
+    short = short_candidates(strategies.model_copy(update={"context_len": context_len}), profile)
+    if len(short) < len(strategies.candidates):  # none holds it: planning stops with an error naming the length
+        for _, message in short:
+            warnings.warn(message, PlacementWarning, stacklevel=2)
+
+
 def strategies_digest(strategies: Strategies) -> str:
     return hashlib.sha256(model_json(strategies).encode()).hexdigest()
 
@@ -775,6 +795,7 @@ def _run_pack_locked(opts: PackOptions, progress: PackProgress | None) -> Summar
     resumed = _resume_state(opts, args)
     dataset = load_dataset(opts.dataset, opts.context_len)
     strategies = _load_strategies(opts, profile, dataset, resumed)  # a bad --strategies fails before the baseline runs
+    warn_placement(strategies, profile, opts.context_len or int(dataset.lengths.max()), profile.gpu.gpus_per_node)
     baseline = static_baseline(dataset, opts, profile)
     if baseline is not None:
         strategies = with_static_candidate(strategies, baseline, for_gpus(profile, opts.gpus), opts.context_len)
