@@ -343,6 +343,11 @@ def compare(
     console.print(f"wrote {paths['report.html']} and {paths['compare.json']}")
 
 
+# The simulator executes ~30K actions per second: the limit answers in seconds (256 stages x 4096
+# micro-batches, 2M actions, took a silent minute).
+MAX_PIPELINE_ACTIONS = 100_000
+
+
 @app.command()
 def pipeline(
     schedule: str = typer.Option(..., "--schedule", help="1f1b | interleaved | seq1f1b | seq1f1b-interleaved"),
@@ -365,6 +370,15 @@ def pipeline(
 
     if plot is not None:
         cliopts.png_file(plot)
+    for value, flag in ((stages, "--stages"), (micro_batches, "--micro-batches"), (splits, "--splits"), (chunks, "--chunks")):
+        positive(value, flag)
+    k = splits if schedule.startswith("seq1f1b") else 1
+    v = chunks if schedule.endswith("interleaved") else 1
+    actions = 2 * stages * micro_batches * k * v
+    if actions > MAX_PIPELINE_ACTIONS:
+        raise UserError(f"pipeline: {stages} stages x {micro_batches} micro-batches x {k} splits x {v} chunks is "
+                        f"{actions:,} forward and backward actions; at most {MAX_PIPELINE_ACTIONS:,} are simulated "
+                        "(a few seconds); lower --stages or --micro-batches")
     sch = make_schedule(schedule, stages, micro_batches, splits, chunks)
     tl = unit_timeline(sch)
     if plot is not None:
@@ -374,7 +388,7 @@ def pipeline(
         out = sch.to_json() | {"schedule": sch.name, "P": sch.P, "M": sch.M, "K": sch.K, "V": sch.V,
                                "latency": tl.latency_s, "bubble_ratio": tl.bubble_ratio,
                                "peak_live": tl.peak_live, "peak_live_micro_batches": live_mb}
-        console.print_json(json.dumps(out))
+        typer.echo(json.dumps(out, indent=1))  # rich's print_json highlights: minutes for 100K actions
         return
     table = Table("stage", "F before 1st B", "peak live", "peak live (micro-batches)", "actions",
                   title=f"{sch.name} P={sch.P} M={sch.M} K={sch.K} V={sch.V}")

@@ -83,6 +83,8 @@ def test_bad_input_and_write_failures_are_one_line_exit_2(tmp_path):
         (["dataset", "stats", "builtin:wikipedia", "--context-len", 0], ["--context-len", "(got 0)"]),
         (["pipeline", "--schedule", "1f1b", "--stages", 4, "--micro-batches", 8, "--plot", folder], [".png"]),
         (["profiles", "show", "h100-llama2-7b", "--gpus", 0], ["--gpus", "(got 0)"]),
+        (["pipeline", "--schedule", "1f1b", "--stages", 1000, "--micro-batches", 100000],
+         ["200,000,000 forward and backward actions", "at most 100,000"]),
         (["schema", "--out", blocker], [str(blocker), "not a folder"]),
     ]
     for args, needles in cases:
