@@ -54,24 +54,26 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
         "first_plan_wall_s": clock.marks[0][0], "first_plan_cpu_s": clock.marks[0][1],
         "s_per_iter_wall_mean": sum(wall) / len(wall), "s_per_iter_cpu_mean": sum(cpu) / len(cpu),
         "s_per_iter_cpu": [round(c, 3) for c in cpu],
+        "objective": getattr(summary, "objective", None) or "propagation",
         "mean_estimate_s": summary.mean_estimate_s, "mean_baseline_s": summary.mean_baseline_s,
     }
 
 
 def main(argv: list[str] | None = None) -> None:
+    """All sizes, or those whose GPU count is given; each row is written as soon as it is measured (a
+    16384-GPU run takes minutes), replacing an older row of the same size."""
     sizes = [s for s in SIZES if not argv or str(s[0]) in argv]
-    rows = []
+    old = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
     for gpus, tokens in sizes:
-        rows.append(measure(gpus, tokens, ITERATIONS + 1))  # the first plan is timed separately
-        r = rows[-1]
+        r = measure(gpus, tokens, ITERATIONS + 1)  # the first plan is timed separately
+        old = sorted([x for x in old if x["gpus"] != gpus] + [r], key=lambda x: x["gpus"])
+        out = {"runs": old, "targets": {"8192": {"s_per_iter": 2.0, "first_plan_s": 15.0}},
+               "note": "one process (--workers 1); CPU time is the one-core cost on a shared machine"}
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=1) + "\n")
         print(f"{gpus:6d} GPUs {tokens:>11,d} tok  first plan {r['first_plan_wall_s']:6.1f} s wall "
               f"({r['first_plan_cpu_s']:.1f} s CPU)  per iteration {r['s_per_iter_wall_mean']:6.2f} s wall "
-              f"({r['s_per_iter_cpu_mean']:.2f} s CPU)", flush=True)
-    out = {"runs": rows, "targets": {"8192": {"s_per_iter": 2.0, "first_plan_s": 15.0}},
-           "note": "one process (--workers 1); CPU time is the one-core cost on a shared machine"}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+              f"({r['s_per_iter_cpu_mean']:.2f} s CPU)  wrote {RESULTS}", flush=True)
 
 
 if __name__ == "__main__":
