@@ -34,6 +34,7 @@ import numpy as np
 from hydraplan.costmodel import pipeline_time_from_mb, seq_cost
 from hydraplan.delay import outlier_delay, stream_batches, wlb_rule
 from hydraplan.errors import UserError
+from hydraplan.ffd import first_fit_bins
 from hydraplan.schema import ModelInfo, Profile, Scheme
 from hydraplan.sync import FORWARD_SHARE, transfer_s
 
@@ -121,22 +122,16 @@ def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
 
 # ------------------------------------------------------------------------------------------- packing
 def ffd(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
-    """First-fit decreasing bin packing: bins of at most `capacity` tokens, as index arrays."""
+    """First-fit decreasing bin packing: bins of at most `capacity` tokens, as index arrays (each in the
+    order its items were placed)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     _check_fits(lengths, capacity, "ffd")
+    if lengths.size == 0:
+        return []
     order = np.argsort(-lengths, kind="stable")
-    room: list[int] = []
-    bins: list[list[int]] = []
-    for i, l in zip(order.tolist(), lengths[order].tolist()):
-        for b, r in enumerate(room):
-            if r >= l:
-                room[b] -= l
-                bins[b].append(i)
-                break
-        else:
-            room.append(capacity - l)
-            bins.append([i])
-    return [np.array(b, dtype=np.int64) for b in bins]
+    bins = first_fit_bins(lengths[order], capacity)
+    by_bin = np.argsort(bins, kind="stable")
+    return np.split(order[by_bin], np.flatnonzero(np.diff(bins[by_bin])) + 1)
 
 
 def deal_round_robin(n_items: int, n_pipelines: int) -> list[list[int]]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
+from hydraplan import cliopts
+from hydraplan.cliopts import CONTEXT_SETTINGS, check_context_len, context_len_option, json_option, positive, workers_option
 from hydraplan.errors import UserError
 
 app = typer.Typer(
@@ -15,9 +16,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
 )
-profiles_app = typer.Typer(help="Bundled GPU profiles (cost model per <TP,PP,CP> scheme).", no_args_is_help=True)
-dataset_app = typer.Typer(help="Sequence-length datasets.", no_args_is_help=True)
+profiles_app = typer.Typer(help="Bundled GPU profiles (cost model per <TP,PP,CP> scheme).", no_args_is_help=True,
+                           context_settings=CONTEXT_SETTINGS)
+dataset_app = typer.Typer(help="Sequence-length datasets.", no_args_is_help=True, context_settings=CONTEXT_SETTINGS)
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(dataset_app, name="dataset")
 
@@ -25,18 +28,37 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=cliopts.version_callback, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
+    """Plan heterogeneous, length-aware LLM training: propose strategies, pack iterations, compare."""
+
+
 @app.command()
-def schema(out_dir: Path = typer.Argument(..., help="folder to write <name>.schema.json into")) -> None:
+def schema(
+    out_dir: Path | None = typer.Option(None, "--out", help="folder to write <name>.schema.json into"),
+    json_out: bool = json_option('print {"<name>": <JSON Schema>, ...} instead of writing files'),
+) -> None:
     """Write the JSON Schemas of every file format (profile, strategies, plan, summary)."""
     import json
 
     from hydraplan.fileio import atomic_write_text
     from hydraplan.schema import SCHEMAS
 
-    for name, model in SCHEMAS.items():
-        path = out_dir / f"{name}.schema.json"
-        atomic_write_text(path, json.dumps(model.model_json_schema(by_alias=True), indent=1) + "\n")
-        console.print(f"wrote {path}")
+    schemas = {name: model.model_json_schema(by_alias=True) for name, model in SCHEMAS.items()}
+    if out_dir is None and not json_out:
+        raise UserError("schema: pass --out DIR (write the files) or --json (print them)")
+    if out_dir is not None:
+        cliopts.out_folder(out_dir)
+        for name, doc in schemas.items():
+            path = out_dir / f"{name}.schema.json"
+            atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+            if not json_out:
+                console.print(f"wrote {path}")
+    if json_out:
+        typer.echo(json.dumps(schemas, indent=1))
 
 
 @app.command()
@@ -45,15 +67,14 @@ def propose(
     dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
     out: Path = typer.Option(..., "--out", help="strategies file to write (hydraplan.strategies/v1)"),
-    context_len: int | None = typer.Option(None, "--context-len", help="longest sequence to support (default: the "
-                                           "dataset's longest); longer documents are truncated to it"),
+    context_len: int | None = context_len_option(),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for rank placement "
                                              "(default: the profile's)"),
     tokens_per_iter: int | None = typer.Option(None, "--tokens-per-iter", help="nominal batch the expected cost is "
                                                "taken on (default: 4096 per GPU)"),
     max_candidates: int = typer.Option(10, "--max-candidates", help="keep at most this many candidates, preferring the "
                                        "L' ranges that most often hold an iteration's longest sequence (0: all)"),
-    json_out: bool = typer.Option(False, "--json", help="print the strategies file instead of the table"),
+    json_out: bool = json_option("print the strategies file instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
 ) -> None:
@@ -70,6 +91,11 @@ def propose(
     from hydraplan.proposal import propose as run_propose
     from hydraplan.proposal import strategy_label
 
+    positive(gpus, "--gpus")
+    check_context_len(context_len)
+    positive(gpus_per_node, "--gpus-per-node")
+    positive(tokens_per_iter, "--tokens-per-iter")
+    cliopts.out_file(out)
     prof = load_profile(profile)
     ds = load_dataset(dataset, context_len)
     length = context_len or int(ds.lengths.max())
@@ -105,9 +131,9 @@ def pack(
     strategies: Path | None = typer.Option(
         None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
         "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
-    context_len: int | None = typer.Option(None, "--context-len", help="truncate sequences to this length"),
+    context_len: int | None = context_len_option(),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed: same seed, same plans"),
-    workers: int | None = typer.Option(None, "--workers", help="solver processes (default: the core count)"),
+    workers: int | None = workers_option(),
     dispatch: str = typer.Option("greedy", "--dispatch", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (same arguments required)"),
     seq1f1b: str | None = typer.Option(
@@ -124,18 +150,25 @@ def pack(
                                    "'static' (so a hand-written --strategies file is used as given)"),
     candidates_only: bool = typer.Option(False, "--candidates-only", help="only the candidates: no strategy made for "
                                          "each batch from the any-strategy MILP (plans marked synthesized)"),
+    json_out: bool = json_option("print summary.json instead of the summary lines"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
     Plans are written atomically in iteration order and do not depend on --workers.
 
     Without --resume an existing run in OUT is replaced; with it, planning continues after the last complete iteration.
+    OUT is locked while the run lasts: a second run on it is refused.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from hydraplan.fileio import model_json
     from hydraplan.iterate import PackOptions, run_pack
     from hydraplan.schema import IterationSummary
 
+    for value, flag in ((gpus, "--gpus"), (tokens_per_iter, "--tokens-per-iter"), (iterations, "--iterations"),
+                        (workers, "--workers")):
+        positive(value, flag)
+    check_context_len(context_len)
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
@@ -148,18 +181,32 @@ def pack(
     class _Progress:
         """Iterations/s and the running mean estimate of this invocation."""
 
+        done = total = None
+
         def start(self, done: int, total: int) -> None:
             self.task = bar.add_task("pack", total=total, completed=done, rate="", mean="-")
             self.t0, self.n, self.sum = bar.get_time(), 0, 0.0
+            self.done, self.total = done, total
 
         def advance(self, it: IterationSummary) -> None:
             self.n += 1
+            self.done += 1
             self.sum += it.iteration_s if it.iteration_s is not None else it.estimate_s
             rate = self.n / max(bar.get_time() - self.t0, 1e-9)
             bar.update(self.task, advance=1, rate=f"{rate:.2f} it/s", mean=f"{self.sum / self.n:.3f} s")
 
-    with bar:
-        summary = run_pack(opts, _Progress())
+        def line(self) -> str:
+            if self.total is None:
+                return "pack: preparing (dataset, static baseline, candidates)"
+            return f"pack: {self.done}/{self.total} iterations planned into {out}"
+
+    progress = _Progress()
+    cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
+    with bar, cliopts.Heartbeat(progress.line):
+        summary = run_pack(opts, progress)
+    if json_out:
+        typer.echo(model_json(summary))
+        return
     its = summary.iterations
     chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")})
     made = f", {summary.synthesized_iterations} made for their batch" if summary.synthesized_iterations else ""
@@ -184,9 +231,14 @@ def pack(
 def validate(
     path: Path = typer.Argument(..., help="a run folder or one iter_NNNNNN.json plan"),
     profile: str = typer.Option(..., "--profile", help="the profile the plans were made with"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable report"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for the placement warnings "
+                                             "(default: the profile's)"),
+    json_out: bool = json_option("machine-readable report"),
 ) -> None:
-    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation."""
+    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation.
+
+    Warnings (exit 0): TP or CP groups that span nodes although they fit in one, and candidates whose
+    largest MaxLen is below the run's context length."""
     import json
     from dataclasses import asdict
 
@@ -195,22 +247,28 @@ def validate(
     from hydraplan.costmodel import load_profile
     from hydraplan.validate import validate_path
 
-    report = validate_path(path, load_profile(profile))
+    positive(gpus_per_node, "--gpus-per-node")
+    report = validate_path(path, load_profile(profile), gpus_per_node)
     if json_out:
         console.print_json(json.dumps({
             "ok": report.ok, "plans": report.plans, "pipelines": report.pipelines,
-            "micro_batches": report.micro_batches, "violations": [asdict(v) for v in report.violations],
+            "micro_batches": report.micro_batches, "violations": [asdict(v) for v in report.errors],
+            "warnings": [asdict(v) for v in report.warnings],
         }))
-    elif report.ok:
-        console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
-                      f"{report.micro_batches} micro-batches satisfy every constraint")
     else:
-        table = Table("file", "pipeline", "micro-batch", "kind", "problem")
-        for v in report.violations:
-            table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
-                          "" if v.micro_batch is None else str(v.micro_batch), v.kind, v.message)
-        console.print(table)
-        console.print(f"{len(report.violations)} violations in {report.plans} plans")
+        if report.violations:
+            table = Table("file", "pipeline", "micro-batch", "kind", "problem")
+            for v in report.violations:
+                table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
+                              "" if v.micro_batch is None else str(v.micro_batch),
+                              v.kind + (" (warning)" if v.severity == "warning" else ""), v.message)
+            console.print(table)
+        warned = f" ({len(report.warnings)} warnings)" if report.warnings else ""
+        if report.ok:
+            console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
+                          f"{report.micro_batches} micro-batches satisfy every constraint{warned}")
+        else:
+            console.print(f"{len(report.errors)} violations in {report.plans} plans{warned}")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -222,13 +280,13 @@ def compare(
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
     tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
     iterations: int = typer.Option(..., "--iterations", help="iterations to sample and compare"),
-    out: Path = typer.Option(Path("plans/compare"), "--out", help="report folder: compare.json, report.html, *.png"),
-    context_len: int | None = typer.Option(None, "--context-len", help="truncate sequences to this length"),
+    out: Path = typer.Option(..., "--out", help="report folder: compare.json, report.html, *.png"),
+    context_len: int | None = context_len_option(),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
         None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
         "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
-    json_out: bool = typer.Option(False, "--json", help="print compare.json instead of the table"),
+    json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
 ) -> None:
@@ -244,7 +302,11 @@ def compare(
     from hydraplan.compare import ALL_METHODS, CompareOptions, run_compare
     from hydraplan.fileio import model_json
     from hydraplan.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
+    from hydraplan.runlock import locked_folder
 
+    for value, flag in ((gpus, "--gpus"), (tokens_per_iter, "--tokens-per-iter"), (iterations, "--iterations")):
+        positive(value, flag)
+    check_context_len(context_len)
     chosen = tuple(m for part in (methods or list(ALL_METHODS)) for m in part.replace(",", " ").split())
     opts = CompareOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                           iterations=iterations, seed=seed, context_len=context_len, methods=chosen,
@@ -254,14 +316,22 @@ def compare(
                    disable=not err_console.is_terminal)  # logs get the table, not bar frames
 
     class _Progress:
+        done = total = None
+
         def start(self, total: int) -> None:
             self.task = bar.add_task("compare", total=total, what="")
+            self.done, self.total = 0, total
 
         def advance(self, what: str) -> None:
             bar.update(self.task, advance=1, what=what)
+            self.done += 1
 
-    with bar:
-        outcome = run_compare(opts, _Progress())
+        def line(self) -> str:
+            return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
+
+    progress = _Progress()
+    with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
+        outcome = run_compare(opts, progress)
         paths = write_report(outcome, out)
     if json_out:
         console.print_json(model_json(outcome.result))
@@ -280,6 +350,11 @@ def compare(
     console.print(f"wrote {paths['report.html']} and {paths['compare.json']}")
 
 
+# The simulator executes ~30K actions per second: the limit answers in seconds (256 stages x 4096
+# micro-batches, 2M actions, took a silent minute).
+MAX_PIPELINE_ACTIONS = 100_000
+
+
 @app.command()
 def pipeline(
     schedule: str = typer.Option(..., "--schedule", help="1f1b | interleaved | seq1f1b | seq1f1b-interleaved"),
@@ -287,7 +362,7 @@ def pipeline(
     micro_batches: int = typer.Option(..., "--micro-batches", help="micro-batches M"),
     splits: int = typer.Option(4, "--splits", help="Seq1F1B sub-sequences per micro-batch K (seq1f1b kinds)"),
     chunks: int = typer.Option(2, "--chunks", help="model chunks per device V (interleaved kinds)"),
-    json_out: bool = typer.Option(False, "--json", help='print {"stages": [[{"op","mb","split","chunk"}, ...], ...], ...}'),
+    json_out: bool = json_option('print {"stages": [[{"op","mb","split","chunk"}, ...], ...], ...}'),
     plot: Path | None = typer.Option(None, "--plot", help="also draw the timeline (Gantt) as a PNG"),
 ) -> None:
     """Per-stage action lists of a pipeline schedule, checked for deadlock by executing them, with the
@@ -300,6 +375,17 @@ def pipeline(
 
     from hydraplan.pipeline import action_label, forwards_before_first_backward, make_schedule, plot_timeline, unit_timeline
 
+    if plot is not None:
+        cliopts.png_file(plot)
+    for value, flag in ((stages, "--stages"), (micro_batches, "--micro-batches"), (splits, "--splits"), (chunks, "--chunks")):
+        positive(value, flag)
+    k = splits if schedule.startswith("seq1f1b") else 1
+    v = chunks if schedule.endswith("interleaved") else 1
+    actions = 2 * stages * micro_batches * k * v
+    if actions > MAX_PIPELINE_ACTIONS:
+        raise UserError(f"pipeline: {stages} stages x {micro_batches} micro-batches x {k} splits x {v} chunks is "
+                        f"{actions:,} forward and backward actions; at most {MAX_PIPELINE_ACTIONS:,} are simulated "
+                        "(a few seconds); lower --stages or --micro-batches")
     sch = make_schedule(schedule, stages, micro_batches, splits, chunks)
     tl = unit_timeline(sch)
     if plot is not None:
@@ -309,7 +395,7 @@ def pipeline(
         out = sch.to_json() | {"schedule": sch.name, "P": sch.P, "M": sch.M, "K": sch.K, "V": sch.V,
                                "latency": tl.latency_s, "bubble_ratio": tl.bubble_ratio,
                                "peak_live": tl.peak_live, "peak_live_micro_batches": live_mb}
-        console.print_json(json.dumps(out))
+        typer.echo(json.dumps(out, indent=1))  # rich's print_json highlights: minutes for 100K actions
         return
     table = Table("stage", "F before 1st B", "peak live", "peak live (micro-batches)", "actions",
                   title=f"{sch.name} P={sch.P} M={sch.M} K={sch.K} V={sch.V}")
@@ -357,7 +443,7 @@ def profile_cmd(
                                      "shared or oversubscribed CPU's wall time measures the other processes)"),
     warmup: int = typer.Option(1, "--warmup", help="unrecorded runs before the measured ones"),
     repeats: int = typer.Option(3, "--repeats", help="measured runs per point; the median is kept"),
-    json_out: bool = typer.Option(False, "--json", help="print the fit (or the --check rows) as JSON"),
+    json_out: bool = json_option("print the fit (or the --check rows) as JSON"),
 ) -> None:
     """Measure T(l,P) and MaxLen in the runtime on this machine and write a profile ("source": "measured"),
     or with --check replay plans and report estimated against measured whole iterations.
@@ -414,6 +500,8 @@ def profile_cmd(
         return
     if out is None:
         raise UserError("--out is required (the profile JSON to write), unless --check is given")
+    cliopts.out_file(out)
+    positive(gpus, "--gpus")
     from hydraplan.fileio import write_model
     from hydraplan.runtime.model import check_layout, get_config
 
@@ -466,8 +554,8 @@ def profile_cmd(
 def dataset_stats(
     dataset: str = typer.Argument(..., help="a length file (.csv .parquet .txt .npy .json .jsonl .idx, .gz of the text "
                                   "forms), a Megatron prefix, or builtin:wikipedia / builtin:prolong"),
-    context_len: int | None = typer.Option(None, "--context-len", help="truncate documents to this many tokens first"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object (hydraplan.dataset-stats/v1)"),
+    context_len: int | None = context_len_option(),
+    json_out: bool = json_option("print one JSON object (hydraplan.dataset-stats/v1)"),
     plot: Path | None = typer.Option(None, "--plot", help="also write the log2 histogram as a PNG"),
 ) -> None:
     """Length distribution: count, tokens, min/median/mean/p90/p99/max, long-tail shares, log2 histogram."""
@@ -475,6 +563,9 @@ def dataset_stats(
     from hydraplan.fileio import model_json
     from hydraplan.lengthstats import summarize
 
+    check_context_len(context_len)
+    if plot is not None:
+        cliopts.png_file(plot)
     ds = load_dataset(dataset, context_len)
     stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated)
     if plot is not None:
@@ -516,7 +607,7 @@ def _print_stats(stats) -> None:  # noqa: ANN001 (schema.DatasetStats, imported 
 
 
 @profiles_app.command("list")
-def profiles_list(json_out: bool = typer.Option(False, "--json", help="print a JSON list instead of the table")) -> None:
+def profiles_list(json_out: bool = json_option("print a JSON list instead of the table")) -> None:
     """The bundled profiles: the name --profile accepts, GPU, model, number of <TP,PP,CP> schemes, source."""
     import json
     from dataclasses import asdict
@@ -541,7 +632,7 @@ def profiles_show(
     name: str = typer.Argument(..., help="bundled profile name (see `profiles list`) or a profile JSON path"),
     gpus: int | None = typer.Option(None, "--gpus", help="cluster size: MaxLen recomputed for N GPUs, larger "
                                     "schemes hidden (default: the profile's reference_gpus)"),
-    json_out: bool = typer.Option(False, "--json", help="print the profile itself (v1 JSON; for --gpus N, as seen by N GPUs)"),
+    json_out: bool = json_option("print the profile itself (v1 JSON; for --gpus N, as seen by N GPUs)"),
 ) -> None:
     """Schemes of a profile: GPUs, MaxLen, UtilLen, T(4K) and steady-state tokens/s per GPU at 4K and 32K."""
     from rich.table import Table
@@ -549,6 +640,7 @@ def profiles_show(
     from hydraplan.costmodel import for_gpus, load_profile, seq_time, tokens_per_gpu_s
     from hydraplan.fileio import model_json
 
+    positive(gpus, "--gpus")
     profile = load_profile(name)
     n = gpus if gpus is not None else profile.reference_gpus
     view = for_gpus(profile, n)
@@ -567,19 +659,23 @@ def profiles_show(
 
 @profiles_app.command("generate")
 def profiles_generate(
-    out_dir: Path | None = typer.Option(None, "--out-dir", help="where to write (default: the bundled profiles/)"),
+    out_dir: Path | None = typer.Option(None, "--out", "--out-dir", help="folder to write into (default: the bundled "
+                                        "profiles/)"),
+    json_out: bool = json_option("print the written paths as a JSON list"),
 ) -> None:
     """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/hardware.py; deterministic."""
+    import json
+
     from hydraplan.costmodel import write_analytic_profiles
     from hydraplan.paths import PROFILES_DIR
 
-    for path in write_analytic_profiles(out_dir or PROFILES_DIR):
+    paths = write_analytic_profiles(cliopts.out_folder(out_dir or PROFILES_DIR))
+    if json_out:
+        typer.echo(json.dumps([str(p) for p in paths], indent=1))
+        return
+    for path in paths:
         console.print(f"wrote {path}")
 
 
 def main() -> None:
-    try:
-        app()
-    except UserError as e:
-        err_console.print(f"hydraplan: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
+    cliopts.run(app)

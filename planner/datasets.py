@@ -39,6 +39,12 @@ MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int6
                    7: np.float32, 8: np.uint16}
 _MEGATRON_HEADER = np.dtype([("version", "<u8"), ("code", "u1"), ("sequences", "<u8"), ("documents", "<u8")])
 _INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+# Bounds that keep every token sum in int64 and the expanded length table in memory: Megatron stores
+# lengths as int32, and 2**28 documents are 2 GiB of int64 lengths.
+MAX_LENGTH = 2**31 - 1
+MAX_DOCUMENTS = 2**28
+# Only an empty field is missing: "NaN" or "inf" are values, reported as what they are.
+_CSV_CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
 
 Locate = Callable[[int], str]
 
@@ -149,6 +155,17 @@ def _check_positive(values: np.ndarray, what: str, locate: Locate, *, allow_zero
         i = int(bad[0])
         need = "a non-negative count" if allow_zero else "a positive length"
         raise UserError(f"{what} {locate(i)}: {int(values[i])} is not {need}")
+    big = np.flatnonzero(values > (MAX_DOCUMENTS if allow_zero else MAX_LENGTH))
+    if big.size:
+        i = int(big[0])
+        limit = f"at most {MAX_DOCUMENTS:,} documents" if allow_zero else f"at most {MAX_LENGTH:,} tokens"
+        raise UserError(f"{what} {locate(i)}: {int(values[i]):,} is too large ({limit})")
+
+
+def _check_total(counts: np.ndarray, source: str) -> None:
+    total = int(counts.sum())
+    if total > MAX_DOCUMENTS:
+        raise UserError(f"{source}: the histogram holds {total:,} documents, at most {MAX_DOCUMENTS:,} are supported")
 
 
 def _first_non_integer(values: list[object]) -> int:
@@ -167,11 +184,13 @@ def _int_column(col: pa.ChunkedArray | pa.Array, what: str, locate: Locate) -> n
         return col.to_numpy().astype(np.int64)
     if pa.types.is_floating(col.type):
         x = col.to_numpy()
-        bad = np.flatnonzero(~np.isfinite(x) | (x != np.round(x)))
+        bad = np.flatnonzero(~np.isfinite(x) | (x != np.round(x)) | (np.abs(x) > 2.0**62))
         if bad.size == 0:
             return x.astype(np.int64)
         i = int(bad[0])
-        raise UserError(f"{what} {locate(i)}: {float(x[i])!r} is not an integer")
+        v = float(x[i])
+        why = "is too large" if np.isfinite(v) and v == round(v) else "is not an integer"
+        raise UserError(f"{what} {locate(i)}: {v!r} {why}")
     values = col.to_pylist()
     i = _first_non_integer(values)
     raise UserError(f"{what} {locate(i)}: {values[i]!r} is not an integer")
@@ -191,7 +210,9 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
     if {"lo", "hi", "count"} <= set(names):
         lo, hi, counts = col("lo"), col("hi"), col("count")
         _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
+        _check_total(counts, source)
         _check_positive(lo, f"{source}: column 'lo'", locate, allow_zero=True)
+        _check_positive(hi, f"{source}: column 'hi'", locate)
         empty = np.flatnonzero(hi <= lo)
         if empty.size:
             i = int(empty[0])
@@ -201,6 +222,7 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
         values, counts = col("length"), col("count")
         _check_positive(values, f"{source}: column 'length'", locate)
         _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
+        _check_total(counts, source)
         return expand_exact(values, counts), False, None
     token_col = _token_column(table, source)
     if token_col is not None:
@@ -239,12 +261,12 @@ def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[
 
 # ------------------------------------------------------------------------------------------ readers
 def _read_csv(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
-    table = pacsv.read_csv(path)
+    table = pacsv.read_csv(path, convert_options=_CSV_CONVERT)
     return _from_table(table, str(path), lambda i: f"line {i + 2}")
 
 
 def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
-    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]))
+    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]), convert_options=_CSV_CONVERT)
     if table.num_rows == 0:
         raise UserError(f"{path}: no documents (no lines)")
     locate: Locate = lambda i: f"line {i + 1}"  # noqa: E731
@@ -274,6 +296,9 @@ def _read_json(path: Path) -> tuple[np.ndarray, bool, None]:
     if any(type(v) is not int for v in data):
         i = next(i for i, v in enumerate(data) if type(v) is not int)
         raise UserError(f"{path}: {locate(i)}: {data[i]!r} is not an integer")
+    if any(abs(v) > MAX_LENGTH for v in data):
+        i = next(i for i, v in enumerate(data) if abs(v) > MAX_LENGTH)
+        raise UserError(f"{path}: {locate(i)}: {data[i]:,} is too large (at most {MAX_LENGTH:,} tokens)")
     lengths = np.asarray(data, dtype=np.int64)
     _check_positive(lengths, f"{path}:", locate)
     return lengths, True, None
@@ -286,6 +311,10 @@ def _read_npy(path: Path) -> tuple[np.ndarray, bool, None]:
         raise UserError(f"{path}: not a numeric .npy array: {_first_line(str(e))}") from None
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise UserError(f"{path}: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+    big = np.flatnonzero(arr > MAX_LENGTH)
+    if big.size:
+        i = int(big[0])
+        raise UserError(f"{path}: index {i}: {int(arr[i]):,} is too large (at most {MAX_LENGTH:,} tokens)")
     lengths = arr.astype(np.int64)
     _check_positive(lengths, f"{path}:", lambda i: f"index {i}")
     return lengths, True, None

@@ -98,6 +98,22 @@ class _Pipes:
         return np.searchsorted(-self.max_len, -lengths, side="right")
 
 
+class _Costs:
+    """W[i, j] = a_j l_i^2 + b_j l_i over sequences x sorted pipelines, read from the (B, G) group table:
+    the full (B, D) table is 800 MB at 8192 GPUs. Supports the indexing the solvers use: W[rows, cols]
+    (cols mapped to groups) and W[rows] (whole rows, materialized)."""
+
+    def __init__(self, Wg: np.ndarray, gid: np.ndarray) -> None:
+        self.Wg, self.gid = Wg, gid
+        self.shape = (Wg.shape[0], gid.size)
+
+    def __getitem__(self, key: object) -> np.ndarray:
+        if isinstance(key, tuple):
+            rows, cols = key
+            return self.Wg[rows, self.gid[cols]]
+        return self.Wg[key][..., self.gid]
+
+
 def _loads(C: np.ndarray, L: np.ndarray, Mx: np.ndarray, P: _Pipes) -> np.ndarray:
     """Eq. (2) per pipeline from the running sums (works on (..., D) arrays)."""
     nv = -(-L // P.max_len)
@@ -143,7 +159,7 @@ def _greedy(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, orders
     """
     T, B = orders.shape
     D = W.shape[1]
-    Wm = np.where(np.arange(D) < J[:, None], W, _BIG)  # ineligible pipelines never win the argmin
+    Wm = np.where(np.arange(D) < J[:, None], W[:], _BIG)  # ineligible pipelines never win the argmin
     lf = lengths.astype(np.float64)
     M = P.max_len.astype(np.float64)
     C = np.zeros((T, D))
@@ -424,6 +440,7 @@ def _ilp(lengths, W, J, P, hint: np.ndarray, ub: float, time_limit_s: float, see
     for (i, j), v in x.items():
         m.add_hint(v, int(h[i] == j))
     s = cp_model.CpSolver()
+    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
     s.parameters.num_workers = 1
     s.parameters.random_seed = seed
     s.parameters.max_deterministic_time = time_limit_s
@@ -477,7 +494,7 @@ def _dispatch(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: i
         cost = P.h(lower_bound(lengths, P.order[assign], schemes)[P.order], slice(None)).max()
         return DispatchResult(P.order[assign], float(cost), "greedy", True, 0)
     Wg = P.group_cost(lengths)
-    W = Wg[:, P.gid]
+    W = _Costs(Wg, P.gid)
     bound = _trivial_bound(Wg, P, lengths)
     assign, cost, trials = _greedy_best(lengths, Wg, W, J, P, max(1, trials), seed, bound)
     optimal = cost <= bound * (1 + 1e-12)

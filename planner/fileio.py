@@ -67,21 +67,56 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename, so readers never see half a file."""
+def ensure_folder(path: str | Path, what: str = "--out") -> Path:
+    """An output folder, created with its parents; one line naming it when that is impossible (a file
+    in the way, no permission, a read-only file system)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path}: exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{what} {path}: cannot create the folder: {e.strerror or e}") from None
+    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and rename, so readers never see half a file; the
+    parent folder is created. Any OS failure is a UserError naming the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, expected a file name")
+    ensure_folder(path.parent, f"{path}: its folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
     try:
         os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int) -> None:
+    """A matplotlib figure as a PNG, written atomically like every other output."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def write_model(path: str | Path, model: BaseModel) -> None:

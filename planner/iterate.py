@@ -162,6 +162,26 @@ def resolve_strategies(
     })
 
 
+class PlacementWarning(UserWarning):
+    """Legal but likely slow: a TP/CP group across nodes, a candidate that cannot hold the context."""
+
+
+def warn_placement(strategies: Strategies, profile: Profile, context_len: int, gpus_per_node: int) -> None:
+    """The placement findings of `hydraplan validate`, as warnings before planning starts."""
+    import warnings
+
+    from hydraplan.validate import short_candidates, split_groups
+
+    for cand in strategies.candidates:
+        for pi, p in enumerate(cand.pipelines):
+            for problem in split_groups(p.ranks or [], p.tp, p.pp, p.cp, gpus_per_node):
+                warnings.warn(f"candidate {cand.name} pipeline {pi}: {problem}", PlacementWarning, stacklevel=2)
+    short = short_candidates(strategies.model_copy(update={"context_len": context_len}), profile)
+    if len(short) < len(strategies.candidates):  # none holds it: planning stops with an error naming the length
+        for _, message in short:
+            warnings.warn(message, PlacementWarning, stacklevel=2)
+
+
 def strategies_digest(strategies: Strategies) -> str:
     return hashlib.sha256(model_json(strategies).encode()).hexdigest()
 
@@ -506,8 +526,10 @@ class Planner:
                 yield self.solve(b)
             return
         window = lookahead or 2 * workers
-        pool = ProcessPoolExecutor(workers, mp_context=get_context("forkserver"),
-                                   initializer=_init_worker, initargs=(self,))
+        # spawn, not forkserver: workers are our own children (so they can die with us) and no forkserver
+        # socket folder is left in /tmp when we are killed
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
+                                   initializer=_init_worker, initargs=(self, os.getpid()))
         pending: deque[Future[IterationResult]] = deque()
         try:
             for b in items:
@@ -517,16 +539,52 @@ class Planner:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
+        except BaseException:  # interrupted or failed: running solves are not needed, stop them now
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
 _WORKER_PLANNER: Planner | None = None
+PR_SET_PDEATHSIG = 1
 
 
-def _init_worker(worker_planner: Planner) -> None:
-    """Keep the planner, and import the solvers now so the first iteration's solver_s is not import time."""
+def _die_with(parent: int) -> None:
+    """Make this worker die with `parent` whatever kills it (SIGKILL included): the kernel's parent-death
+    signal on Linux, elsewhere a thread that polls the parent. Without it a killed `pack` left its
+    workers (and through them the resource tracker) running for minutes."""
+    import signal
+    import sys
+    import threading
+
+    if sys.platform == "linux":
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="hydraplan-parent-watch", daemon=True).start()
+
+
+def _init_worker(worker_planner: Planner, parent: int) -> None:
+    """Die with the parent; leave Ctrl-C to it (it stops the pool and prints one line, so workers print no
+    KeyboardInterrupt tracebacks); keep the planner, and import the solvers now so the first iteration's
+    solver_s is not import time."""
+    import signal
+
     global _WORKER_PLANNER
+    _die_with(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     importlib.import_module("hydraplan.dispatch")
     importlib.import_module("hydraplan.packing")
     _WORKER_PLANNER = worker_planner
@@ -722,25 +780,36 @@ def with_static_candidate(strategies: Strategies, baseline: StaticBaseline, view
 
 
 def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary:
-    """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point."""
+    """`hydraplan pack`: plan `iterations` sampled batches into opts.out, resumable at any point. The folder
+    is locked for the run (hydraplan.runlock): a second run on it fails at once instead of mixing plans."""
+    from hydraplan.runlock import locked_folder
+
+    with locked_folder(opts.out):
+        return _run_pack_locked(opts, progress)
+
+
+def _run_pack_locked(opts: PackOptions, progress: PackProgress | None) -> Summary:
     from hydraplan.datasets import load_dataset
 
     if opts.iterations < 1:
         raise UserError(f"--iterations must be positive (got {opts.iterations})")
     if opts.tokens_per_iter < 1:
         raise UserError(f"--tokens-per-iter must be positive (got {opts.tokens_per_iter})")
-    if opts.out.exists() and not opts.out.is_dir():
-        raise UserError(f"--out {opts.out}: exists and is not a folder")
     if opts.dispatch not in ("greedy", "ilp"):
         raise UserError(f"--dispatch must be greedy or ilp (got {opts.dispatch!r})")
     check_objective(opts.objective)
+    if opts.context_len is not None and opts.context_len < 1:
+        raise UserError(f"--context-len must be a positive number of tokens (got {opts.context_len})")
+    if opts.workers is not None and opts.workers < 1:
+        raise UserError(f"--workers must be a positive integer (got {opts.workers})")
     profile = load_profile(opts.profile)
     for_gpus(profile, opts.gpus)
     args = _pack_args(opts, profile)
     resumed = _resume_state(opts, args)
     dataset = load_dataset(opts.dataset, opts.context_len)
+    strategies = _load_strategies(opts, profile, dataset, resumed)  # a bad --strategies fails before the baseline runs
+    warn_placement(strategies, profile, opts.context_len or int(dataset.lengths.max()), profile.gpu.gpus_per_node)
     baseline = static_baseline(dataset, opts, profile)
-    strategies = _load_strategies(opts, profile, dataset, resumed)
     if baseline is not None and opts.static:
         strategies = with_static_candidate(strategies, baseline, for_gpus(profile, opts.gpus), opts.context_len)
     digest = strategies_digest(strategies)
@@ -763,7 +832,6 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         summary.outlier_delay = OutlierDelay(threshold=rule.thresholds[0], release_tokens=rule.tokens,
                                              max_wait=rule.max_wait)
     summary.baseline = baseline.label if baseline is not None else None
-    opts.out.mkdir(parents=True, exist_ok=True)
     _remove_plans_from(opts.out, len(done))
     write_model(opts.out / "strategies.json", planner.strategies)
     if progress is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydraplan.errors import UserError
+from hydraplan.fileio import save_figure
 from hydraplan.lengthstats import format_tokens
 from hydraplan.schema import DatasetStats
 
@@ -34,9 +34,6 @@ def plot_stats(stats: DatasetStats, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise UserError(f"--plot {path}: cannot write: {e.strerror}") from None
+        save_figure(fig, path, dpi=120)
     finally:
         plt.close(fig)

@@ -20,6 +20,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from hydraplan.dispatch import Infeasible
+from hydraplan.ffd import first_fit_bins
 from hydraplan.schema import Scheme
 
 _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units in CP-SAT
@@ -67,22 +68,6 @@ def _lpt(l: np.ndarray, w: np.ndarray, V: int, M: int) -> np.ndarray | None:
         bins[i] = v
         load[v] += w[i]
         tok[v] += l[i]
-    return bins
-
-
-def _ffd(l: np.ndarray, M: int) -> np.ndarray:
-    """First-fit decreasing by tokens (items already sorted): a feasible packing with few bins."""
-    room: list[int] = []
-    bins = np.empty(len(l), dtype=np.int64)
-    for i, x in enumerate(l.tolist()):
-        for v, r in enumerate(room):
-            if x <= r:
-                room[v] -= x
-                bins[i] = v
-                break
-        else:
-            room.append(M - x)
-            bins[i] = len(room) - 1
     return bins
 
 
@@ -181,6 +166,7 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
                 m.add_hint(x[i][v], int(h[i] == v))
         m.add_hint(z, hi)
     s = cp_model.CpSolver()
+    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
     s.parameters.num_workers = 1
     s.parameters.random_seed = seed
     s.parameters.max_deterministic_time = max(budget, 1e-3)
@@ -290,7 +276,7 @@ def _pack_sorted(key: bytes, M: int, a: float, b: float, c: float, pp: int,
     sequences (one long sequence alone, say)."""
     l = np.frombuffer(key, dtype=np.int64)
     w = (a * l.astype(np.float64) + b) * l
-    ffd = _ffd(l, M)
+    ffd = first_fit_bins(l, M)
     n_ffd = int(ffd.max()) + 1
     if pp == 1 and n_ffd == max(only_v, -(-int(l.sum()) // M)):
         # pp=1 costs S + V*c whatever the packing: FFD meeting the volume bound is optimal (the common case)

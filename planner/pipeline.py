@@ -361,6 +361,8 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hydraplan.fileio import save_figure
+
     sch = timeline.schedule
     n_shades = sch.K * sch.V
     fig_w = min(24.0, 6.0 + 0.08 * sum(len(s) for s in sch.stages) / max(1, sch.P))
@@ -381,9 +383,10 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None
     ax.set_title(title or f"{sch.name}  P={sch.P} M={sch.M} K={sch.K} V={sch.V}  latency {timeline.latency_s:.4g}{unit}  "
                  f"bubble {timeline.bubble_ratio:.1%}")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def unit_timeline(schedule: Schedule) -> Timeline:

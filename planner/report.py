@@ -17,7 +17,7 @@ import numpy as np
 
 from hydraplan import baselines as bl
 from hydraplan.compare import CompareOutcome, most_common
-from hydraplan.fileio import atomic_write_text, write_model
+from hydraplan.fileio import atomic_write_text, ensure_folder, save_figure, write_model
 from hydraplan.pipeline import simulate_1f1b
 from hydraplan.schema import CompareResult
 
@@ -101,7 +101,7 @@ def plot_latency(outcome: CompareOutcome, path: Path) -> None:
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -134,7 +134,7 @@ def plot_methods(outcome: CompareOutcome, path: Path) -> None:
                  f"megatron, {what})\n" + _title(r), fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -160,7 +160,7 @@ def plot_lengths(outcome: CompareOutcome, path: Path) -> None:
                  f"iteration: {min(maxes)}-{max(maxes)}", fontsize=9)
     ax.legend(frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -212,7 +212,7 @@ def plot_load(outcome: CompareOutcome, it: int, path: Path) -> None:
     axes[-1].set_xlabel("seconds (x: a pipeline with no work; dashed: the iteration's latency)")
     fig.suptitle(f"Per-pipeline load in iteration {it}, one row per pipeline\n" + _title(outcome.result), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -263,7 +263,7 @@ def plot_gantt(outcome: CompareOutcome, it: int, path: Path) -> None:
     axes[-1].set_xlim(0, span * 1.02)
     fig.suptitle(f"1F1B timeline (simulator) of the slowest pipelines, iteration {it}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -349,7 +349,7 @@ end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pul
 
 def write_report(outcome: CompareOutcome, out: Path) -> dict[str, Path]:
     """compare.json, the PNGs and report.html into `out`; returns the written paths by name."""
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_folder(out)
     write_model(out / "compare.json", outcome.result)
     it = showcase_iteration(outcome)
     images = {k: out / f"{k}.png" for k in PLOTS}

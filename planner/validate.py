@@ -35,6 +35,7 @@ class Violation:
     message: str
     pipeline: int | None = None
     micro_batch: int | None = None
+    severity: str = "error"  # "warning": legal but likely slow (placement), does not fail validation
 
 
 @dataclass
@@ -46,7 +47,15 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        return not self.errors
+
+    @property
+    def errors(self) -> list[Violation]:
+        return [v for v in self.violations if v.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Violation]:
+        return [v for v in self.violations if v.severity == "warning"]
 
 
 def close(a: float, b: float) -> bool:
@@ -71,6 +80,52 @@ def check_ranks(ranks_per_pipeline: Sequence[Sequence[int]], gpus: int) -> list[
     return problems
 
 
+def split_groups(ranks: Sequence[int], tp: int, pp: int, cp: int, gpus_per_node: int) -> list[str]:
+    """TP and CP groups of one pipeline (ranks[(s*cp + c)*tp + t], DESIGN.md) that cross a node boundary
+    although they could sit in one node: their collectives then run on the inter-node network every
+    layer, which the profile's times do not model. A TP group wider than a node, or a CP group whose
+    stage block (tp*cp ranks) is, must span nodes and is not reported."""
+    if len(ranks) != tp * pp * cp or gpus_per_node < 1:
+        return []
+    out = []
+
+    def check(kind: str, s: int, group: list[int]) -> None:
+        nodes = sorted({r // gpus_per_node for r in group})
+        if len(nodes) > 1:
+            out.append(f"stage {s} {kind} group on ranks {group} spans nodes {nodes} ({gpus_per_node} GPUs per node)")
+
+    for s in range(pp):
+        if tp > 1 and tp <= gpus_per_node:
+            for c in range(cp):
+                check("TP", s, list(ranks[(s * cp + c) * tp:(s * cp + c + 1) * tp]))
+        if cp > 1 and tp * cp <= gpus_per_node:
+            for t in range(tp):
+                check("CP", s, [ranks[(s * cp + c) * tp + t] for c in range(cp)])
+    return out
+
+
+def short_candidates(strategies: Strategies, profile: Profile) -> list[tuple[int, str]]:
+    """(candidate index, message) for candidates whose largest MaxLen is below the run's context length:
+    they can never plan an iteration that holds a sequence of that length. Proposed candidates meant for
+    shorter iterations (their optimal_for range ends within their MaxLen) are not reported."""
+    if strategies.context_len is None or strategies.gpus is None:
+        return []
+    try:
+        schemes = {s.key: s for s in for_gpus(profile, strategies.gpus).schemes}
+    except UserError:
+        return []
+    out = []
+    for i, cand in enumerate(strategies.candidates):
+        lens = [schemes[p.key].max_len for p in cand.pipelines if p.key in schemes]
+        longest = cand.max_len if cand.max_len is not None else max(lens, default=0)
+        if cand.optimal_for is not None and cand.optimal_for[1] <= longest:
+            continue  # proposed for shorter iterations (its L' range ends where it fits): by design
+        if longest < strategies.context_len:
+            out.append((i, f"candidate {cand.name} holds at most {longest} tokens, below the context length "
+                           f"{strategies.context_len}: it can only plan iterations without such a sequence"))
+    return out
+
+
 def _capacity(pipe: PlanPipeline, scheme: Scheme, bad: Callable[[str], None]) -> int:
     """Token capacity of a micro-batch: the scheme's MaxLen, raised by Seq1F1B when the pipeline (pp > 1)
     records K splits; a recorded seq1f1b_max_len must be the one K implies."""
@@ -85,8 +140,9 @@ def _capacity(pipe: PlanPipeline, scheme: Scheme, bad: Callable[[str], None]) ->
     return raised
 
 
-def check_plan(plan: Plan, profile: Profile, file: str = "<plan>") -> list[Violation]:
-    """Every constraint of the plan contract, and the canonical estimates recomputed."""
+def check_plan(plan: Plan, profile: Profile, file: str = "<plan>", gpus_per_node: int | None = None) -> list[Violation]:
+    """Every constraint of the plan contract, and the canonical estimates recomputed; TP/CP groups that
+    span nodes are warnings (`split_groups`, node size default: the profile's)."""
     out: list[Violation] = []
 
     def bad(kind: str, message: str, pipeline: int | None = None, mb: int | None = None) -> None:
@@ -117,6 +173,10 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>") -> list[Viola
             bad("ranks", f"{len(pipe.ranks)} ranks for tp*pp*cp = {pipe.tp * pipe.pp * pipe.cp} GPUs", p)
     for p, problem in check_ranks([pipe.ranks for pipe in plan.pipelines], plan.gpus):
         bad("ranks", problem, p)
+    node = gpus_per_node or profile.gpu.gpus_per_node
+    for p, pipe in enumerate(plan.pipelines):
+        for problem in split_groups(pipe.ranks, pipe.tp, pipe.pp, pipe.cp, node):
+            out.append(Violation(file, "placement", problem, p, severity="warning"))
 
     where: dict[int, list[tuple[int, int]]] = defaultdict(list)
     pipeline_estimates: list[float] = []
@@ -228,7 +288,7 @@ def plan_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if PLAN_FILE.match(p.name))
 
 
-def validate_path(path: str | Path, profile: Profile) -> ValidationReport:
+def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None = None) -> ValidationReport:
     """Validate one plan file, or a run folder (its plans, and summary.json/strategies.json if present)."""
     path = Path(path)
     if not path.exists():
@@ -247,7 +307,7 @@ def validate_path(path: str | Path, profile: Profile) -> ValidationReport:
         report.plans += 1
         report.pipelines += len(plan.pipelines)
         report.micro_batches += sum(len(p.micro_batches) for p in plan.pipelines)
-        report.violations += check_plan(plan, profile, name)
+        report.violations += check_plan(plan, profile, name, gpus_per_node)
         number = PLAN_FILE.match(f.name)
         if number and int(number.group(1)) != plan.iteration:
             said = int(number.group(1))
@@ -255,6 +315,11 @@ def validate_path(path: str | Path, profile: Profile) -> ValidationReport:
         if strategies is not None:
             report.violations += check_against_strategies(plan, strategies, name)
         plans[plan.iteration] = plan
+    if strategies is not None:  # the context: as given to the run, else the longest sequence it planned
+        longest = max((s.length for p in plans.values() for s in p.batch), default=0)
+        context = strategies.model_copy(update={"context_len": strategies.context_len or longest})
+        report.violations += [Violation(str(path / "strategies.json"), "context", message, severity="warning")
+                              for _, message in short_candidates(context, profile)]
     if path.is_dir() and (path / "summary.json").exists():
         summary = path / "summary.json"
         report.violations += check_summary(load_model(Summary, summary), plans, str(summary))

@@ -114,14 +114,14 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("hydraplan.fileio.os.replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="out.json: cannot write: disk full"):
         atomic_write_text(path, "new")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temp file left behind
 
 
 def test_schema_command_writes_valid_json_schemas(tmp_path):
-    result = CliRunner().invoke(app, ["schema", str(tmp_path)])
+    result = CliRunner().invoke(app, ["schema", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     names = {p.name for p in tmp_path.iterdir()}
     assert {"plan.schema.json", "profile.schema.json", "strategies.schema.json", "summary.schema.json"} <= names

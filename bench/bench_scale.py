@@ -1,0 +1,80 @@
+"""`hydraplan pack` at cluster scale: 8192 GPUs / 25M tokens and 16384 GPUs / 16M tokens per iteration
+(h100-llama2-7b, builtin:wikipedia, 32K context), one process (--workers 1), next to 64 and 1024 GPUs.
+
+Per size: seconds from the start of `run_pack` to the first plan written (loading, proposing, the static
+baseline, placement), and seconds per iteration after it (mean over the iterations), both as wall time
+and as this process's CPU time: on a shared machine wall time also counts the other processes, CPU time
+is the one-core cost. Writes bench/results/scale.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hydraplan.iterate import PackOptions, run_pack
+
+RESULTS = Path(__file__).parent / "results" / "scale.json"
+SIZES = ((64, 200_000), (1024, 3_200_000), (8192, 25_000_000), (16384, 16_000_000))
+ITERATIONS = 5
+
+
+class _Clock:
+    """Wall and CPU time of every plan written, from the start of the run."""
+
+    def __init__(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.marks: list[tuple[float, float]] = []
+
+    def start(self, done: int, total: int) -> None:
+        pass
+
+    def advance(self, it: object) -> None:
+        self.marks.append((time.perf_counter() - self.wall0, time.process_time() - self.cpu0))
+
+
+def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    try:
+        clock = _Clock()
+        summary = run_pack(PackOptions(profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=gpus,
+                                       tokens_per_iter=tokens, iterations=iterations, out=out / "run",
+                                       context_len=32768, workers=1), clock)
+    finally:
+        shutil.rmtree(out)
+    wall = [b[0] - a[0] for a, b in zip(clock.marks, clock.marks[1:])]
+    cpu = [b[1] - a[1] for a, b in zip(clock.marks, clock.marks[1:])]
+    return {
+        "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations,
+        "candidates": len(summary.iterations[0].candidates),
+        "first_plan_wall_s": clock.marks[0][0], "first_plan_cpu_s": clock.marks[0][1],
+        "s_per_iter_wall_mean": sum(wall) / len(wall), "s_per_iter_cpu_mean": sum(cpu) / len(cpu),
+        "s_per_iter_cpu": [round(c, 3) for c in cpu],
+        "objective": getattr(summary, "objective", None) or "propagation",
+        "mean_estimate_s": summary.mean_estimate_s, "mean_baseline_s": summary.mean_baseline_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """All sizes, or those whose GPU count is given; each row is written as soon as it is measured (a
+    16384-GPU run takes minutes), replacing an older row of the same size."""
+    sizes = [s for s in SIZES if not argv or str(s[0]) in argv]
+    old = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else []
+    for gpus, tokens in sizes:
+        r = measure(gpus, tokens, ITERATIONS + 1)  # the first plan is timed separately
+        old = sorted([x for x in old if x["gpus"] != gpus] + [r], key=lambda x: x["gpus"])
+        out = {"runs": old, "targets": {"8192": {"s_per_iter": 2.0, "first_plan_s": 15.0}},
+               "note": "one process (--workers 1); CPU time is the one-core cost on a shared machine"}
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"{gpus:6d} GPUs {tokens:>11,d} tok  first plan {r['first_plan_wall_s']:6.1f} s wall "
+              f"({r['first_plan_cpu_s']:.1f} s CPU)  per iteration {r['s_per_iter_wall_mean']:6.2f} s wall "
+              f"({r['s_per_iter_cpu_mean']:.2f} s CPU)  wrote {RESULTS}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
