@@ -37,7 +37,6 @@ import numpy as np
 
 from hydraplan.costmodel import fit_micro_batches, pipeline_time, util_len
 from hydraplan.errors import UserError
-from hydraplan.paths import ROOT
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 from hydraplan.sync import WIRE_BYTES_PER_PARAM, transfer_s
 
@@ -45,7 +44,8 @@ MEMORY_LENGTHS = (64, 128, 256, 512)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 PACKED_DOCS = 4
 LENGTH_QUANTUM = 16
-SCRIPT = ROOT / "runtime" / "profile.py"
+# Run as a module of the installed package, so it works from a wheel as well as from a checkout.
+MODULE = "hydraplan.runtime.profile"
 
 
 # ------------------------------------------------------------------------------------ memory, grid
@@ -171,7 +171,7 @@ def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) 
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        cmd = [*launcher, str(SCRIPT), *args, "--out", str(out)]
+        cmd = [*launcher, "-m", MODULE, *args, "--out", str(out)]
         try:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
