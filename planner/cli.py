@@ -167,6 +167,8 @@ def pack(
                       f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
                       f"({summary.mean_baseline_s:.4f} s propagation, "
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
+    if summary.empty_documents:
+        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
@@ -469,7 +471,7 @@ def dataset_stats(
     from hydraplan.lengthstats import summarize
 
     ds = load_dataset(dataset, context_len)
-    stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated)
+    stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated, empty=ds.empty)
     if plot is not None:
         from hydraplan.lengthplot import plot_stats
 
@@ -490,6 +492,8 @@ def _print_stats(stats) -> None:  # noqa: ANN001 (schema.DatasetStats, imported 
     title = f"{stats.dataset}"
     if stats.context_len:
         title += f" (context {stats.context_len:,}: {stats.truncated:,} documents truncated)"
+    if stats.empty:
+        title += f" ({stats.empty:,} empty documents skipped)"
     console.print(title, markup=False, highlight=False)
     summary = Table("statistic", "value")
     for key in ("count", "tokens", "min", "median", "mean", "p90", "p99", "max"):

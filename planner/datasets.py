@@ -57,16 +57,38 @@ class TokenStore:
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
+    """The non-empty documents' lengths. Empty documents (0 tokens, common in tokenized corpora) hold nothing
+    to train on: they are skipped and counted in `empty`; a document keeps its row in the file as its index
+    (`rows` maps `lengths` to rows when some were skipped), so plans name the file's own documents."""
+
     name: str
     lengths: np.ndarray
     has_docs: bool
     context_len: int | None = None
     truncated: int = 0
     token_store: TokenStore | None = field(default=None, repr=False)
+    empty: int = 0
+    rows: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def has_tokens(self) -> bool:
         return self.token_store is not None
+
+    @property
+    def documents(self) -> int:
+        """Documents in the file, empty ones included (valid indices are 0..documents-1)."""
+        return int(self.lengths.size) + self.empty
+
+    def doc_rows(self, positions: np.ndarray) -> np.ndarray:
+        """File rows (document indices) of positions in `lengths`."""
+        return positions if self.rows is None else self.rows[positions]
+
+    def doc_length(self, doc: int) -> int:
+        """Tokens of document `doc` (its row in the file), truncated like `lengths`; 0 for an empty one."""
+        if self.rows is None:
+            return int(self.lengths[doc])
+        i = int(np.searchsorted(self.rows, doc))
+        return int(self.lengths[i]) if i < self.rows.size and self.rows[i] == doc else 0
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """(unique lengths, documents per length), both int64."""
@@ -78,7 +100,7 @@ class Dataset:
         if self.token_store is None:
             raise UserError(f"{self.name}: has no token ids (a length-only dataset)")
         start = int(self.token_store.offsets[doc])
-        return np.asarray(self.token_store.values[start:start + int(self.lengths[doc])])
+        return np.asarray(self.token_store.values[start:start + self.doc_length(doc)])
 
     def truncate(self, context_len: int | None) -> Dataset:
         """Cut every document to context_len tokens (DESIGN.md: longer sequences are truncated)."""
@@ -109,6 +131,14 @@ def load_dataset(spec: str | PathLike[str], context_len: int | None = None) -> D
         if not path.exists() and Path(spec + ".idx").is_file():
             path = Path(spec + ".idx")
     lengths, has_docs, store = read_lengths(path)
+    keep = lengths > 0
+    empty = int(lengths.size - np.count_nonzero(keep))
+    if empty == lengths.size:
+        raise UserError(f"{path}: all {empty:,} documents are empty (0 tokens)")
+    if empty:
+        rows = np.flatnonzero(keep) if has_docs else None
+        return Dataset(name=spec, lengths=lengths[keep], has_docs=has_docs, token_store=store, empty=empty,
+                       rows=rows).truncate(context_len)
     return Dataset(name=spec, lengths=lengths, has_docs=has_docs, token_store=store).truncate(context_len)
 
 
@@ -143,12 +173,12 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "unreadable"
 
 
-def _check_positive(values: np.ndarray, what: str, locate: Locate, *, allow_zero: bool = False) -> None:
-    bad = np.flatnonzero(values < 0 if allow_zero else values <= 0)
+def _check_non_negative(values: np.ndarray, what: str, locate: Locate, noun: str = "length") -> None:
+    """Lengths and counts may be 0 (an empty document is skipped by load_dataset), never negative."""
+    bad = np.flatnonzero(values < 0)
     if bad.size:
         i = int(bad[0])
-        need = "a non-negative count" if allow_zero else "a positive length"
-        raise UserError(f"{what} {locate(i)}: {int(values[i])} is not {need}")
+        raise UserError(f"{what} {locate(i)}: {int(values[i])} is not a non-negative {noun}")
 
 
 def _first_non_integer(values: list[object]) -> int:
@@ -190,8 +220,8 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
 
     if {"lo", "hi", "count"} <= set(names):
         lo, hi, counts = col("lo"), col("hi"), col("count")
-        _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
-        _check_positive(lo, f"{source}: column 'lo'", locate, allow_zero=True)
+        _check_non_negative(counts, f"{source}: column 'count'", locate, "count")
+        _check_non_negative(lo, f"{source}: column 'lo'", locate)
         empty = np.flatnonzero(hi <= lo)
         if empty.size:
             i = int(empty[0])
@@ -199,15 +229,15 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
         return expand_bins(lo, hi, counts), False, None
     if {"length", "count"} <= set(names):
         values, counts = col("length"), col("count")
-        _check_positive(values, f"{source}: column 'length'", locate)
-        _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
+        _check_non_negative(values, f"{source}: column 'length'", locate)
+        _check_non_negative(counts, f"{source}: column 'count'", locate, "count")
         return expand_exact(values, counts), False, None
     token_col = _token_column(table, source)
     if token_col is not None:
         return _from_token_lists(table.column(token_col), f"{source}: column {token_col!r}", locate)
     if "length" in names:
         lengths = col("length")
-        _check_positive(lengths, f"{source}: column 'length'", locate)
+        _check_non_negative(lengths, f"{source}: column 'length'", locate)
         return lengths, True, None
     raise UserError(f"{source}: no column 'length' (raw lengths), 'length,count' or 'lo,hi,count' (histogram), "
                     f"or token-id list column; found columns: {', '.join(names) or '(none)'}")
@@ -231,7 +261,6 @@ def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[
         i = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{what} {locate(i)}: null, expected a list of token ids")
     lengths = pc.list_value_length(arr).to_numpy().astype(np.int64)
-    _check_positive(lengths, f"{what} length of", locate)
     values = arr.flatten().to_numpy()
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     return lengths, True, TokenStore(values=values, offsets=offsets)
@@ -249,7 +278,7 @@ def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
         raise UserError(f"{path}: no documents (no lines)")
     locate: Locate = lambda i: f"line {i + 1}"  # noqa: E731
     lengths = _int_column(table.column("length"), f"{path}:", locate)
-    _check_positive(lengths, f"{path}:", locate)
+    _check_non_negative(lengths, f"{path}:", locate)
     return lengths, True, None
 
 
@@ -275,7 +304,7 @@ def _read_json(path: Path) -> tuple[np.ndarray, bool, None]:
         i = next(i for i, v in enumerate(data) if type(v) is not int)
         raise UserError(f"{path}: {locate(i)}: {data[i]!r} is not an integer")
     lengths = np.asarray(data, dtype=np.int64)
-    _check_positive(lengths, f"{path}:", locate)
+    _check_non_negative(lengths, f"{path}:", locate)
     return lengths, True, None
 
 
@@ -287,7 +316,7 @@ def _read_npy(path: Path) -> tuple[np.ndarray, bool, None]:
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise UserError(f"{path}: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
     lengths = arr.astype(np.int64)
-    _check_positive(lengths, f"{path}:", lambda i: f"index {i}")
+    _check_non_negative(lengths, f"{path}:", lambda i: f"index {i}")
     return lengths, True, None
 
 
@@ -321,7 +350,6 @@ def _read_megatron(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
     lengths = ends[doc_idx[1:]] - ends[doc_idx[:-1]]
     if lengths.size == 0:
         raise UserError(f"{path}: no documents")
-    _check_positive(lengths, f"{path}:", lambda i: f"document {i}")
     return lengths, True, _megatron_tokens(path.with_suffix(".bin"), MEGATRON_DTYPES[code], pointers,
                                            doc_idx, seq_len)
 
@@ -332,9 +360,12 @@ def _megatron_tokens(bin_path: Path, dtype: type, pointers: np.ndarray, doc_idx:
         return None
     itemsize = np.dtype(dtype).itemsize
     size = bin_path.stat().st_size
-    if np.any(pointers % itemsize) or int(np.max(pointers + seq_len * itemsize)) > size:
+    if np.any(pointers % itemsize) or (pointers.size and int(np.max(pointers + seq_len * itemsize)) > size):
         raise UserError(f"{bin_path}: does not match its index (pointers beyond its {size} bytes)")
-    return TokenStore(values=np.memmap(bin_path, dtype=dtype, mode="r"), offsets=pointers[doc_idx[:-1]] // itemsize)
+    # An empty document's first sequence is the next document's (or none, at the end): its offset is unused.
+    first = np.minimum(doc_idx[:-1], max(pointers.size - 1, 0))
+    offsets = pointers[first] // itemsize if pointers.size else np.zeros(doc_idx.size - 1, dtype=np.int64)
+    return TokenStore(values=np.memmap(bin_path, dtype=dtype, mode="r"), offsets=offsets)
 
 
 _READERS: dict[str, Callable[[Path], tuple[np.ndarray, bool, TokenStore | None]]] = {
@@ -347,7 +378,7 @@ _READERS: dict[str, Callable[[Path], tuple[np.ndarray, bool, TokenStore | None]]
 @dataclass(frozen=True, eq=False)
 class Batch:
     """One iteration's sequences in stream order. `ids` are positions in the run's sampled stream
-    (unique across epochs), `docs` the dataset indices (None for histograms)."""
+    (unique across epochs), `docs` the documents' rows in the dataset file (None for histograms)."""
 
     iteration: int
     ids: np.ndarray
@@ -429,5 +460,5 @@ def sample_iterations(dataset: Dataset, tokens_per_iter: int, iterations: int, s
         first, stop = stream.starts[k], stream.starts[k + 1]
         docs = stream.docs(first, stop)
         batches.append(Batch(iteration=k, ids=np.arange(first, stop, dtype=np.int64),
-                             docs=docs if dataset.has_docs else None, lengths=dataset.lengths[docs]))
+                             docs=dataset.doc_rows(docs) if dataset.has_docs else None, lengths=dataset.lengths[docs]))
     return batches

@@ -743,6 +743,7 @@ def run_pack(opts: PackOptions, progress: PackProgress | None = None) -> Summary
         profile=profile.name, gpus=opts.gpus, dataset=dataset.name, tokens_per_iter=opts.tokens_per_iter,
         seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
         iterations_requested=opts.iterations, context_len=opts.context_len, objective=opts.objective,
+        empty_documents=dataset.empty,
     )
     rule = None
     if opts.outlier_delay:

@@ -310,6 +310,7 @@ class Summary(_Model):
     objective: str | None = Field(None, description="what the plans minimize: end-to-end or propagation")
     mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration")
     mean_baseline_iteration_s: float | None = Field(None, description="the static baseline's, end to end")
+    empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -391,6 +392,7 @@ class DatasetStats(_Model):
     dataset: str
     context_len: PositiveInt | None = None
     truncated: int = Field(0, ge=0, description="documents cut to context_len")
+    empty: int = Field(0, ge=0, description="documents of 0 tokens, skipped (not in count or any statistic)")
     count: PositiveInt
     tokens: PositiveInt
     min: PositiveInt

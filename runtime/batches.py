@@ -72,7 +72,7 @@ class TokenData:
         """Positions of `seq` that have a label (the loss is the mean over these, batch-wide)."""
         if self.dataset is None:
             return seq.length
-        return min(seq.length, int(self.dataset.lengths[seq.doc]) - 1)
+        return min(seq.length, self.dataset.doc_length(seq.doc) - 1)
 
     def labeled_tokens(self, plan: Plan) -> int:
         used = {sid for p in plan.pipelines for mb in p.micro_batches for sid in mb.seqs}
@@ -85,10 +85,10 @@ class TokenData:
         ds = self.dataset
         for i, s in enumerate(plan.batch):
             where = f"{source}: field batch.{i}"
-            if s.doc is None or not 0 <= s.doc < len(ds.lengths):
+            if s.doc is None or not 0 <= s.doc < ds.documents:
                 raise UserError(f"{where}.doc: {s.doc!r} is not a document of dataset {ds.name}")
-            if s.length > ds.lengths[s.doc]:
-                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {int(ds.lengths[s.doc])} "
+            if s.length > ds.doc_length(s.doc):
+                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {ds.doc_length(s.doc)} "
                                 f"tokens in {ds.name}")
             top = int(ds.tokens(s.doc)[: s.length + 1].max())
             if top >= self.vocab:
