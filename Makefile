@@ -36,7 +36,7 @@ bench: setup
 	$(PY) -m bench
 
 lint: setup
-	$(PY) -m ruff check planner runtime bench tests
+	$(PY) -m ruff check planner runtime bench tests examples
 
 clean:
 	rm -rf $(VENV) plans/demo build *.egg-info

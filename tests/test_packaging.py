@@ -43,7 +43,7 @@ def test_the_wheel_has_one_top_level_package_and_the_bundled_files(wheel):
     for folder in ("profiles", "data"):
         bundled = {p.name for p in (ROOT / folder).iterdir() if p.suffix in (".json", ".parquet")}
         assert bundled and {f"hydraplan/{folder}/{n}" for n in bundled} <= set(names)
-    for module in ("hydraplan/__init__.py", "hydraplan/cli.py", "hydraplan/runtime/run_plan.py",
+    for module in ("hydraplan/__init__.py", "hydraplan/cli.py", "hydraplan/loader.py", "hydraplan/runtime/run_plan.py",
                    "hydraplan/runtime/profile.py", "hydraplan/runtime/batches.py"):
         assert module in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
