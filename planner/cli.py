@@ -181,7 +181,7 @@ def validate(
     profile: str = typer.Option(..., "--profile", help="the profile the plans were made with"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
-    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation."""
+    """Check plans against every constraint of docs/formats.md and recompute every estimate; exit 1 on a violation."""
     import json
     from dataclasses import asdict
 

@@ -1,4 +1,4 @@
-"""Length tables from every dataset form of DESIGN.md, and iteration sampling by token budget.
+"""Length tables from every dataset form of docs/formats.md, and iteration sampling by token budget.
 
 Readers turn a file into one positive length per document (int64) plus, for tokenized data, the token
 ids; `load_dataset` truncates to the context length. Histograms lose document order, so their datasets
@@ -103,7 +103,7 @@ class Dataset:
         return np.asarray(self.token_store.values[start:start + self.doc_length(doc)])
 
     def truncate(self, context_len: int | None) -> Dataset:
-        """Cut every document to context_len tokens (DESIGN.md: longer sequences are truncated)."""
+        """Cut every document to context_len tokens (docs/formats.md: longer sequences are truncated)."""
         if context_len is None:
             return self
         if context_len < 1:

@@ -188,7 +188,7 @@ class IterationResult:
 
 
 def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batches: list[np.ndarray]) -> float:
-    """The DESIGN.md estimate, computed exactly as `hydraplan validate` recomputes it."""
+    """The canonical estimate (docs/formats.md), computed exactly as `hydraplan validate` recomputes it."""
     mb = [float(seq_cost(scheme, lengths[g]).sum()) + scheme.time.c for g in micro_batches]
     return pipeline_time_from_mb(mb, scheme.pp)
 

@@ -18,7 +18,7 @@ MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B 
 micro-batches at its peak; with fixed bytes F_r and activation bytes act_r(l) = q*l^2 + p*l of one
 micro-batch (q: attention kernels that materialize scores, ~0 with FlashAttention) the scheme's MaxLen
 is the largest l with F_r + (pp - r) * act_r(l) <= capacity on every stage. A measured profile carries
-no memory constants, so its MaxLen holds for any --gpus (DESIGN.md).
+no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
 """
 
 from __future__ import annotations

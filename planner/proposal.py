@@ -1,7 +1,7 @@
 """Distribution-aware strategy proposal (Hydraulis §7): the interval DP of Eq. (4), its continuous
 relaxation, rounding to integer strategies, and the homogeneous fallback.
 
-Cost model (the canonical estimate of DESIGN.md, taken in expectation over the dataset). The length
+Cost model (the canonical estimate of docs/formats.md, taken in expectation over the dataset). The length
 distribution, truncated to the context length L, is scaled to a nominal batch of `tokens_per_iter` tokens
 (default 4096 per GPU), so a length bin holds a fractional expected number of sequences. Lengths are
 binned on a 128-token grid; empty bins merge into the next non-empty one (an adaptive grid that is never

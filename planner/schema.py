@@ -1,4 +1,4 @@
-"""Pydantic models of every file hydraplan reads or writes (v1 contracts of DESIGN.md).
+"""Pydantic models of every file hydraplan reads or writes (the v1 contracts of docs/formats.md).
 
 Other tools read these files, so field names are a contract: add fields freely, never rename or drop.
 Every model keeps unknown fields (``extra="allow"``) so files written by newer tools round-trip.
@@ -169,7 +169,7 @@ class Strategies(_Model):
 # ------------------------------------------------------------------------------------------------ plan
 class BatchSeq(_Model):
     id: int = Field(ge=0, description="position in the run's sampled stream")
-    doc: int | None = Field(None, description="index in the dataset (absent for histograms)")
+    doc: int | None = Field(None, description="the document's row in the dataset file (absent for histograms)")
     length: PositiveInt
     sampled_iteration: int | None = Field(
         None, ge=0, description="`pack --outlier-delay`: the iteration it was sampled in, when earlier than the plan's")
@@ -200,7 +200,7 @@ class PlanPipeline(_Model):
     seq1f1b_splits: PositiveInt | None = Field(None, description="Seq1F1B sub-sequences per micro-batch K")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(None, description="simulated Seq1F1B latency")
     seq1f1b_max_len: PositiveInt | None = Field(None, description="MaxLen under Seq1F1B with K splits")
-    sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (DESIGN.md end-to-end estimate)")
+    sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (end-to-end estimate, docs/formats.md)")
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -210,7 +210,7 @@ class PlanPipeline(_Model):
 class Estimate(_Model):
     propagation_s: NonNegativeFloat
     sync_s: NonNegativeFloat | None = Field(
-        None, description="exposed sync of the pipeline attaining iteration_s (DESIGN.md end-to-end estimate)")
+        None, description="exposed sync of the pipeline attaining iteration_s (end-to-end estimate, docs/formats.md)")
     iteration_s: NonNegativeFloat | None = Field(None, description="max over pipelines of propagation + exposed sync")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(
         None, description="max over pipelines of the Seq1F1B estimate (the canonical one where pp = 1)")

@@ -1,4 +1,4 @@
-"""Plan validation: every DESIGN.md constraint, and every estimate recomputed with the canonical model.
+"""Plan validation: every constraint of docs/formats.md, and every estimate recomputed with the canonical model.
 
 Pure checks (`check_plan`, `check_ranks`) return Violations instead of raising, so one run reports
 everything that is wrong at once; `validate_path` is the I/O edge used by `hydraplan validate`.

@@ -81,7 +81,7 @@ class RankRole:
 
 
 def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
-    """Role of every rank (None: idle this iteration). Rank order per DESIGN.md: ranks[(s*cp + c)*tp + t]."""
+    """Role of every rank (None: idle this iteration). Rank order of docs/formats.md: ranks[(s*cp + c)*tp + t]."""
     roles: list[RankRole | None] = [None] * world
     for i, p in enumerate(plan.pipelines):
         def at(s: int, c: int, t: int) -> int:

@@ -173,7 +173,7 @@ def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatc
 
 
 def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
-    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in DESIGN.md's rank order); the
+    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in the rank order of docs/formats.md); the
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
 

@@ -228,7 +228,7 @@ def test_negative_lengths_stay_errors_and_all_empty_is_an_error(tmp_path):
 
 # ------------------------------------------------------------------------------------------- builtins
 @pytest.mark.parametrize("name, count, tokens, longest", [
-    ("wikipedia", 1_000_000, 1_013_648_780, 1_823_777),   # figures of /work/shared/data/README.md
+    ("wikipedia", 1_000_000, 1_013_648_780, 1_823_777),   # figures of data/README.md
     ("prolong", 77_932, 237_840_913, 340_149),
 ])
 def test_builtin_histograms_are_lossless(name, count, tokens, longest):

@@ -55,7 +55,7 @@ def test_pack_then_validate(inputs):
 
 
 def megatron_by_hand(lengths: list[int], scheme: Scheme, gpus: int, capacity: int) -> float:
-    """First-fit decreasing to `capacity`, bins dealt round-robin, the canonical estimate (DESIGN.md)."""
+    """First-fit decreasing to `capacity`, bins dealt round-robin, the canonical estimate (docs/formats.md)."""
     bins: list[list[int]] = []
     for l in sorted(lengths, reverse=True):
         for b in bins:
