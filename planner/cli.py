@@ -55,7 +55,7 @@ def propose(
                                        "L' ranges that most often hold an iteration's longest sequence (0: all)"),
     json_out: bool = typer.Option(False, "--json", help="print the strategies file instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
 ) -> None:
     """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
     relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
@@ -119,7 +119,7 @@ def pack(
         False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
         "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -225,7 +225,7 @@ def compare(
         "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
     json_out: bool = typer.Option(False, "--json", help="print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
 ) -> None:
     """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
     same sampled batches and the same cost model; write compare.json, PNG plots and report.html.

@@ -6,7 +6,7 @@ pack each pipeline into micro-batches, take the canonical estimate, and keep the
 the parent, solves in a process pool and writes plans in iteration order, so the output depends only on
 the arguments and --seed, never on the worker count or on timing.
 
-Objective: every plan carries its propagation estimate and the DESIGN.md end-to-end one (hydraplan.sync);
+Objective: every plan carries its propagation estimate and the docs/formats.md end-to-end one (hydraplan.sync);
 with `objective="end-to-end"` (the default) the candidates are ranked, dispatched and pruned on
 iteration_s, with "propagation" on propagation_s alone (the paper's objective, plans as before).
 A pipeline's end-to-end time is increasing in its propagation, so every propagation lower bound maps to an
@@ -304,7 +304,7 @@ def solver_path(solve: CandidateSolve) -> str:
 
 
 def with_sync(plan: Plan, profile: Profile) -> Plan:
-    """Fill the DESIGN.md end-to-end fields (per pipeline sync_s, estimate.sync_s and iteration_s) from the
+    """Fill the docs/formats.md end-to-end fields (per pipeline sync_s, estimate.sync_s and iteration_s) from the
     pipelines' canonical estimates, exactly as `hydraplan validate` recomputes them (0 sync without a model)."""
     est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines])
     for p, s in zip(plan.pipelines, est.exposed_s, strict=True):

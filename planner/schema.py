@@ -243,7 +243,7 @@ class CandidateSolve(_Model):
     dispatch_optimal: bool = Field(False, description="the dispatch solver proved Eq. (3) optimal")
     bound_s: float | None = Field(None, description="lower bound on the candidate's estimate for this batch, in the "
                                   "run's objective (end-to-end or propagation)")
-    iteration_s: float | None = Field(None, description="end-to-end estimate (DESIGN.md); null if not solved")
+    iteration_s: float | None = Field(None, description="end-to-end estimate (docs/formats.md); null if not solved")
     pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
     infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
 
@@ -325,7 +325,7 @@ class MethodResult(_Model):
     description: str = ""
     mean_estimate_s: float = Field(description="mean canonical propagation estimate per iteration")
     iterations_s: list[float] = Field(description="propagation estimate per iteration (HotSPa: with its switching)")
-    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration (DESIGN.md)")
+    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration (docs/formats.md)")
     iteration_s: list[float] = Field(default_factory=list, description="end-to-end estimate per iteration: "
                                      "propagation (iterations_s) + exposed sync (sync_s)")
     mean_sync_s: float | None = Field(None, description="mean exposed LNK pull/push per iteration")

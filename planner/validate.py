@@ -163,7 +163,7 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>") -> list[Viola
 
 
 def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str) -> list[Violation]:
-    """The DESIGN.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
+    """The docs/formats.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
     profile has a sync model, and checked whenever present (without a model the sync is 0)."""
     out: list[Violation] = []
     required = has_sync_model(profile)
