@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from hydraplan import Planner
-from hydraplan.datasets import load_dataset, sample_iterations
+from hydraplan.datasets import Batch, load_dataset, sample_iterations
+from hydraplan.errors import UserError
 from hydraplan.fileio import write_model
 from hydraplan.loader import PackedBatch, PlanLoader
 from hydraplan.runtime.batches import IGNORE
@@ -70,10 +71,17 @@ def data_parallel_planner(args: argparse.Namespace, world: int) -> Planner:
     return Planner(args.profile, Strategies(candidates=[layout]), gpus=world, context_len=args.context_len, seed=args.seed)
 
 
-def broadcast_plan(plan: Plan | None) -> Plan:
-    """Rank 0 plans, every rank trains on the same plan."""
-    box = [plan]
+def plan_on_rank0(planner: Planner | None, batch: Batch) -> Plan:
+    """Rank 0 plans, every rank trains on the same plan; a planning error stops every rank, not just rank 0."""
+    box: list[Plan | str | None] = [None]
+    if planner is not None:
+        try:
+            box[0] = planner.plan(batch)
+        except UserError as e:
+            box[0] = str(e)
     dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise UserError(box[0])
     return box[0]
 
 
@@ -111,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
     dataset = load_dataset(args.dataset)  # untruncated: a cut document keeps the label after its cut
     loader = PlanLoader(dataset, vocab=model.cfg.vocab, device=device)
-    planner = data_parallel_planner(args, world) if rank == 0 else None
+    planner = data_parallel_planner(args, world) if rank == 0 else None  # planned once, broadcast
     batches = sample_iterations(dataset.truncate(args.context_len), args.tokens_per_iter, args.iterations, args.seed)
 
     for batch in batches:
-        plan = broadcast_plan(planner.plan(batch) if planner is not None else None)
+        plan = plan_on_rank0(planner, batch)
         if rank == 0 and args.save_plans:
             write_model(Path(args.save_plans) / f"iter_{plan.iteration:06d}.json", plan)
         tokens = loader.labeled_tokens(plan)
@@ -144,4 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as e:  # bad input: one line, exit 2
+        print(f"fsdp2_train: {e}", file=sys.stderr)
+        sys.exit(2)
