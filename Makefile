@@ -5,7 +5,7 @@ HP := $(VENV)/bin/hydraplan
 STAMP := $(VENV)/.installed
 DEMO := plans/demo
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo example test bench lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,12 @@ demo: setup
 	$(HP) compare $(RUN) --iterations 20 --out $(DEMO)/compare
 	@echo "report: $(DEMO)/compare/report.html"
 
+# The committed 4-GPU example run (plans/example; tests/test_example_run.py keeps it equal to what this code plans).
+EXAMPLE_ARGS := --profile cpu-tiny --dataset builtin:wikipedia --gpus 4 --tokens-per-iter 1536 --context-len 768 --iterations 4 --seed 1
+
+example: setup
+	$(HP) pack $(EXAMPLE_ARGS) --out plans/example
+
 test: setup
 	$(PY) -m pytest -q -n 2 --durations=10
 
@@ -38,7 +44,7 @@ bench: setup
 	$(PY) -m bench
 
 lint: setup
-	$(PY) -m ruff check planner runtime bench tests
+	$(PY) -m ruff check planner runtime bench tests examples
 
 clean:
 	rm -rf $(VENV) plans/demo build *.egg-info

@@ -1,7 +1,7 @@
 """hydraplan vs Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations (issues 5 and 12).
 
 Every method plans the same sampled batches and is scored end to end (propagation + exposed LNK pull/push,
-DESIGN.md) and on propagation alone. Each configuration runs twice: with the end-to-end objective (static
+docs/formats.md) and on propagation alone. Each configuration runs twice: with the end-to-end objective (static
 choices and hydraplan minimize iteration time; the issue 12 targets) and with the propagation objective
 (the paper's; issue 5's figures). Configurations:
 - the issue 12 grid: h100-llama2-7b, 64 GPUs, 32K context, builtin:wikipedia and builtin:prolong, at 200K

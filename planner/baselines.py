@@ -12,8 +12,8 @@
 
 Every function is pure: lengths in, an IterationPlan out (indices into the trained lengths).
 
-End to end (`plan_iteration_s`): every method pays the DESIGN.md sync formula with its own schemes. A plan
-of one phase is exactly DESIGN.md's max_j (prop_j + exposed_j). Phases run one after another inside the
+End to end (`plan_iteration_s`): every method pays the docs/formats.md sync formula with its own schemes. A plan
+of one phase is exactly docs/formats.md's max_j (prop_j + exposed_j). Phases run one after another inside the
 iteration (HotSPa's length ranges, FlexSP's steps), so the parameters are pulled once, hidden behind the
 forward of the first phase's pipelines, and the gradients pushed once, behind the backward of the last
 phase's: each phase takes max_j (prop_j + its exposed pull if first + its exposed push if last), and the

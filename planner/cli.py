@@ -76,7 +76,7 @@ def propose(
                                        "L' ranges that most often hold an iteration's longest sequence (0: all)"),
     json_out: bool = json_option("print the strategies file instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
 ) -> None:
     """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
     relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
@@ -145,7 +145,7 @@ def pack(
         False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
         "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
     no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
                                    "'static' (so a hand-written --strategies file is used as given)"),
     candidates_only: bool = typer.Option(False, "--candidates-only", help="only the candidates: no strategy made for "
@@ -221,6 +221,8 @@ def pack(
                       f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
                       f"({summary.mean_baseline_s:.4f} s propagation, "
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
+    if summary.empty_documents:
+        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
@@ -235,7 +237,7 @@ def validate(
                                              "(default: the profile's)"),
     json_out: bool = json_option("machine-readable report"),
 ) -> None:
-    """Check plans against every DESIGN.md constraint and recompute every estimate; exit 1 on a violation.
+    """Check plans against every constraint of docs/formats.md and recompute every estimate; exit 1 on a violation.
 
     Warnings (exit 0): TP or CP groups that span nodes although they fit in one, and candidates whose
     largest MaxLen is below the run's context length."""
@@ -288,7 +290,7 @@ def compare(
         "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
     json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
 ) -> None:
     """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
     same sampled batches and the same cost model; write compare.json, PNG plots and report.html.
@@ -567,7 +569,7 @@ def dataset_stats(
     if plot is not None:
         cliopts.png_file(plot)
     ds = load_dataset(dataset, context_len)
-    stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated)
+    stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated, empty=ds.empty)
     if plot is not None:
         from hydraplan.lengthplot import plot_stats
 
@@ -588,6 +590,8 @@ def _print_stats(stats) -> None:  # noqa: ANN001 (schema.DatasetStats, imported 
     title = f"{stats.dataset}"
     if stats.context_len:
         title += f" (context {stats.context_len:,}: {stats.truncated:,} documents truncated)"
+    if stats.empty:
+        title += f" ({stats.empty:,} empty documents skipped)"
     console.print(title, markup=False, highlight=False)
     summary = Table("statistic", "value")
     for key in ("count", "tokens", "min", "median", "mean", "p90", "p99", "max"):

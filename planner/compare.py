@@ -12,7 +12,7 @@ as hydraplan against wlb-nodelay.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
 
-Objective: every method is scored end to end with the same DESIGN.md formula on its own schemes and
+Objective: every method is scored end to end with the same docs/formats.md formula on its own schemes and
 pipelines (baselines.plan_iteration_s; HotSPa's switching cost stays on top), and with the default
 end-to-end objective every static choice (megatron's, wlb-llm's, hotspa's schemes, flexsp's step count,
 hetero-static's candidate) and hydraplan's proposal, dispatch and selection minimize that score; with
@@ -438,7 +438,7 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: C
     notes["objective"] = (
         f"{opts.objective}: static choices and hydraplan minimize "
         + ("the end-to-end estimate" if opts.objective == "end-to-end" else "the propagation estimate")
-        + "; end to end = propagation + exposed LNK pull/push of the DESIGN.md formula, each method on its own "
+        + "; end to end = propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
         "schemes (phases in sequence pull once before the first and push once after the last; HotSPa's switching "
         "on top); speedup_vs_megatron is in the objective")
     if "hotspa" in runs:

@@ -1,7 +1,7 @@
 """The cost model: T(l,P), MaxLen(P), UtilLen(P), the canonical plan estimate every tool agrees on,
 the analytic profiles built from GPU and model specs (planner/hardware.py), and the timing fit.
 
-Canonical estimate (DESIGN.md): a micro-batch of lengths l_i on scheme P costs sum(a*l_i^2 + b*l_i) + c;
+Canonical estimate (docs/formats.md): a micro-batch of lengths l_i on scheme P costs sum(a*l_i^2 + b*l_i) + c;
 a pipeline with micro-batches m_1..m_V costs sum_v t(m_v) + (pp-1) * max_v t(m_v); an iteration costs
 the max over its pipelines.
 """

@@ -1,4 +1,4 @@
-"""Length tables from every dataset form of DESIGN.md, and iteration sampling by token budget.
+"""Length tables from every dataset form of docs/formats.md, and iteration sampling by token budget.
 
 Readers turn a file into one positive length per document (int64) plus, for tokenized data, the token
 ids; `load_dataset` truncates to the context length. Histograms lose document order, so their datasets
@@ -63,16 +63,38 @@ class TokenStore:
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
+    """The non-empty documents' lengths. Empty documents (0 tokens, common in tokenized corpora) hold nothing
+    to train on: they are skipped and counted in `empty`; a document keeps its row in the file as its index
+    (`rows` maps `lengths` to rows when some were skipped), so plans name the file's own documents."""
+
     name: str
     lengths: np.ndarray
     has_docs: bool
     context_len: int | None = None
     truncated: int = 0
     token_store: TokenStore | None = field(default=None, repr=False)
+    empty: int = 0
+    rows: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def has_tokens(self) -> bool:
         return self.token_store is not None
+
+    @property
+    def documents(self) -> int:
+        """Documents in the file, empty ones included (valid indices are 0..documents-1)."""
+        return int(self.lengths.size) + self.empty
+
+    def doc_rows(self, positions: np.ndarray) -> np.ndarray:
+        """File rows (document indices) of positions in `lengths`."""
+        return positions if self.rows is None else self.rows[positions]
+
+    def doc_length(self, doc: int) -> int:
+        """Tokens of document `doc` (its row in the file), truncated like `lengths`; 0 for an empty one."""
+        if self.rows is None:
+            return int(self.lengths[doc])
+        i = int(np.searchsorted(self.rows, doc))
+        return int(self.lengths[i]) if i < self.rows.size and self.rows[i] == doc else 0
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """(unique lengths, documents per length), both int64."""
@@ -84,10 +106,10 @@ class Dataset:
         if self.token_store is None:
             raise UserError(f"{self.name}: has no token ids (a length-only dataset)")
         start = int(self.token_store.offsets[doc])
-        return np.asarray(self.token_store.values[start:start + int(self.lengths[doc])])
+        return np.asarray(self.token_store.values[start:start + self.doc_length(doc)])
 
     def truncate(self, context_len: int | None) -> Dataset:
-        """Cut every document to context_len tokens (DESIGN.md: longer sequences are truncated)."""
+        """Cut every document to context_len tokens (docs/formats.md: longer sequences are truncated)."""
         if context_len is None:
             return self
         if context_len < 1:
@@ -115,6 +137,14 @@ def load_dataset(spec: str | PathLike[str], context_len: int | None = None) -> D
         if not path.exists() and Path(spec + ".idx").is_file():
             path = Path(spec + ".idx")
     lengths, has_docs, store = read_lengths(path)
+    keep = lengths > 0
+    empty = int(lengths.size - np.count_nonzero(keep))
+    if empty == lengths.size:
+        raise UserError(f"{path}: all {empty:,} documents are empty (0 tokens)")
+    if empty:
+        rows = np.flatnonzero(keep) if has_docs else None
+        return Dataset(name=spec, lengths=lengths[keep], has_docs=has_docs, token_store=store, empty=empty,
+                       rows=rows).truncate(context_len)
     return Dataset(name=spec, lengths=lengths, has_docs=has_docs, token_store=store).truncate(context_len)
 
 
@@ -149,17 +179,18 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "unreadable"
 
 
-def _check_positive(values: np.ndarray, what: str, locate: Locate, *, allow_zero: bool = False) -> None:
-    bad = np.flatnonzero(values < 0 if allow_zero else values <= 0)
+def _check_non_negative(values: np.ndarray, what: str, locate: Locate, noun: str = "length") -> None:
+    """Lengths and counts may be 0 (an empty document is skipped by load_dataset), never negative."""
+    bad = np.flatnonzero(values < 0)
     if bad.size:
         i = int(bad[0])
-        need = "a non-negative count" if allow_zero else "a positive length"
-        raise UserError(f"{what} {locate(i)}: {int(values[i])} is not {need}")
-    big = np.flatnonzero(values > (MAX_DOCUMENTS if allow_zero else MAX_LENGTH))
+        raise UserError(f"{what} {locate(i)}: {int(values[i])} is not a non-negative {noun}")
+    limit = MAX_DOCUMENTS if noun == "count" else MAX_LENGTH
+    big = np.flatnonzero(values > limit)
     if big.size:
         i = int(big[0])
-        limit = f"at most {MAX_DOCUMENTS:,} documents" if allow_zero else f"at most {MAX_LENGTH:,} tokens"
-        raise UserError(f"{what} {locate(i)}: {int(values[i]):,} is too large ({limit})")
+        unit = "documents" if noun == "count" else "tokens"
+        raise UserError(f"{what} {locate(i)}: {int(values[i]):,} is too large (at most {limit:,} {unit})")
 
 
 def _check_total(counts: np.ndarray, source: str) -> None:
@@ -209,10 +240,10 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
 
     if {"lo", "hi", "count"} <= set(names):
         lo, hi, counts = col("lo"), col("hi"), col("count")
-        _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
+        _check_non_negative(counts, f"{source}: column 'count'", locate, "count")
         _check_total(counts, source)
-        _check_positive(lo, f"{source}: column 'lo'", locate, allow_zero=True)
-        _check_positive(hi, f"{source}: column 'hi'", locate)
+        _check_non_negative(lo, f"{source}: column 'lo'", locate)
+        _check_non_negative(hi, f"{source}: column 'hi'", locate)
         empty = np.flatnonzero(hi <= lo)
         if empty.size:
             i = int(empty[0])
@@ -220,8 +251,8 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
         return expand_bins(lo, hi, counts), False, None
     if {"length", "count"} <= set(names):
         values, counts = col("length"), col("count")
-        _check_positive(values, f"{source}: column 'length'", locate)
-        _check_positive(counts, f"{source}: column 'count'", locate, allow_zero=True)
+        _check_non_negative(values, f"{source}: column 'length'", locate)
+        _check_non_negative(counts, f"{source}: column 'count'", locate, "count")
         _check_total(counts, source)
         return expand_exact(values, counts), False, None
     token_col = _token_column(table, source)
@@ -229,7 +260,7 @@ def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarra
         return _from_token_lists(table.column(token_col), f"{source}: column {token_col!r}", locate)
     if "length" in names:
         lengths = col("length")
-        _check_positive(lengths, f"{source}: column 'length'", locate)
+        _check_non_negative(lengths, f"{source}: column 'length'", locate)
         return lengths, True, None
     raise UserError(f"{source}: no column 'length' (raw lengths), 'length,count' or 'lo,hi,count' (histogram), "
                     f"or token-id list column; found columns: {', '.join(names) or '(none)'}")
@@ -253,7 +284,6 @@ def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[
         i = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{what} {locate(i)}: null, expected a list of token ids")
     lengths = pc.list_value_length(arr).to_numpy().astype(np.int64)
-    _check_positive(lengths, f"{what} length of", locate)
     values = arr.flatten().to_numpy()
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     return lengths, True, TokenStore(values=values, offsets=offsets)
@@ -271,7 +301,7 @@ def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
         raise UserError(f"{path}: no documents (no lines)")
     locate: Locate = lambda i: f"line {i + 1}"  # noqa: E731
     lengths = _int_column(table.column("length"), f"{path}:", locate)
-    _check_positive(lengths, f"{path}:", locate)
+    _check_non_negative(lengths, f"{path}:", locate)
     return lengths, True, None
 
 
@@ -300,7 +330,7 @@ def _read_json(path: Path) -> tuple[np.ndarray, bool, None]:
         i = next(i for i, v in enumerate(data) if abs(v) > MAX_LENGTH)
         raise UserError(f"{path}: {locate(i)}: {data[i]:,} is too large (at most {MAX_LENGTH:,} tokens)")
     lengths = np.asarray(data, dtype=np.int64)
-    _check_positive(lengths, f"{path}:", locate)
+    _check_non_negative(lengths, f"{path}:", locate)
     return lengths, True, None
 
 
@@ -316,7 +346,7 @@ def _read_npy(path: Path) -> tuple[np.ndarray, bool, None]:
         i = int(big[0])
         raise UserError(f"{path}: index {i}: {int(arr[i]):,} is too large (at most {MAX_LENGTH:,} tokens)")
     lengths = arr.astype(np.int64)
-    _check_positive(lengths, f"{path}:", lambda i: f"index {i}")
+    _check_non_negative(lengths, f"{path}:", lambda i: f"index {i}")
     return lengths, True, None
 
 
@@ -350,7 +380,6 @@ def _read_megatron(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
     lengths = ends[doc_idx[1:]] - ends[doc_idx[:-1]]
     if lengths.size == 0:
         raise UserError(f"{path}: no documents")
-    _check_positive(lengths, f"{path}:", lambda i: f"document {i}")
     return lengths, True, _megatron_tokens(path.with_suffix(".bin"), MEGATRON_DTYPES[code], pointers,
                                            doc_idx, seq_len)
 
@@ -361,9 +390,12 @@ def _megatron_tokens(bin_path: Path, dtype: type, pointers: np.ndarray, doc_idx:
         return None
     itemsize = np.dtype(dtype).itemsize
     size = bin_path.stat().st_size
-    if np.any(pointers % itemsize) or int(np.max(pointers + seq_len * itemsize)) > size:
+    if np.any(pointers % itemsize) or (pointers.size and int(np.max(pointers + seq_len * itemsize)) > size):
         raise UserError(f"{bin_path}: does not match its index (pointers beyond its {size} bytes)")
-    return TokenStore(values=np.memmap(bin_path, dtype=dtype, mode="r"), offsets=pointers[doc_idx[:-1]] // itemsize)
+    # An empty document's first sequence is the next document's (or none, at the end): its offset is unused.
+    first = np.minimum(doc_idx[:-1], max(pointers.size - 1, 0))
+    offsets = pointers[first] // itemsize if pointers.size else np.zeros(doc_idx.size - 1, dtype=np.int64)
+    return TokenStore(values=np.memmap(bin_path, dtype=dtype, mode="r"), offsets=offsets)
 
 
 _READERS: dict[str, Callable[[Path], tuple[np.ndarray, bool, TokenStore | None]]] = {
@@ -376,7 +408,7 @@ _READERS: dict[str, Callable[[Path], tuple[np.ndarray, bool, TokenStore | None]]
 @dataclass(frozen=True, eq=False)
 class Batch:
     """One iteration's sequences in stream order. `ids` are positions in the run's sampled stream
-    (unique across epochs), `docs` the dataset indices (None for histograms)."""
+    (unique across epochs), `docs` the documents' rows in the dataset file (None for histograms)."""
 
     iteration: int
     ids: np.ndarray
@@ -458,5 +490,5 @@ def sample_iterations(dataset: Dataset, tokens_per_iter: int, iterations: int, s
         first, stop = stream.starts[k], stream.starts[k + 1]
         docs = stream.docs(first, stop)
         batches.append(Batch(iteration=k, ids=np.arange(first, stop, dtype=np.int64),
-                             docs=docs if dataset.has_docs else None, lengths=dataset.lengths[docs]))
+                             docs=dataset.doc_rows(docs) if dataset.has_docs else None, lengths=dataset.lengths[docs]))
     return batches

@@ -1,7 +1,7 @@
 """Sequences -> pipelines (Hydraulis §6.2): randomized greedy Algorithm 1 and the exact ILP of Eq. (3).
 
 The load of a pipeline is the Eq. (2) lower bound written in the canonical cost model (c once per
-micro-batch, DESIGN.md): ``sum_i (a l_i^2 + b l_i) + c * ceil(L / MaxLen) + (pp-1) * (a lmax^2 + b lmax + c)``
+micro-batch, docs/formats.md): ``sum_i (a l_i^2 + b l_i) + c * ceil(L / MaxLen) + (pp-1) * (a lmax^2 + b lmax + c)``
 with L the pipeline's tokens (it needs at least ceil(L/MaxLen) micro-batches, each paying c) and 0 for an
 empty pipeline. Any packing of those sequences costs at least this, so it is a valid Eq. (2) bound.
 

@@ -6,7 +6,7 @@ pack each pipeline into micro-batches, take the canonical estimate, and keep the
 the parent, solves in a process pool and writes plans in iteration order, so the output depends only on
 the arguments and --seed, never on the worker count or on timing.
 
-Objective: every plan carries its propagation estimate and the DESIGN.md end-to-end one (hydraplan.sync);
+Objective: every plan carries its propagation estimate and the docs/formats.md end-to-end one (hydraplan.sync);
 with `objective="end-to-end"` (the default) the candidates are ranked, dispatched and pruned on
 iteration_s, with "propagation" on propagation_s alone (the paper's objective, plans as before).
 A pipeline's end-to-end time is increasing in its propagation, so every propagation lower bound maps to an
@@ -208,7 +208,7 @@ class IterationResult:
 
 
 def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batches: list[np.ndarray]) -> float:
-    """The DESIGN.md estimate, computed exactly as `hydraplan validate` recomputes it."""
+    """The canonical estimate (docs/formats.md), computed exactly as `hydraplan validate` recomputes it."""
     mb = [float(seq_cost(scheme, lengths[g]).sum()) + scheme.time.c for g in micro_batches]
     return pipeline_time_from_mb(mb, scheme.pp)
 
@@ -324,7 +324,7 @@ def solver_path(solve: CandidateSolve) -> str:
 
 
 def with_sync(plan: Plan, profile: Profile) -> Plan:
-    """Fill the DESIGN.md end-to-end fields (per pipeline sync_s, estimate.sync_s and iteration_s) from the
+    """Fill the docs/formats.md end-to-end fields (per pipeline sync_s, estimate.sync_s and iteration_s) from the
     pipelines' canonical estimates, exactly as `hydraplan validate` recomputes them (0 sync without a model)."""
     est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines])
     for p, s in zip(plan.pipelines, est.exposed_s, strict=True):
@@ -825,6 +825,7 @@ def _run_pack_locked(opts: PackOptions, progress: PackProgress | None) -> Summar
         profile=profile.name, gpus=opts.gpus, dataset=dataset.name, tokens_per_iter=opts.tokens_per_iter,
         seed=opts.seed, iterations=list(done), args=args, strategies_sha256=digest,
         iterations_requested=opts.iterations, context_len=opts.context_len, objective=opts.objective,
+        empty_documents=dataset.empty,
     )
     rule = None
     if opts.outlier_delay:

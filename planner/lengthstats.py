@@ -59,12 +59,12 @@ def share_above(lengths: np.ndarray, thresholds: tuple[int, ...] = SHARE_THRESHO
 
 
 def summarize(lengths: np.ndarray, *, dataset: str, context_len: int | None = None,
-              truncated: int = 0) -> DatasetStats:
+              truncated: int = 0, empty: int = 0) -> DatasetStats:
     """Count-weighted order statistics (linear interpolation, numpy's default) of the lengths."""
     lengths = np.asarray(lengths, dtype=np.int64)
     median, p90, p99 = np.percentile(lengths, [50, 90, 99])
     return DatasetStats(
-        dataset=dataset, context_len=context_len, truncated=truncated,
+        dataset=dataset, context_len=context_len, truncated=truncated, empty=empty,
         count=int(lengths.size), tokens=int(lengths.sum()), min=int(lengths.min()), max=int(lengths.max()),
         mean=float(lengths.mean()), median=float(median), p90=float(p90), p99=float(p99),
         share_above=share_above(lengths), histogram=log2_histogram(lengths),

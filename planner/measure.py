@@ -4,7 +4,7 @@ memory, the T(l) fit and its quality, the LNK bandwidth fit (`network`), the pro
 itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
 
 Network. LNK pull and push of homogeneous layouts at the real slice sizes are fitted to the one bandwidth
-with which hydraplan.sync.transfer_s reproduces them (the DESIGN.md model has no latency term, so at
+with which hydraplan.sync.transfer_s reproduces them (the end-to-end model of docs/formats.md has no latency term, so at
 these sizes latency is folded into it). One node is measured; inter_node_GBps is set equal to it.
 
 Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
@@ -18,7 +18,7 @@ MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B 
 micro-batches at its peak; with fixed bytes F_r and activation bytes act_r(l) = q*l^2 + p*l of one
 micro-batch (q: attention kernels that materialize scores, ~0 with FlashAttention) the scheme's MaxLen
 is the largest l with F_r + (pp - r) * act_r(l) <= capacity on every stage. A measured profile carries
-no memory constants, so its MaxLen holds for any --gpus (DESIGN.md).
+no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import numpy as np
 
 from hydraplan.costmodel import fit_micro_batches, pipeline_time, util_len
 from hydraplan.errors import UserError
-from hydraplan.paths import ROOT
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 from hydraplan.sync import WIRE_BYTES_PER_PARAM, transfer_s
 
@@ -45,7 +44,8 @@ MEMORY_LENGTHS = (64, 128, 256, 512)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 PACKED_DOCS = 4
 LENGTH_QUANTUM = 16
-SCRIPT = ROOT / "runtime" / "profile.py"
+# Run as a module of the installed package, so it works from a wheel as well as from a checkout.
+MODULE = "hydraplan.runtime.profile"
 
 
 # ------------------------------------------------------------------------------------ memory, grid
@@ -136,7 +136,7 @@ class BandwidthFit:
 
 
 def fit_bandwidth(slice_bytes: Sequence[float], seconds: Sequence[float]) -> BandwidthFit:
-    """Fit t = bytes / bw (the DESIGN.md model has no latency term) on (slice bytes, seconds) pairs:
+    """Fit t = bytes / bw (the end-to-end model of docs/formats.md has no latency term) on (slice bytes, seconds) pairs:
     with r_i = bytes_i / t_i, minimizing sum((bytes_i / bw - t_i) / t_i)^2 gives 1/bw = sum(r) / sum(r^2).
     At the real slice sizes a fixed latency is folded into bw, which is what the estimate then sees."""
     b = np.asarray(slice_bytes, dtype=np.float64)
@@ -171,7 +171,7 @@ def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) 
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        cmd = [*launcher, str(SCRIPT), *args, "--out", str(out)]
+        cmd = [*launcher, "-m", MODULE, *args, "--out", str(out)]
         try:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:

@@ -1,7 +1,17 @@
-"""Where the bundled profiles and datasets live (the repository root of an editable install)."""
+"""Where the bundled profiles and datasets live: hydraplan/profiles and hydraplan/data in an installed
+wheel (package data), the repository's profiles/ and data/ in a checkout (editable install)."""
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PROFILES_DIR = ROOT / "profiles"
-DATA_DIR = ROOT / "data"
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent
+"""The repository root in a checkout (bench/ and tests/ write and read there); site-packages when installed."""
+
+
+def _bundled(name: str) -> Path:
+    installed = PACKAGE / name
+    return installed if installed.is_dir() else ROOT / name
+
+
+PROFILES_DIR = _bundled("profiles")
+DATA_DIR = _bundled("data")

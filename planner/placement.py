@@ -1,6 +1,6 @@
 """Rank placement: concrete GPUs for every pipeline of a strategy.
 
-A pipeline's ranks are listed in DESIGN.md order (ranks[(s*cp + c)*tp + t]), so a contiguous block of
+A pipeline's ranks are listed in the order of docs/formats.md (ranks[(s*cp + c)*tp + t]), so a contiguous block of
 ranks puts each stage's TP x CP group on consecutive GPUs. Placement keeps those groups, and every
 pipeline that fits in one node, inside a node: pipelines of at least a node take whole free nodes
 (starting at a node boundary), the rest are first-fit-decreasing bin-packed into the nodes' free GPUs.

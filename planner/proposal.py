@@ -1,7 +1,7 @@
 """Distribution-aware strategy proposal (Hydraulis §7): the interval DP of Eq. (4), its continuous
 relaxation, rounding to integer strategies, and the homogeneous fallback.
 
-Cost model (the canonical estimate of DESIGN.md, taken in expectation over the dataset). The length
+Cost model (the canonical estimate of docs/formats.md, taken in expectation over the dataset). The length
 distribution, truncated to the context length L, is scaled to a nominal batch of `tokens_per_iter` tokens
 (default 4096 per GPU), so a length bin holds a fractional expected number of sequences. Lengths are
 binned on a 128-token grid; empty bins merge into the next non-empty one (an adaptive grid that is never
@@ -39,7 +39,7 @@ scheme whose floor exceeds tau), and leftover GPUs go to the slowest scheme that
 per L' is the optimum for L'; the candidates are their union, plus the integer optimum for L and the
 homogeneous fallback.
 
-Objective (DESIGN.md "End-to-end iteration estimate"). With the end-to-end objective every latency above is
+Objective (docs/formats.md, "End-to-end estimate"). With the end-to-end objective every latency above is
 an iteration time: a pipeline of scheme k with propagation p > 0 takes f_k(p) = max(2 t_k, t_k + 2p/3, p),
 t_k its one-direction LNK transfer (hydraplan.sync), so many narrow pipelines pay for their large parameter
 slices. f_k is increasing, so a budget tau on iteration time is the budget g_k(tau) = min(tau, 1.5 (tau -

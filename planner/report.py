@@ -336,7 +336,7 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #5
 <p>{html.escape(_title(result))}, {result.iterations} iterations, seed {result.seed}. Every method plans the
 identical sampled batches and is scored with the canonical estimate of hydraplan.costmodel: <i>iter s</i> is the
 end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pull/push that compute does not hide
-(DESIGN.md formula, each method on its own schemes); <i>speedup</i> is over megatron in the
+(docs/formats.md formula, each method on its own schemes); <i>speedup</i> is over megatron in the
 {html.escape(result.objective or "propagation")} objective, which static choices and hydraplan minimized.</p>
 <table><tr>{head}</tr>{body}</table>
 {f"<p>{html.escape(wlb)}</p>" if wlb else ""}

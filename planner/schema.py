@@ -1,4 +1,4 @@
-"""Pydantic models of every file hydraplan reads or writes (v1 contracts of DESIGN.md).
+"""Pydantic models of every file hydraplan reads or writes (the v1 contracts of docs/formats.md).
 
 Other tools read these files, so field names are a contract: add fields freely, never rename or drop.
 Every model keeps unknown fields (``extra="allow"``) so files written by newer tools round-trip.
@@ -169,7 +169,7 @@ class Strategies(_Model):
 # ------------------------------------------------------------------------------------------------ plan
 class BatchSeq(_Model):
     id: int = Field(ge=0, description="position in the run's sampled stream")
-    doc: int | None = Field(None, description="index in the dataset (absent for histograms)")
+    doc: int | None = Field(None, description="the document's row in the dataset file (absent for histograms)")
     length: PositiveInt
     sampled_iteration: int | None = Field(
         None, ge=0, description="`pack --outlier-delay`: the iteration it was sampled in, when earlier than the plan's")
@@ -200,7 +200,7 @@ class PlanPipeline(_Model):
     seq1f1b_splits: PositiveInt | None = Field(None, description="Seq1F1B sub-sequences per micro-batch K")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(None, description="simulated Seq1F1B latency")
     seq1f1b_max_len: PositiveInt | None = Field(None, description="MaxLen under Seq1F1B with K splits")
-    sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (DESIGN.md end-to-end estimate)")
+    sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (end-to-end estimate, docs/formats.md)")
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -210,7 +210,7 @@ class PlanPipeline(_Model):
 class Estimate(_Model):
     propagation_s: NonNegativeFloat
     sync_s: NonNegativeFloat | None = Field(
-        None, description="exposed sync of the pipeline attaining iteration_s (DESIGN.md end-to-end estimate)")
+        None, description="exposed sync of the pipeline attaining iteration_s (end-to-end estimate, docs/formats.md)")
     iteration_s: NonNegativeFloat | None = Field(None, description="max over pipelines of propagation + exposed sync")
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(
         None, description="max over pipelines of the Seq1F1B estimate (the canonical one where pp = 1)")
@@ -245,7 +245,7 @@ class CandidateSolve(_Model):
     dispatch_optimal: bool = Field(False, description="the dispatch solver proved Eq. (3) optimal")
     bound_s: float | None = Field(None, description="lower bound on the candidate's estimate for this batch, in the "
                                   "run's objective (end-to-end or propagation)")
-    iteration_s: float | None = Field(None, description="end-to-end estimate (DESIGN.md); null if not solved")
+    iteration_s: float | None = Field(None, description="end-to-end estimate (docs/formats.md); null if not solved")
     pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
     infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
 
@@ -318,6 +318,7 @@ class Summary(_Model):
     synthesized_iterations: int = Field(0, description="iterations whose plan uses a strategy made for the batch")
     new_process_groups: int = Field(0, description="TP and CP process groups the run's plans create, in iteration "
                                     "order (runtime/groups.py creates each once; new ones cost an NCCL init)")
+    empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -332,7 +333,7 @@ class MethodResult(_Model):
     description: str = ""
     mean_estimate_s: float = Field(description="mean canonical propagation estimate per iteration")
     iterations_s: list[float] = Field(description="propagation estimate per iteration (HotSPa: with its switching)")
-    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration (DESIGN.md)")
+    mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration (docs/formats.md)")
     iteration_s: list[float] = Field(default_factory=list, description="end-to-end estimate per iteration: "
                                      "propagation (iterations_s) + exposed sync (sync_s)")
     mean_sync_s: float | None = Field(None, description="mean exposed LNK pull/push per iteration")
@@ -399,6 +400,7 @@ class DatasetStats(_Model):
     dataset: str
     context_len: PositiveInt | None = None
     truncated: int = Field(0, ge=0, description="documents cut to context_len")
+    empty: int = Field(0, ge=0, description="documents of 0 tokens, skipped (not in count or any statistic)")
     count: PositiveInt
     tokens: PositiveInt
     min: PositiveInt

@@ -1,6 +1,6 @@
 """The optimization phase between iterations: what LNK pull/push costs and how much of it compute hides.
 
-DESIGN.md "End-to-end iteration estimate". Every GPU of pipeline j (scheme tp, pp, cp) pulls its stage's
+docs/formats.md, "End-to-end estimate". Every GPU of pipeline j (scheme tp, pp, cp) pulls its stage's
 parameter slice, 2*Phi/(tp*pp) bf16 bytes, from owners spread over all N GPUs of the job, and pushes the
 same bytes of gradients back. A fraction G/N of the owners share its node (G = min(gpus_per_node, N)), so
 the bytes move at the harmonic mix of the intra- and inter-node bandwidths. The pull overlaps the forward

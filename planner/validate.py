@@ -1,4 +1,4 @@
-"""Plan validation: every DESIGN.md constraint, and every estimate recomputed with the canonical model.
+"""Plan validation: every constraint of docs/formats.md, and every estimate recomputed with the canonical model.
 
 Pure checks (`check_plan`, `check_ranks`) return Violations instead of raising, so one run reports
 everything that is wrong at once; `validate_path` is the I/O edge used by `hydraplan validate`.
@@ -81,7 +81,7 @@ def check_ranks(ranks_per_pipeline: Sequence[Sequence[int]], gpus: int) -> list[
 
 
 def split_groups(ranks: Sequence[int], tp: int, pp: int, cp: int, gpus_per_node: int) -> list[str]:
-    """TP and CP groups of one pipeline (ranks[(s*cp + c)*tp + t], DESIGN.md) that cross a node boundary
+    """TP and CP groups of one pipeline (ranks[(s*cp + c)*tp + t], docs/formats.md) that cross a node boundary
     although they could sit in one node: their collectives then run on the inter-node network every
     layer, which the profile's times do not model. A TP group wider than a node, or a CP group whose
     stage block (tp*cp ranks) is, must span nodes and is not reported."""
@@ -223,7 +223,7 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>", gpus_per_node
 
 
 def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str) -> list[Violation]:
-    """The DESIGN.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
+    """The docs/formats.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
     profile has a sync model, and checked whenever present (without a model the sync is 0)."""
     out: list[Violation] = []
     required = has_sync_model(profile)

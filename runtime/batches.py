@@ -4,6 +4,7 @@ A sequence's tokens are a pure function of the plan entry: the dataset's token i
 a tokenized dataset is given, else synthetic ids from a torch.Generator seeded by the sequence id. So
 every rank of a pipeline, and the single-process reference, derive identical micro-batches from the plan
 alone: no data loader, no broadcast, and p2p activation shapes are known in advance ([tokens, hidden]).
+The replay runtime, its reference and hydraplan.loader (for other trainers) all build them here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from hydraplan.errors import UserError
 from hydraplan.runtime.attention import Windows, documents
-from hydraplan.schema import BatchSeq, Plan
+from hydraplan.schema import BatchSeq, Plan, PlanPipeline
 
 if TYPE_CHECKING:
     from hydraplan.datasets import Dataset
@@ -49,6 +50,17 @@ class PackedBatch:
         return documents(self.cu_seqlens, self.max_seqlen)
 
 
+def micro_batch_seqs(plan: Plan, pipeline: PlanPipeline) -> list[list[BatchSeq]]:
+    """The sequences of each of the pipeline's micro-batches, in packing order."""
+    by_id = {s.id: s for s in plan.batch}
+    return [[by_id[sid] for sid in mb.seqs] for mb in pipeline.micro_batches]
+
+
+def rank_pipeline(plan: Plan, rank: int) -> PlanPipeline | None:
+    """The pipeline rank `rank` belongs to in this plan (None: idle this iteration)."""
+    return next((p for p in plan.pipelines if rank in p.ranks), None)
+
+
 def synthetic_sequence(seq_id: int, length: int, vocab: int) -> torch.Tensor:
     """length+1 deterministic tokens for sequence `seq_id` (inputs are the first length, labels the last)."""
     gen = torch.Generator().manual_seed(int(seq_id))
@@ -72,9 +84,10 @@ class TokenData:
         """Positions of `seq` that have a label (the loss is the mean over these, batch-wide)."""
         if self.dataset is None:
             return seq.length
-        return min(seq.length, int(self.dataset.lengths[seq.doc]) - 1)
+        return min(seq.length, self.dataset.doc_length(seq.doc) - 1)
 
     def labeled_tokens(self, plan: Plan) -> int:
+        """Positions with a label in the whole plan, every pipeline's: the denominator of the batch-mean loss."""
         used = {sid for p in plan.pipelines for mb in p.micro_batches for sid in mb.seqs}
         return sum(self.labeled(s) for s in plan.batch if s.id in used)
 
@@ -85,10 +98,10 @@ class TokenData:
         ds = self.dataset
         for i, s in enumerate(plan.batch):
             where = f"{source}: field batch.{i}"
-            if s.doc is None or not 0 <= s.doc < len(ds.lengths):
+            if s.doc is None or not 0 <= s.doc < ds.documents:
                 raise UserError(f"{where}.doc: {s.doc!r} is not a document of dataset {ds.name}")
-            if s.length > ds.lengths[s.doc]:
-                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {int(ds.lengths[s.doc])} "
+            if s.length > ds.doc_length(s.doc):
+                raise UserError(f"{where}.length: {s.length} exceeds document {s.doc}'s {ds.doc_length(s.doc)} "
                                 f"tokens in {ds.name}")
             top = int(ds.tokens(s.doc)[: s.length + 1].max())
             if top >= self.vocab:
@@ -112,3 +125,7 @@ class TokenData:
             cu_seqlens=cu.to(torch.int32).to(device),
             max_seqlen=int(lengths.max()),
         )
+
+    def micro_batches(self, plan: Plan, pipeline: PlanPipeline, device: torch.device | str = "cpu") -> list[PackedBatch]:
+        """The pipeline's micro-batches in plan order: what each of its ranks trains on this iteration."""
+        return [self.pack(seqs, device) for seqs in micro_batch_seqs(plan, pipeline)]

@@ -10,7 +10,7 @@ from hydraplan.fileio import load_model
 from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
-from hydraplan.schema import BatchSeq, Plan, PlanPipeline
+from hydraplan.schema import Plan
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:
@@ -81,7 +81,7 @@ class RankRole:
 
 
 def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
-    """Role of every rank (None: idle this iteration). Rank order per DESIGN.md: ranks[(s*cp + c)*tp + t]."""
+    """Role of every rank (None: idle this iteration). Rank order of docs/formats.md: ranks[(s*cp + c)*tp + t]."""
     roles: list[RankRole | None] = [None] * world
     for i, p in enumerate(plan.pipelines):
         def at(s: int, c: int, t: int) -> int:
@@ -99,8 +99,3 @@ def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
                     )
     return roles
 
-
-def micro_batch_seqs(plan: Plan, pipeline: PlanPipeline) -> list[list[BatchSeq]]:
-    """The sequences of each of the pipeline's micro-batches, in packing order."""
-    by_id = {s.id: s for s in plan.batch}
-    return [[by_id[sid] for sid in mb.seqs] for mb in pipeline.micro_batches]

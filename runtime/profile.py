@@ -63,7 +63,7 @@ from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
-from hydraplan.runtime.plans import micro_batch_seqs, rank_roles
+from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, pipeline_splits, run_seq1f1b
 from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
@@ -173,7 +173,7 @@ def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatc
 
 
 def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
-    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in DESIGN.md's rank order); the
+    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in the rank order of docs/formats.md); the
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
 
@@ -294,7 +294,7 @@ def _propagate(replayer: Replayer, plan: Plan, role, flat: torch.Tensor):
     with torch.no_grad():
         for p, chunk in zip(params, flat.split([p.numel() for p in params])):
             p.copy_(chunk.view_as(p))
-    mbs = [replayer.data.pack(seqs, replayer.device) for seqs in micro_batch_seqs(plan, pipe)]
+    mbs = replayer.data.micro_batches(plan, pipe, replayer.device)
     cp = None
     if role.cp > 1:
         cp = CPShards.of(mbs, [mb.cp_shard for mb in pipe.micro_batches], role.cp_rank, role.cp_ranks,

@@ -13,7 +13,6 @@ from torch import nn
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import ModelConfig, StageModule, init_full, param_specs
 from hydraplan.runtime.optim import make_optimizer, master_dtype
-from hydraplan.runtime.plans import micro_batch_seqs
 from hydraplan.schema import Plan
 
 
@@ -41,8 +40,8 @@ class Reference:
         scale = 1.0 / self.data.labeled_tokens(plan)
         loss = 0.0
         for pipeline in plan.pipelines:
-            for seqs in micro_batch_seqs(plan, pipeline):
-                mb_loss = self.model(None, self.data.pack(seqs, self.device)) * scale
+            for mb in self.data.micro_batches(plan, pipeline, self.device):
+                mb_loss = self.model(None, mb) * scale
                 mb_loss.backward()
                 loss += float(mb_loss.detach())
         for p, m in zip(self.model.ordered_params(), self.master):

@@ -18,7 +18,7 @@ from hydraplan.runtime.groups import GroupCache
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
-from hydraplan.runtime.plans import RankRole, micro_batch_seqs, rank_roles, strategy_key
+from hydraplan.runtime.plans import RankRole, rank_roles, strategy_key
 from hydraplan.runtime.seq1f1b import pipeline_splits, run_seq1f1b
 from hydraplan.schema import Plan
 
@@ -92,7 +92,7 @@ class Replayer:
         with torch.no_grad():
             for p, chunk in zip(params, flat.split([p.numel() for p in params])):
                 p.copy_(chunk.view_as(p))
-        mbs = [self.data.pack(seqs, self.device) for seqs in micro_batch_seqs(plan, plan.pipelines[role.pipeline])]
+        mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.device)
         cp = None
         if role.cp > 1:
             cp = CPShards.of(mbs, [mb.cp_shard for mb in plan.pipelines[role.pipeline].micro_batches], role.cp_rank,

@@ -1,4 +1,4 @@
-"""The canonical estimate of DESIGN.md, checked against hand-computed values."""
+"""The canonical estimate of docs/formats.md, checked against hand-computed values."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""compare end to end: every method's plan pays the DESIGN.md sync formula with its own schemes (phases in
+"""compare end to end: every method's plan pays the docs/formats.md sync formula with its own schemes (phases in
 sequence: pull before the first, push after the last), and static choices are tuned on that score."""
 
 import itertools

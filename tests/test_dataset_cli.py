@@ -64,8 +64,8 @@ def test_stats_table_and_plot(tmp_path):
 
 # name -> (file content, text the one-line error must contain)
 BAD_FILES: dict[str, tuple[str, str]] = {
-    "neg.csv": ("length\n5\n-3\n", "line 3: -3 is not a positive length"),
-    "zero.txt": ("4\n0\n", "line 2: 0 is not a positive length"),
+    "neg.csv": ("length\n5\n-3\n", "line 3: -3 is not a non-negative length"),
+    "zeros.txt": ("0\n0\n", "all 2 documents are empty (0 tokens)"),
     "nocol.csv": ("size\n5\n", "no column 'length'"),
     "empty.txt": ("", "empty file"),
     "header.csv": ("length\n", "no documents"),
@@ -111,4 +111,14 @@ def test_console_script_bad_input_has_no_traceback(tmp_path):
     proc = subprocess.run([HYDRAPLAN, "dataset", "stats", str(tmp_path / "bad.jsonl")], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"hydraplan: {tmp_path / 'bad.jsonl'}: column 'length' line 2: "
-                                                "-4 is not a positive length"]
+                                                "-4 is not a non-negative length"]
+
+
+def test_stats_skip_and_report_empty_documents(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "l.txt"
+    path.write_text("\n".join(map(str, [0, *LENGTHS, 0, 0])) + "\n")
+    code, out, _ = run_main(monkeypatch, capsys, "dataset", "stats", path, "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["empty"] == 3 and stats["count"] == len(LENGTHS) and stats["min"] == min(LENGTHS)
+    code, out, _ = run_main(monkeypatch, capsys, "dataset", "stats", path)
+    assert code == 0 and "(3 empty documents skipped)" in " ".join(out.split())  # the title, wrapped by rich

@@ -156,11 +156,11 @@ def test_megatron_int32_tokens_and_missing_bin(tmp_path):
 
 @pytest.mark.parametrize("problem, message", [
     ("magic", "not a Megatron MMIDIDX index"), ("version", "version 2"), ("code", "dtype code 9"),
-    ("truncated", "truncated index"), ("empty-doc", "document 1: 0 is not a positive length"),
+    ("truncated", "truncated index"),
     ("short-bin", "does not match its index"),
 ])
 def test_megatron_bad_index(tmp_path, problem, message):
-    docs = [[[1, 2]], [], [[3]]] if problem == "empty-doc" else [[[1, 2]], [[3]]]
+    docs = [[[1, 2]], [[3]]]
     write_megatron(tmp_path / "d", docs, code=9 if problem == "code" else 8, version=2 if problem == "version" else 1)
     idx = tmp_path / "d.idx"
     if problem == "magic":
@@ -173,9 +173,62 @@ def test_megatron_bad_index(tmp_path, problem, message):
         load_dataset(idx)
 
 
+# ------------------------------------------------------------------------------------ empty documents
+WITH_EMPTY = [0, 7, 3, 0, 0, 12, 0]  # rows 1, 2, 5 hold tokens
+
+
+@pytest.mark.parametrize("form", ["txt", "npy", "json", "jsonl", "csv-hist", "tokens", "megatron"])
+def test_empty_documents_are_skipped_counted_and_keep_their_rows(tmp_path, form):
+    if form == "txt":
+        (path := tmp_path / "l.txt").write_text("\n".join(map(str, WITH_EMPTY)) + "\n")
+    elif form == "npy":
+        np.save(path := tmp_path / "l.npy", np.array(WITH_EMPTY))
+    elif form == "json":
+        (path := tmp_path / "l.json").write_text(json.dumps(WITH_EMPTY))
+    elif form == "jsonl":
+        (path := tmp_path / "l.jsonl").write_text("".join(json.dumps({"length": v}) + "\n" for v in WITH_EMPTY))
+    elif form == "csv-hist":
+        (path := tmp_path / "h.csv").write_text("length,count\n0,4\n3,1\n7,1\n12,1\n")
+    elif form == "tokens":
+        pq.write_table(pa.table({"input_ids": [list(range(100 * r, 100 * r + n)) for r, n in enumerate(WITH_EMPTY)]}),
+                       path := tmp_path / "t.parquet")
+    else:
+        write_megatron(tmp_path / "m", [[list(range(100 * r, 100 * r + n))] if n else [] for r, n in enumerate(WITH_EMPTY)])
+        path = tmp_path / "m.idx"
+    ds = load_dataset(path)
+    assert ds.empty == 4 and ds.documents == 7
+    if form == "csv-hist":
+        assert sorted(ds.lengths.tolist()) == [3, 7, 12] and not ds.has_docs
+        return
+    assert ds.lengths.tolist() == [7, 3, 12]
+    assert [ds.doc_length(r) for r in range(7)] == WITH_EMPTY
+    # every sampled document is a non-empty file row, with that row's length
+    for b in sample_iterations(ds, tokens_per_iter=10, iterations=6, seed=1):
+        assert set(b.docs.tolist()) <= {1, 2, 5}
+        assert b.lengths.tolist() == [WITH_EMPTY[d] for d in b.docs]
+    if form in ("tokens", "megatron"):
+        for r, n in enumerate(WITH_EMPTY):
+            assert ds.tokens(r).tolist() == list(range(100 * r, 100 * r + n))
+        cut = load_dataset(path, context_len=5)
+        assert cut.lengths.tolist() == [5, 3, 5] and cut.tokens(5).tolist() == [500, 501, 502, 503, 504]
+
+
+def test_negative_lengths_stay_errors_and_all_empty_is_an_error(tmp_path):
+    (neg := tmp_path / "neg.json").write_text("[3, 0, -1]")
+    with pytest.raises(UserError, match="item 2: -1 is not a non-negative length"):
+        load_dataset(neg)
+    (hist := tmp_path / "h.csv").write_text("length,count\n-2,1\n")
+    with pytest.raises(UserError, match="column 'length' line 2: -2 is not a non-negative length"):
+        load_dataset(hist)
+    (zeros := tmp_path / "z.npy").unlink(missing_ok=True)
+    np.save(zeros, np.zeros(3, dtype=np.int64))
+    with pytest.raises(UserError, match="all 3 documents are empty"):
+        load_dataset(zeros)
+
+
 # ------------------------------------------------------------------------------------------- builtins
 @pytest.mark.parametrize("name, count, tokens, longest", [
-    ("wikipedia", 1_000_000, 1_013_648_780, 1_823_777),   # figures of /work/shared/data/README.md
+    ("wikipedia", 1_000_000, 1_013_648_780, 1_823_777),   # figures of data/README.md
     ("prolong", 77_932, 237_840_913, 340_149),
 ])
 def test_builtin_histograms_are_lossless(name, count, tokens, longest):

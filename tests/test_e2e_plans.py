@@ -46,7 +46,7 @@ def test_selection_is_by_iteration_s_where_propagation_picks_otherwise():
     assert prop.strategy == "narrow" and e2e.strategy == "wide"
     assert prop.estimate.propagation_s < e2e.estimate.propagation_s
     assert e2e.estimate.iteration_s < prop.estimate.iteration_s
-    # the fields are the DESIGN.md formula, per pipeline and for the plan
+    # the fields are the docs/formats.md formula, per pipeline and for the plan
     for plan, t in ((prop, 0.2), (e2e, 0.1)):
         for p in plan.pipelines:
             assert p.sync_s == pytest.approx(f(t, p.estimate_s) - p.estimate_s, rel=1e-12)

@@ -21,10 +21,9 @@ from test_run_plan import make_plan
 
 from hydraplan.errors import UserError
 from hydraplan.runtime import hf
-from hydraplan.runtime.batches import IGNORE, TokenData
+from hydraplan.runtime.batches import IGNORE, TokenData, micro_batch_seqs
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.model import ModelConfig, StageModule, load_full, param_specs, rope_tables
-from hydraplan.runtime.plans import micro_batch_seqs
 from hydraplan.schema import BatchSeq
 
 transformers = pytest.importorskip("transformers")

@@ -96,7 +96,7 @@ def test_synthesized_plans_validate_and_count_process_groups(inputs):
 
 
 def megatron_by_hand(lengths: list[int], scheme: Scheme, gpus: int, capacity: int) -> float:
-    """First-fit decreasing to `capacity`, bins dealt round-robin, the canonical estimate (DESIGN.md)."""
+    """First-fit decreasing to `capacity`, bins dealt round-robin, the canonical estimate (docs/formats.md)."""
     bins: list[list[int]] = []
     for l in sorted(lengths, reverse=True):
         for b in bins:
@@ -186,3 +186,20 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(inputs):
     names = sorted(p.name for p in full.glob("*.json") if p.name != "summary.json")
     assert len(names) == 41 and names == sorted(p.name for p in cut.glob("*.json") if p.name != "summary.json")
     assert all((full / n).read_bytes() == (cut / n).read_bytes() for n in names)
+
+
+def test_pack_skips_and_reports_empty_documents(inputs):
+    """A corpus with empty documents plans fine; no plan holds one, and `doc` stays the file's row."""
+    lengths = [int(v) for v in inputs["data"].read_text().split()]
+    with_empty = [0 if i % 7 == 3 else v for i, v in enumerate(lengths)]
+    data = inputs["tmp"] / "with_empty.txt"
+    data.write_text("\n".join(map(str, with_empty)) + "\n")
+    out = inputs["tmp"] / "run"
+    r = hp(*pack_args({**inputs, "data": data}, out, "--strategies", inputs["strategies"], iterations=2))
+    assert r.returncode == 0, r.stderr
+    empty = with_empty.count(0)
+    assert f"skipped {empty:,} empty documents (0 tokens) of {data}" in r.stdout
+    assert Summary.model_validate_json((out / "summary.json").read_text()).empty_documents == empty
+    for f in sorted(out.glob("iter_*.json")):
+        for s in json.loads(f.read_text())["batch"]:
+            assert s["length"] == with_empty[s["doc"]] > 0

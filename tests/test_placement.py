@@ -31,7 +31,7 @@ def check_node_rules(pipelines: list[PipelineSpec], gpus: int, gpn: int) -> None
         if p.gpus <= gpn:
             assert len(set(node)) == 1, f"{p.key} straddles nodes: {p.ranks}"
         group = p.tp * p.cp
-        for s in range(p.pp):  # DESIGN.md order: ranks[(s*cp + c)*tp + t]
+        for s in range(p.pp):  # the order of docs/formats.md: ranks[(s*cp + c)*tp + t]
             stage = p.ranks[s * group:(s + 1) * group]
             if group <= gpn:
                 assert len({r // gpn for r in stage}) == 1, f"stage {s} of {p.key} straddles: {stage}"

@@ -16,7 +16,7 @@ from tests.test_proposal import cells_of, interval_latency, interval_terms, part
 
 
 def f(t: float, p: float) -> float:
-    """DESIGN.md: propagation + exposed pull/push of a busy pipeline, written out independently."""
+    """docs/formats.md: propagation + exposed pull/push of a busy pipeline, written out independently."""
     return p + max(0.0, t - p / 3) + max(0.0, t - 2 * p / 3)
 
 

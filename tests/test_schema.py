@@ -1,4 +1,4 @@
-"""File formats: the DESIGN.md examples parse, round-trip, and bad files fail with one clear line."""
+"""File formats: the v1 contract examples parse, round-trip, and bad files fail with one clear line."""
 
 import json
 import subprocess
@@ -12,7 +12,7 @@ from hydraplan.errors import UserError
 from hydraplan.fileio import atomic_write_text, load_model, model_json, write_model
 from hydraplan.schema import Plan, Profile, Strategies
 
-# The examples of ../shared/DESIGN.md, verbatim: other tools write exactly these.
+# The examples of the v1 file contracts as first published, verbatim: other tools write exactly these.
 PROFILE = {
     "schema": "hydraplan.profile/v1", "name": "h100-llama2-7b",
     "gpu": {"name": "H100-SXM-80GB", "memory_gib": 80, "gpus_per_node": 8},

@@ -1,4 +1,4 @@
-"""The end-to-end sync term (DESIGN.md): hand-computed cases of bandwidth, transfer and exposure."""
+"""The end-to-end sync term (docs/formats.md): hand-computed cases of bandwidth, transfer and exposure."""
 
 import pytest
 

@@ -1,0 +1,125 @@
+"""hydraplan.loader hands each rank exactly its pipeline's micro-batches; examples/fsdp2_train.py (FSDP2
+over 4 gloo ranks, fed by Planner + loader) trains exactly like one process on the whole global batch."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import free_port
+
+from hydraplan import Planner
+from hydraplan.datasets import load_dataset, sample_iterations
+from hydraplan.errors import UserError
+from hydraplan.fileio import load_model
+from hydraplan.loader import PlanLoader
+from hydraplan.paths import ROOT
+from hydraplan.runtime.batches import IGNORE
+from hydraplan.runtime.model import StageModule, get_config, init_full, load_full, param_specs
+from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
+
+EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
+VOCAB = get_config("tiny").vocab
+
+
+@pytest.fixture(scope="module")
+def tokens_file(tmp_path_factory):
+    """A tokenized corpus (token-id lists) with some empty documents, as real corpora have."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(5.0, 1.0, 300).astype(np.int64), 900)
+    lengths[::13] = 0
+    path = tmp_path_factory.mktemp("data") / "tokens.parquet"
+    pq.write_table(pa.table({"input_ids": [rng.integers(0, VOCAB, n).tolist() for n in lengths]}), path)
+    return path
+
+
+def dp_planner(world: int) -> Planner:
+    return Planner("cpu-tiny", Strategies(candidates=[Candidate(name="dp", pipelines=[PipelineSpec(tp=1, pp=1, cp=1)] * world)]),
+                   gpus=world, context_len=512)
+
+
+def test_each_rank_gets_its_pipelines_micro_batches_once(tokens_file):
+    dataset = load_dataset(tokens_file)
+    batch = sample_iterations(dataset.truncate(512), 2500, 1, seed=3)[0]
+    plan = dp_planner(4).plan(batch)
+    loader = PlanLoader(tokens_file, vocab=VOCAB)
+    loader.check(plan)
+    by_rank = {r: list(loader.micro_batches(plan, r)) for r in range(5)}  # rank 4 is in no pipeline
+    assert by_rank[4] == []
+    for p in plan.pipelines:
+        (rank,) = p.ranks
+        mbs = by_rank[rank]
+        assert [mb.num_tokens for mb in mbs] == [sum(s.length for s in plan.batch if s.id in m.seqs) for m in p.micro_batches]
+    # the ranks' micro-batches hold every planned document once, with the dataset's own tokens
+    docs = {s.id: s.doc for s in plan.batch}
+    seen = []
+    for p in plan.pipelines:
+        for m, mb in zip(p.micro_batches, by_rank[p.ranks[0]]):
+            starts = mb.cu_seqlens.tolist()
+            for sid, lo, hi in zip(m.seqs, starts, starts[1:]):
+                assert mb.tokens[lo:hi].tolist() == dataset.tokens(docs[sid])[:hi - lo].tolist()
+                assert mb.positions[lo:hi].tolist() == list(range(hi - lo))
+                seen.append(sid)
+    assert sorted(seen) == sorted(docs)
+    labeled = sum(int((mb.labels != IGNORE).sum()) for mbs in by_rank.values() for mb in mbs)
+    assert loader.labeled_tokens(plan) == labeled
+
+
+def test_a_plan_naming_an_empty_document_is_rejected(tokens_file):
+    dataset = load_dataset(tokens_file)
+    plan = dp_planner(2).plan(sample_iterations(dataset, 600, 1, seed=0)[0])
+    empty_row = next(r for r in range(dataset.documents) if dataset.doc_length(r) == 0)
+    plan.batch[0].doc = empty_row
+    with pytest.raises(UserError, match=f"batch.0.length: .* exceeds document {empty_row}'s 0 tokens"):
+        PlanLoader(dataset, vocab=VOCAB).check(plan)
+
+
+def single_process(plans: list[Plan], dataset, optimizer: str, lr: float) -> torch.Tensor:
+    """The ground truth: one process trains every micro-batch of every pipeline, loss = summed token losses
+    over the global batch's labeled tokens (counted here, from the labels)."""
+    cfg = get_config("tiny")
+    model = StageModule(cfg, dtype=torch.float64)
+    load_full(model, [init_full(s, i, 0, torch.float64) for i, s in enumerate(param_specs(cfg))])
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr))
+    loader = PlanLoader(dataset, vocab=cfg.vocab)
+    for plan in plans:
+        mbs = [mb for p in plan.pipelines for mb in loader.data.micro_batches(plan, p)]
+        tokens = sum(int((mb.labels != IGNORE).sum()) for mb in mbs)
+        for mb in mbs:
+            (model(None, mb) / tokens).backward()
+        opt.step()
+        opt.zero_grad()
+    return torch.cat([p.detach().reshape(-1) for p in model.ordered_params()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer, tokens_per_iter", [
+    ("sgd", 3000),   # SGD: any error in the loss scale or the gradient sum shows in the parameters
+    ("adamw", 400),  # a few documents per batch: some ranks have no micro-batch
+])
+def test_fsdp2_example_equals_single_process_training(tmp_path, tokens_file, optimizer, tokens_per_iter):
+    lr = 0.5 if optimizer == "sgd" else 1e-2
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+           str(EXAMPLE), "--dataset", str(tokens_file), "--iterations", "2", "--tokens-per-iter", str(tokens_per_iter),
+           "--dtype", "fp64", "--optimizer", optimizer, "--lr", str(lr),
+           "--save-plans", str(tmp_path / "plans"), "--out", str(tmp_path / "params.pt")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert res.returncode == 0, res.stderr[-2000:]
+    plans = [load_model(Plan, f) for f in sorted((tmp_path / "plans").glob("iter_*.json"))]
+    assert len(plans) == 2 and all(len(p.pipelines) == 4 for p in plans)
+    counts = [len(p.micro_batches) for plan in plans for p in plan.pipelines]
+    if optimizer == "sgd":
+        assert max(counts) > 1 and len(set(counts)) > 1  # gradient accumulation over unequal micro-batch counts
+    else:
+        assert 0 in counts
+    trained = torch.load(tmp_path / "params.pt")
+    expected = single_process(plans, load_dataset(tokens_file), optimizer, lr)
+    init = torch.cat([init_full(s, i, 0, torch.float64).reshape(-1) for i, s in enumerate(param_specs(get_config("tiny")))])
+    assert float((expected - init).abs().max()) > 1e-3  # training moved the parameters
+    assert float((trained - expected).abs().max()) <= 1e-9
