@@ -13,7 +13,7 @@
    tiny model on 4 gloo ranks (the schemes <1,1,1>, <2,1,1>, <1,2,1>, <4,1,1>, plus LNK bandwidth and
    model.params), pack 6 iterations of builtin:wikipedia with it (4 GPUs, 1536 tokens, context 768), and
    replay them as whole iterations (pull + propagate + push + step) against the plans' end-to-end
-   estimate (DESIGN.md iteration_s): whole-iteration error, and the propagation and sync parts of it.
+   estimate (iteration_s, docs/formats.md): whole-iteration error, and the propagation and sync parts of it.
 """
 
 from __future__ import annotations
