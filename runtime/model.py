@@ -57,7 +57,11 @@ class ModelConfig:
 TINY = ModelConfig("tiny", vocab=128, hidden=32, layers=4, heads=4, kv_heads=4, ffn=64)
 """CPU tests: every TP degree up to 4 divides heads, ffn and vocab, and PP up to 4 has a layer per stage."""
 
-CONFIGS: dict[str, ModelConfig] = {TINY.name: TINY} | {
+TINY_WIDE = ModelConfig("tiny-wide", vocab=128, hidden=128, layers=16, heads=4, kv_heads=4, ffn=256)
+"""CPU tests of LNK overlap: layers wide enough that pulling and pushing one takes measurable time on gloo,
+many of them so that the first pull and the last push are a small part of the traffic."""
+
+CONFIGS: dict[str, ModelConfig] = {TINY.name: TINY, TINY_WIDE.name: TINY_WIDE} | {
     m.key: ModelConfig(m.key, vocab=m.vocab, hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.heads, ffn=m.ffn)
     for m in MODELS.values()  # the shapes the analytic profiles use (llama2-7b, -13b, -32b)
 }
@@ -355,6 +359,45 @@ class StageModule(nn.Module):
         for block in self.layers.values():
             x = block(x, cos, sin, mb)
         return self.head(self.norm(x), mb.labels) if self.last else x
+
+
+def param_groups(cfg: ModelConfig) -> list[int]:
+    """LNK layer group of every canonical parameter: 0 the embedding, i+1 decoder layer i, L+1 norm and head
+    (non-decreasing in canonical order, the order a forward uses them)."""
+    return [s.layer + 1 for s in param_specs(cfg)]
+
+
+def group_entries(module: StageModule) -> list[tuple[int, nn.Module]]:
+    """(layer group, the first sub-module that uses it) of a stage: a forward pre-hook there runs right before
+    the group's parameters are first needed, in StageModule.forward and in Seq1F1B's split forward alike."""
+    out: list[tuple[int, nn.Module]] = [(0, module.embed)] if module.first else []
+    out += [(int(i) + 1, block.attn_norm) for i, block in module.layers.items()]
+    if module.last:
+        out.append((module.cfg.layers + 1, module.norm))
+    return out
+
+
+def bind_flat(module: StageModule, buffers: list[torch.Tensor]) -> None:
+    """Make the stage's parameters views of flat buffers whose concatenation is the stage's parameters in
+    canonical order (e.g. the pulled ones, one per layer group), so the module's storage is those buffers:
+    build the module on the meta device first, so nothing else is allocated."""
+    specs = param_specs(module.cfg)
+    pending = [b for b in buffers if b.numel()]
+    at = 0
+    for i in module.param_indices:
+        owner, _, attr = specs[i].name.rpartition(".")
+        sub = module.get_submodule(owner)
+        shape = getattr(sub, attr).shape
+        n = math.prod(shape)
+        if not pending or at + n > pending[0].numel():
+            raise ValueError(f"buffers do not hold parameter {specs[i].name} at element {at}")
+        setattr(sub, attr, nn.Parameter(pending[0][at:at + n].view(shape)))
+        at += n
+        if at == pending[0].numel():
+            pending.pop(0)
+            at = 0
+    if pending:
+        raise ValueError("buffers hold more elements than the stage's parameters")
 
 
 def tp_slice(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.Tensor:

@@ -2,11 +2,16 @@
 
     torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
+             [--no-overlap]
 
 Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
 (collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
 pipeline's micro-batches with 1F1B (pipeline_exec.py; a CP rank on its share of the tokens,
 context_parallel.py), pushes its gradients to the owners, and each owner takes one AdamW step on its shard.
+Pull and push go one layer group at a time: layer k+1 is pulled while layer k computes, and a layer's
+gradients are pushed as soon as the last backward has produced them (`--no-overlap`: all before / after).
+Each iteration prints its phases (replay.StepStats): pull, propagate, push and step times, how long compute
+was blocked on LNK ("sync exposed") and how much in-flight LNK time it did not wait for ("hidden").
 The loss is the token mean over the whole global batch, so the result equals single-process training on
 the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
@@ -74,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=None, help="max abs parameter difference for --verify (default per dtype)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="collective timeout: a stuck peer fails the job instead of hanging it")
     return ap.parse_args(argv)
@@ -93,7 +100,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     if rank == 0:
         choice = choice_for(device, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
-    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s))
+    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s),
+                        overlap=not args.no_overlap)
     reference = Reference(cfg, data, args.seed, dtype, args.lr, device) if args.verify and rank == 0 else None
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
@@ -110,7 +118,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
         if rank == 0:
             print(f"iteration {plan.iteration} strategy {plan.strategy} {describe(plan)} tokens={data.labeled_tokens(plan)} "
                   f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
-                  f"push+step {st.push_s:.3f}s)", flush=True)
+                  f"push {st.push_s:.3f}s, step {st.step_s:.3f}s; sync exposed {st.exposed_s:.3f}s, "
+                  f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
         if args.verify:
             weights = replayer.gather_weights()
             if reference is not None:
@@ -118,6 +127,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
                 diff = float((weights - reference.flat_weights()).abs().max())
                 worst = max(worst, diff)
                 print(f"verify: iteration {plan.iteration} max_abs_param_diff={diff:.3e}", flush=True)
+            dist.barrier()  # the next iteration's timings must not include rank 0's reference training
     if args.save:
         last = plans[-1][1].iteration if plans else (done if done is not None else -1)
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
