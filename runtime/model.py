@@ -57,7 +57,7 @@ class ModelConfig:
 TINY = ModelConfig("tiny", vocab=128, hidden=32, layers=4, heads=4, kv_heads=4, ffn=64)
 """CPU tests: every TP degree up to 4 divides heads, ffn and vocab, and PP up to 4 has a layer per stage."""
 
-TINY_WIDE = ModelConfig("tiny-wide", vocab=128, hidden=128, layers=16, heads=4, kv_heads=4, ffn=256)
+TINY_WIDE = ModelConfig("tiny-wide", vocab=128, hidden=256, layers=8, heads=4, kv_heads=4, ffn=512)
 """CPU tests of LNK overlap: layers wide enough that pulling and pushing one takes measurable time on gloo,
 many of them so that the first pull and the last push are a small part of the traffic."""
 

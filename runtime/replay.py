@@ -72,8 +72,10 @@ class Replayer:
     propagation (the baseline the overlap is measured against)."""
 
     def __init__(self, cfg: ModelConfig, data: TokenData, dtype: torch.dtype, seed: int, lr: float, device: torch.device,
-                 timeout: timedelta, overlap: bool = True):
+                 timeout: timedelta, overlap: bool = True, keep_grad: bool = False):
         self.cfg, self.data, self.dtype, self.device, self.overlap = cfg, data, dtype, device, overlap
+        self.keep_grad = keep_grad  # keep the last summed owner-shard gradient for gather_grads (--verify)
+        self.last_grad: torch.Tensor | None = None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         specs = param_specs(cfg)
         self.numels = np.array([s.numel for s in specs], dtype=np.int64)
@@ -114,6 +116,8 @@ class Replayer:
         t2 = time.perf_counter()
         grad = push.finish()
         t3 = time.perf_counter()
+        if self.keep_grad:
+            self.last_grad = grad
         self.master.step(grad)
         t4 = time.perf_counter()
         groups = len(s.link.pull_groups)
@@ -164,10 +168,17 @@ class Replayer:
 
     def gather_weights(self) -> torch.Tensor | None:
         """All master weights in canonical order on rank 0 (None elsewhere). Collective."""
+        return self._gather(self.master.weights.detach())
+
+    def gather_grads(self) -> torch.Tensor | None:
+        """The last iteration's summed gradient in canonical order on rank 0 (needs keep_grad). Collective."""
+        return self._gather(self.last_grad)
+
+    def _gather(self, shard: torch.Tensor) -> torch.Tensor | None:
         lo, hi = lnk.owner_ranges(self.numels, self.world)
         sizes = (hi - lo).sum(axis=1)
-        buf = self.master.weights.detach().new_zeros(int(sizes.max()))
-        buf[: int(sizes[self.rank])] = self.master.weights.detach()
+        buf = shard.new_zeros(int(sizes.max()))
+        buf[: int(sizes[self.rank])] = shard
         parts = [torch.empty_like(buf) for _ in range(self.world)] if self.rank == 0 else None
         dist.gather(buf, parts, dst=0)
         if parts is None:
