@@ -16,20 +16,30 @@ from torch import nn
 
 
 class GradBuffer:
-    def __init__(self, params: Sequence[nn.Parameter], groups: Sequence[int], dtype: torch.dtype,
+    def __init__(self, sizes: Sequence[int], groups: Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu",
                  on_ready: Callable[[int], None] | None = None):
-        """params: the stage's parameters in canonical order; groups[i]: the layer group of params[i]."""
-        sizes = [p.numel() for p in params]
-        device = params[0].device if params else "cpu"
+        """sizes[i], groups[i]: numel and layer group of the stage's i-th parameter (canonical order)."""
         self.flat = torch.zeros(sum(sizes), dtype=dtype, device=device)
+        self._views = self.flat.split(list(sizes))
+        self._groups = list(groups)
         self.on_ready = on_ready
         self._final = False
         self._pending: dict[int, int] = {}
         for g in groups:
             self._pending[g] = self._pending.get(g, 0) + 1
         self._handles = []
-        for p, view, g in zip(params, self.flat.split(sizes), groups):
-            self._handles.append(p.register_post_accumulate_grad_hook(self._hook(view, g)))
+
+    @classmethod
+    def of(cls, params: Sequence[nn.Parameter], groups: Sequence[int], dtype: torch.dtype,
+           on_ready: Callable[[int], None] | None = None) -> "GradBuffer":
+        buf = cls([p.numel() for p in params], groups, dtype, params[0].device if params else "cpu", on_ready)
+        for i, p in enumerate(params):
+            buf.attach(i, p)
+        return buf
+
+    def attach(self, i: int, p: nn.Parameter) -> None:
+        """Accumulate parameter i's gradients (p: the live parameter, e.g. once bound to its pulled buffer)."""
+        self._handles.append(p.register_post_accumulate_grad_hook(self._hook(self._views[i], self._groups[i])))
 
     def _hook(self, view: torch.Tensor, group: int):
         def hook(p: nn.Parameter) -> None:

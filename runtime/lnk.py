@@ -30,7 +30,7 @@ The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes ar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -361,9 +361,11 @@ def _post(ge: GroupExchange, send: torch.Tensor, recv: torch.Tensor, group: dist
 
 class PullStream:
     """Pull one layer group at a time into `out[g]` (this rank's stage parameters of group g, flat in
-    canonical order, in the compute dtype; the module's parameters are views of them, so there is no second
-    copy). One buffer per group, not one for all: views share their base's autograd version counter, so
-    filling group k+1 after layer k's forward saved its weights would invalidate them.
+    canonical order, in the compute dtype), allocated when group g arrives and handed to `on_arrival(g, buf)`,
+    which makes the module's parameters views of it: no second copy, and what is resident is the received
+    but not yet unpacked groups plus the unpacked ones (the stage once, plus one group being unpacked). One
+    buffer per group, not one for all: views share their base's autograd version counter, so filling group
+    k+1 after layer k's forward saved its weights would invalidate them.
 
     Every rank posts the groups' exchanges in canonical order on the pull process group (a collective order
     all ranks share). With overlap, a rank posts up to the first group its stage uses at `start`, and when
@@ -376,7 +378,8 @@ class PullStream:
     def __init__(self, plan: LinkPlan, shard: torch.Tensor, dtype: torch.dtype, group: dist.ProcessGroup | None,
                  overlap: bool, clock: LinkClock):
         self.plan, self.shard, self.dtype, self.group, self.overlap, self.clock = plan, shard, dtype, group, overlap, clock
-        self.out = [shard.new_empty(ge.dst[1] - ge.dst[0], dtype=dtype) for ge in plan.pull_groups]
+        self.out: list[torch.Tensor | None] = [None] * len(plan.pull_groups)
+        self.on_arrival: Callable[[int, torch.Tensor], None] | None = None
         self.groups = len(plan.pull_groups)
         self.needed = [plan.needed(g) for g in range(self.groups)]
         self._posted = 0
@@ -412,9 +415,14 @@ class PullStream:
         self.clock.wait(fl.work, fl.interval, "pull", g)
         ge = self.plan.pull_groups[g]
         t = time.perf_counter()
+        buf = self.shard.new_empty(ge.dst[1] - ge.dst[0], dtype=self.dtype)
         if ge.rounds:
-            ge.rounds[0](fl.recv, self.out[g])
+            ge.rounds[0](fl.recv, buf)
+        del fl
+        self.out[g] = buf
         self.clock.pack_s += time.perf_counter() - t
+        if self.on_arrival is not None:
+            self.on_arrival(g, buf)
 
     def finish(self) -> None:
         """Post whatever is left and complete every exchange (this rank's sends included)."""

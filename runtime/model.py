@@ -377,27 +377,24 @@ def group_entries(module: StageModule) -> list[tuple[int, nn.Module]]:
     return out
 
 
-def bind_flat(module: StageModule, buffers: list[torch.Tensor]) -> None:
-    """Make the stage's parameters views of flat buffers whose concatenation is the stage's parameters in
-    canonical order (e.g. the pulled ones, one per layer group), so the module's storage is those buffers:
-    build the module on the meta device first, so nothing else is allocated."""
+def bind_params(module: StageModule, indices: list[int], flat: torch.Tensor) -> list[nn.Parameter]:
+    """Make the stage's parameters `indices` (canonical, in order) views of one flat buffer (e.g. a pulled
+    layer group), so the module's storage is that buffer: build the module on the meta device first, so
+    nothing else is allocated. Returns the new parameters."""
     specs = param_specs(module.cfg)
-    pending = [b for b in buffers if b.numel()]
-    at = 0
-    for i in module.param_indices:
+    out, at = [], 0
+    for i in indices:
         owner, _, attr = specs[i].name.rpartition(".")
         sub = module.get_submodule(owner)
         shape = getattr(sub, attr).shape
         n = math.prod(shape)
-        if not pending or at + n > pending[0].numel():
-            raise ValueError(f"buffers do not hold parameter {specs[i].name} at element {at}")
-        setattr(sub, attr, nn.Parameter(pending[0][at:at + n].view(shape)))
+        p = nn.Parameter(flat[at:at + n].view(shape))
+        setattr(sub, attr, p)
+        out.append(p)
         at += n
-        if at == pending[0].numel():
-            pending.pop(0)
-            at = 0
-    if pending:
-        raise ValueError("buffers hold more elements than the stage's parameters")
+    if at != flat.numel():
+        raise ValueError(f"buffer holds {flat.numel()} elements, parameters {indices} {at}")
+    return out
 
 
 def tp_slice(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.Tensor:

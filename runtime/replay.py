@@ -16,7 +16,7 @@ from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.grads import GradBuffer
 from hydraplan.runtime.groups import GroupCache
-from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, bind_flat, group_entries, param_groups, param_specs
+from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, bind_params, group_entries, param_groups, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
 from hydraplan.runtime.plans import RankRole, micro_batch_seqs, rank_roles, strategy_key
@@ -139,13 +139,23 @@ class Replayer:
         role = s.role
         tp = TPGroup(self.groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
         module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device="meta")
-        bind_flat(module, pull.out)
+        local = module.param_indices
+        grads = GradBuffer([p.numel() for p in module.ordered_params()], [self.groups_of[i] for i in local],
+                           self.master.weights.dtype, self.device)
+        by_group: dict[int, list[int]] = {}
+        for k, i in enumerate(local):
+            by_group.setdefault(self.groups_of[i], []).append(k)
+
+        def arrived(g: int, buf: torch.Tensor) -> None:
+            ks = by_group.get(g, [])
+            for k, p in zip(ks, bind_params(module, [local[k] for k in ks], buf)):
+                grads.attach(k, p)
+
+        pull.on_arrival = arrived
         for g, sub in group_entries(module):
             sub.register_forward_pre_hook(lambda *_, g=g: pull.wait(g))
-        params = module.ordered_params()
         pull.start()
         t1 = time.perf_counter()
-        grads = GradBuffer(params, [self.groups_of[i] for i in module.param_indices], self.master.weights.dtype)
         push = lnk.PushStream(s.link, grads.flat, self.master.weights.dtype, self.push_pg, self.overlap, clock)
         grads.on_ready = push.ready
         mbs = [self.data.pack(seqs, self.device) for seqs in micro_batch_seqs(plan, plan.pipelines[role.pipeline])]

@@ -25,7 +25,7 @@ def _grad(compute: torch.dtype, accumulate: torch.dtype, micro_batches: int) -> 
     full = [init_full(s, i, 0, torch.float64) for i, s in enumerate(param_specs(TINY))]
     module = StageModule(TINY, dtype=compute)
     load_full(module, [f.to(compute) for f in full])
-    grads = GradBuffer(module.ordered_params(), [0] * len(full), accumulate)
+    grads = GradBuffer.of(module.ordered_params(), [0] * len(full), accumulate)
     data = TokenData(TINY.vocab)
     for j in range(micro_batches):
         (module(None, data.pack([BatchSeq(id=1000 + j, length=LENGTH)])) / (micro_batches * LENGTH)).backward()
@@ -43,7 +43,7 @@ def test_fp64_accumulation_equals_autograd_accumulation_exactly():
     a, b = StageModule(TINY, dtype=torch.float64), StageModule(TINY, dtype=torch.float64)
     load_full(a, full)
     load_full(b, full)
-    buf = GradBuffer(b.ordered_params(), [0] * len(full), torch.float64)
+    buf = GradBuffer.of(b.ordered_params(), [0] * len(full), torch.float64)
     data = TokenData(TINY.vocab)
     for j in range(3):
         mb = data.pack([BatchSeq(id=j, length=9)])
@@ -59,7 +59,7 @@ def test_groups_are_ready_during_the_last_backward_in_reverse_layer_order():
     load_full(module, [init_full(s, i, 0, torch.float64) for i, s in enumerate(param_specs(TINY))])
     ready: list[int] = []
     groups = [param_specs(TINY)[i].layer + 1 for i in module.param_indices]
-    buf = GradBuffer(module.ordered_params(), groups, torch.float64, ready.append)
+    buf = GradBuffer.of(module.ordered_params(), groups, torch.float64, ready.append)
     data = TokenData(TINY.vocab)
     module(None, data.pack([BatchSeq(id=0, length=5)])).backward()
     assert ready == []  # not the last backward: nothing is final yet
