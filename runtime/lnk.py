@@ -29,8 +29,10 @@ The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -134,6 +136,121 @@ class FlatLayout:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """Copy ranges of a flat source into one contiguous buffer, in a given order, with one torch.cat.
+
+    The source is cut once at every range boundary (`split` makes views, no copy) and each range is a run
+    of those segments, so overlapping ranges (an owner sending one slice to several replicas) and gaps
+    (what is not sent) need no per-piece Python: packing is one split, one C-level list pick and one cat."""
+
+    seg_sizes: tuple[int, ...]  # partition of the source
+    ids: tuple[int, ...]  # segments in output order
+    total: int
+
+    @classmethod
+    def of(cls, starts: np.ndarray, sizes: np.ndarray, src_len: int) -> "Gather":
+        keep = sizes > 0
+        starts, sizes = starts[keep].astype(np.int64), sizes[keep].astype(np.int64)
+        bounds = np.unique(np.concatenate(([0, src_len], starts, starts + sizes)))
+        a = np.searchsorted(bounds, starts)
+        counts = np.searchsorted(bounds, starts + sizes) - a
+        first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        ids = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        return cls(tuple(np.diff(bounds).tolist()), tuple(ids.tolist()), int(sizes.sum()))
+
+    def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if not self.ids:
+            return out
+        chunks = src.split(self.seg_sizes)
+        return torch.cat([chunks[i] for i in self.ids] if len(self.ids) < 2 else itemgetter(*self.ids)(chunks), out=out)
+
+
+@dataclass(frozen=True)
+class GroupExchange:
+    """One layer group's exchange on one rank, compiled once per strategy: pack the source range into one
+    send buffer (pieces already coalesced per peer, peers in rank order), one all_to_all_single, then
+    unpack. `rounds`: pull has one (the received pieces tile the destination range exactly); push has one
+    per contribution an owner element receives (each round tiles the owner range, padded from a zero tail
+    of the receive buffer where a segment has fewer contributions) and the rounds are summed."""
+
+    src: tuple[int, int]  # [lo, hi) in the source layout
+    dst: tuple[int, int]  # [lo, hi) in the destination layout
+    send_splits: list[int]
+    recv_splits: list[int]
+    pack: Gather
+    rounds: tuple[Gather, ...]
+    zero_tail: int
+
+    @property
+    def recv_total(self) -> int:
+        return sum(self.recv_splits)
+
+
+def _group_range(layout: FlatLayout, params: np.ndarray) -> tuple[int, int]:
+    if len(params) == 0:
+        return 0, 0
+    lo = int(layout.offset[params[0]])
+    return lo, lo + int((layout.hi - layout.lo)[params].sum())
+
+
+def _rounds(dst_start: np.ndarray, size: np.ndarray, recv_off: np.ndarray, n: int, tail: int) -> tuple[list[Gather], int]:
+    """Per round k, the ranges of the receive buffer that tile [0, n) of the destination with each
+    segment's k-th contribution (in piece order), or zeros from the tail at `tail`; and the tail's size."""
+    keep = size > 0
+    dst_start, size, recv_off = dst_start[keep], size[keep], recv_off[keep]
+    bounds = np.unique(np.concatenate(([0, n], dst_start, dst_start + size)))
+    seg_lo, seg_size = bounds[:-1], np.diff(bounds)
+    a = np.searchsorted(bounds, dst_start)
+    counts = np.searchsorted(bounds, dst_start + size) - a
+    piece = np.repeat(np.arange(len(size)), counts)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    seg = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    order = np.lexsort((piece, seg))  # by segment, then piece: the k-th contribution of each segment
+    seg, piece = seg[order], piece[order]
+    k = np.arange(len(seg)) - np.searchsorted(seg, seg)  # rank of each contribution within its segment
+    src = recv_off[piece] + seg_lo[seg] - dst_start[piece]
+    per_seg = np.bincount(seg, minlength=len(seg_size))
+    if len(seg) == 0:
+        return [], 0
+    zero_tail = int(seg_size.max()) if per_seg.min() < per_seg.max() else 0
+    out = []
+    for r in range(int(per_seg.max())):
+        starts = np.full(len(seg_size), tail, dtype=np.int64)
+        pick = k == r
+        starts[seg[pick]] = src[pick]
+        out.append(Gather.of(starts, seg_size, tail + zero_tail))
+    return out, zero_tail
+
+
+def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_params: list[np.ndarray], world: int,
+                     accumulate: bool) -> list[GroupExchange]:
+    """The exchange cut into one GroupExchange per layer group (pure numpy, once per strategy)."""
+    s_start, r_start = src.starts(ex.send), dst.starts(ex.recv)
+    out = []
+    for params in group_params:
+        s_lo, s_hi = _group_range(src, params)
+        d_lo, d_hi = _group_range(dst, params)
+        ms = np.isin(ex.send.param, params)
+        mr = np.isin(ex.recv.param, params)
+        send_size, recv_size = ex.send.size[ms], ex.recv.size[mr]
+        send_splits = np.bincount(ex.send.peer[ms], weights=send_size, minlength=world).astype(np.int64).tolist()
+        recv_splits = np.bincount(ex.recv.peer[mr], weights=recv_size, minlength=world).astype(np.int64).tolist()
+        pack = Gather.of(s_start[ms] - s_lo, send_size, s_hi - s_lo)
+        recv_off = np.concatenate(([0], np.cumsum(recv_size)[:-1])).astype(np.int64)
+        total, n = int(recv_size.sum()), d_hi - d_lo
+        tail = 0
+        if accumulate:
+            rounds, tail = _rounds(r_start[mr] - d_lo, recv_size, recv_off, n, total)
+        else:
+            order = np.argsort(r_start[mr], kind="stable")
+            if not np.array_equal(np.cumsum(recv_size[order]) - recv_size[order], r_start[mr][order] - d_lo) or total != n:
+                raise ValueError("pull pieces do not tile the destination")
+            rounds = [Gather.of(recv_off[order], recv_size[order], total)]
+        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail))
+    return out
+
+
+@dataclass(frozen=True)
 class LinkPlan:
     """Everything one rank needs to pull and push for one strategy."""
 
@@ -143,61 +260,244 @@ class LinkPlan:
     local: FlatLayout  # the rank's stage parameters (and gradients), flattened in canonical order
     pull: Exchange
     push: Exchange
+    group_params: tuple[np.ndarray, ...]  # parameter indices of each layer group, in canonical order
+    pull_groups: tuple[GroupExchange, ...]
+    push_groups: tuple[GroupExchange, ...]
+
+    def needed(self, g: int) -> bool:
+        """Whether this rank's stage holds anything of group g (what it waits for, and contributes)."""
+        return self.pull_groups[g].dst[1] > self.pull_groups[g].dst[0]
 
 
-def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Role | None], rank: int) -> LinkPlan:
-    """Pure: the pieces `rank` sends and receives in pull and push when rank i plays roles[i]."""
+def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Role | None], rank: int,
+              groups: Sequence[int] | None = None) -> LinkPlan:
+    """Pure: the pieces `rank` sends and receives in pull and push when rank i plays roles[i], compiled
+    per layer group (`groups[p]`: non-decreasing group id of parameter p, e.g. its layer; default one group)."""
     numels = np.asarray(numels, dtype=np.int64)
+    gid = np.zeros(len(numels), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    if np.any(np.diff(gid) < 0):
+        raise ValueError("groups must be non-decreasing in canonical parameter order")
+    group_params = tuple(np.flatnonzero(gid == g) for g in np.unique(gid))
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
     owners = owner_ranges(numels, world)
     needs = role_ranges(numels, sharded, roles, whole_replicated=True)
     contribs = role_ranges(numels, sharded, roles, whole_replicated=False)
+    owned = FlatLayout.of(owners[0][rank], owners[1][rank])
+    local = FlatLayout.of(needs[0][rank], needs[1][rank])
+    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(contribs, owners, rank)
     return LinkPlan(
-        rank=rank,
-        world=world,
-        owned=FlatLayout.of(owners[0][rank], owners[1][rank]),
-        local=FlatLayout.of(needs[0][rank], needs[1][rank]),
-        pull=plan_exchange(owners, needs, rank),
-        push=plan_exchange(contribs, owners, rank),
+        rank=rank, world=world, owned=owned, local=local, pull=pull_ex, push=push_ex, group_params=group_params,
+        pull_groups=tuple(compile_exchange(pull_ex, owned, local, list(group_params), world, accumulate=False)),
+        push_groups=tuple(compile_exchange(push_ex, local, owned, list(group_params), world, accumulate=True)),
     )
 
 
-def _exchange(ex: Exchange, rank: int, world: int, src: torch.Tensor, src_layout: FlatLayout,
-              dst: torch.Tensor, dst_layout: FlatLayout, wire: torch.dtype, accumulate: bool) -> None:
-    s_start, r_start = src_layout.starts(ex.send), dst_layout.starts(ex.recv)
-    s_size, r_size = ex.send.size, ex.recv.size
-    s_remote, r_remote = ex.send.peer != rank, ex.recv.peer != rank
-    # Local movement: the pieces this rank sends itself, in the same (param) order on both sides.
-    for a, b, n in zip(s_start[~s_remote], r_start[~r_remote], s_size[~s_remote]):
-        _put(dst[b:b + n], src[a:a + n].to(wire), accumulate)
-    send = [src[a:a + n] for a, n in zip(s_start[s_remote], s_size[s_remote])]
-    send_buf = torch.cat(send).to(wire) if send else src.new_empty(0, dtype=wire)
-    recv_buf = dst.new_empty(int(r_size[r_remote].sum()), dtype=wire)
-    dist.all_to_all_single(recv_buf, send_buf, ex.recv.split_sizes(world, rank), ex.send.split_sizes(world, rank))
-    at = 0
-    for b, n in zip(r_start[r_remote], r_size[r_remote]):
-        _put(dst[b:b + n], recv_buf[at:at + n], accumulate)
-        at += n
 
 
-def _put(dst: torch.Tensor, piece: torch.Tensor, accumulate: bool) -> None:
-    if accumulate:
-        dst.add_(piece.to(dst.dtype))
-    else:
-        dst.copy_(piece)
+# ------------------------------------------------------------------------------------------ streams
+@dataclass
+class LinkClock:
+    """What LNK cost one rank in an iteration: wall-clock instants (time.time(), comparable across the ranks
+    of a host) of every exchange's post, completion and of the compute thread's waits for it.
+
+    An exchange cannot complete before the last rank has posted it, so a wait splits in two: the part before
+    that instant is waiting for a slower peer (pipeline imbalance, which the planner models as propagation
+    time), the part after is communication the compute did not hide: `exposed` (needs every rank's post
+    instants, `split_waits`). pack_s: time the compute thread spent packing and unpacking (cast, cat, add)."""
+
+    pack_s: float = 0.0
+    posts: dict[tuple[str, int], float] = field(default_factory=dict)
+    intervals: dict[str, list[list[float]]] = field(default_factory=lambda: {"pull": [], "push": []})
+    waits: list[tuple[str, int, float, float]] = field(default_factory=list)
+
+    def track(self, work: dist.Work, kind: str, g: int) -> list[float]:
+        iv = [time.time(), float("nan")]
+        self.posts[(kind, g)] = iv[0]
+        self.intervals[kind].append(iv)
+        work.get_future().add_done_callback(lambda _: iv.__setitem__(1, time.time()))
+        return iv
+
+    def wait(self, work: dist.Work, iv: list[float], kind: str, g: int) -> None:
+        t = time.time()
+        work.wait()
+        end = time.time()
+        self.waits.append((kind, g, t, end))
+        if iv[1] != iv[1]:  # the completion callback has not run yet: the wait's end bounds it
+            iv[1] = end
+
+    def busy_s(self, kind: str) -> float:
+        """Wall time with at least one exchange of this direction in flight (posted, not yet completed)."""
+        total, end = 0.0, -float("inf")
+        for lo, hi in sorted(self.intervals[kind]):
+            if hi > end:
+                total += hi - max(lo, end)
+                end = hi
+        return total
+
+    def split_waits(self, last_post: dict[tuple[str, int], float]) -> tuple[float, float]:
+        """(exposed, peer wait) seconds, given the instant the last rank posted each exchange."""
+        exposed = peer = 0.0
+        for kind, g, t, end in self.waits:
+            ready = min(max(t, last_post[(kind, g)]), end)
+            peer += ready - t
+            exposed += end - ready
+        return exposed, peer
 
 
-def pull(plan: LinkPlan, shard: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """This rank's stage parameters, flat in canonical order, gathered from the owners' master shards."""
-    out = shard.new_empty(plan.local.total, dtype=dtype)
-    _exchange(plan.pull, plan.rank, plan.world, shard, plan.owned, out, plan.local, dtype, False)
-    return out
+@dataclass
+class _InFlight:
+    work: dist.Work
+    send: torch.Tensor  # kept alive until the exchange completes
+    recv: torch.Tensor
+    interval: list[float]
 
 
-def push(plan: LinkPlan, grads: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Gradient of this rank's optimizer shard: the sum over all pipelines of their contributions.
+def _post(ge: GroupExchange, send: torch.Tensor, recv: torch.Tensor, group: dist.ProcessGroup | None, clock: LinkClock,
+          kind: str, g: int) -> _InFlight:
+    work = dist.all_to_all_single(recv[:ge.recv_total], send, ge.recv_splits, ge.send_splits, group=group, async_op=True)
+    return _InFlight(work, send, recv, clock.track(work, kind, g))
+
+
+class PullStream:
+    """Pull one layer group at a time into `out[g]` (this rank's stage parameters of group g, flat in
+    canonical order, in the compute dtype), allocated when group g arrives and handed to `on_arrival(g, buf)`,
+    which makes the module's parameters views of it: no second copy, and what is resident is the received
+    but not yet unpacked groups plus the unpacked ones (the stage once, plus one group being unpacked). One
+    buffer per group, not one for all: views share their base's autograd version counter, so filling group
+    k+1 after layer k's forward saved its weights would invalidate them.
+
+    Every rank posts the groups' exchanges in canonical order on the pull process group (a collective order
+    all ranks share). With overlap, a rank posts up to the first group its stage uses at `start`, and when
+    it waits for group g (right before its first use) it posts everything up to the next group it uses: the
+    pull of layer k+1 is in flight while layer k computes. A rank that uses no more groups posts the rest,
+    so owners never hold back a later stage. This cannot deadlock: a stage waits only for groups at or
+    before the next one it uses, and earlier stages (which it may wait for through activations) use only
+    earlier groups. Without overlap every group is pulled and waited for in `start`."""
+
+    def __init__(self, plan: LinkPlan, shard: torch.Tensor, dtype: torch.dtype, group: dist.ProcessGroup | None,
+                 overlap: bool, clock: LinkClock):
+        self.plan, self.shard, self.dtype, self.group, self.overlap, self.clock = plan, shard, dtype, group, overlap, clock
+        self.out: list[torch.Tensor | None] = [None] * len(plan.pull_groups)
+        self.on_arrival: Callable[[int, torch.Tensor], None] | None = None
+        self.groups = len(plan.pull_groups)
+        self.needed = [plan.needed(g) for g in range(self.groups)]
+        self._posted = 0
+        self._inflight: dict[int, _InFlight] = {}
+
+    def _post_through(self, last: int) -> None:
+        while self._posted <= min(last, self.groups - 1):
+            ge = self.plan.pull_groups[self._posted]
+            t = time.perf_counter()
+            src = self.shard[ge.src[0]:ge.src[1]].to(self.dtype)  # the paper's "To" before LNK: owners cast
+            send = ge.pack(src, src.new_empty(ge.pack.total))
+            recv = send.new_empty(ge.recv_total)
+            self.clock.pack_s += time.perf_counter() - t
+            self._inflight[self._posted] = _post(ge, send, recv, self.group, self.clock, "pull", self._posted)
+            self._posted += 1
+
+    def _next_needed(self, g: int) -> int:
+        return next((h for h in range(g + 1, self.groups) if self.needed[h]), self.groups - 1)
+
+    def start(self) -> None:
+        if self.overlap:
+            self._post_through(self.groups - 1)
+        else:
+            for g in range(self.groups):
+                self.wait(g)
+
+    def wait(self, g: int) -> None:
+        """Block until group g is in `out` (no-op if it already is)."""
+        self._post_through(self._next_needed(g) if self.overlap else g)
+        fl = self._inflight.pop(g, None)
+        if fl is None:
+            return
+        self.clock.wait(fl.work, fl.interval, "pull", g)
+        ge = self.plan.pull_groups[g]
+        t = time.perf_counter()
+        buf = self.shard.new_empty(ge.dst[1] - ge.dst[0], dtype=self.dtype)
+        if ge.rounds:
+            ge.rounds[0](fl.recv, buf)
+        del fl
+        self.out[g] = buf
+        self.clock.pack_s += time.perf_counter() - t
+        if self.on_arrival is not None:
+            self.on_arrival(g, buf)
+
+    def finish(self) -> None:
+        """Post whatever is left and complete every exchange (this rank's sends included)."""
+        self._post_through(self.groups - 1)
+        for g in sorted(self._inflight):
+            self.wait(g)
+
+
+class PushStream:
+    """Push gradients one layer group at a time from `grads` (flat like PullStream.out, in the accumulation
+    dtype) to the owners, who sum every replica's contribution into `out` (the rank's optimizer shard).
+
+    Groups go in reverse canonical order (the order backward finishes them) on the push process group.
+    With overlap, group g is posted as soon as it is `ready` (its gradients are final) and every group
+    before it in that order has been posted; groups this rank holds nothing of are ready from the start.
+    Without overlap nothing is posted before `finish`. Owners sum contributions in `finish`."""
+
+    def __init__(self, plan: LinkPlan, grads: torch.Tensor, dtype: torch.dtype, group: dist.ProcessGroup | None,
+                 overlap: bool, clock: LinkClock):
+        self.plan, self.grads, self.dtype, self.group, self.overlap, self.clock = plan, grads, dtype, group, overlap, clock
+        groups = len(plan.push_groups)
+        self._order = list(range(groups - 1, -1, -1))
+        self._ready = {g for g in range(groups) if not plan.needed(g)}
+        self._next = 0
+        self._inflight: dict[int, _InFlight] = {}
+        if overlap:
+            self._flush()
+
+    def ready(self, g: int) -> None:
+        self._ready.add(g)
+        if self.overlap:
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._next < len(self._order) and self._order[self._next] in self._ready:
+            g = self._order[self._next]
+            ge = self.plan.push_groups[g]
+            t = time.perf_counter()
+            src = self.grads[ge.src[0]:ge.src[1]].to(self.dtype)
+            send = ge.pack(src, src.new_empty(ge.pack.total))
+            recv = src.new_empty(ge.recv_total + ge.zero_tail)
+            recv[ge.recv_total:].zero_()
+            self.clock.pack_s += time.perf_counter() - t
+            self._inflight[g] = _post(ge, send, recv, self.group, self.clock, "push", g)
+            self._next += 1
+
+    def finish(self) -> torch.Tensor:
+        """Every group's exchange completed; returns the owner shard's summed gradient."""
+        self._ready.update(range(len(self._order)))
+        self._flush()
+        out = self.grads.new_zeros(self.plan.owned.total, dtype=self.dtype)
+        for g in self._order:
+            fl = self._inflight.pop(g)
+            self.clock.wait(fl.work, fl.interval, "push", g)
+            ge = self.plan.push_groups[g]
+            t = time.perf_counter()
+            dst = out[ge.dst[0]:ge.dst[1]]
+            if ge.rounds:
+                ge.rounds[0](fl.recv, dst)  # out starts at zero: the first round is assigned
+                scratch = torch.empty_like(dst) if len(ge.rounds) > 1 else None
+                for r in ge.rounds[1:]:
+                    dst.add_(r(fl.recv, scratch))
+            self.clock.pack_s += time.perf_counter() - t
+        return out
+
+
+def pull(plan: LinkPlan, shard: torch.Tensor, dtype: torch.dtype, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """This rank's stage parameters, flat in canonical order, gathered from the owners' master shards (synchronous)."""
+    stream = PullStream(plan, shard, dtype, group, overlap=False, clock=LinkClock())
+    stream.start()
+    stream.finish()
+    return torch.cat(stream.out)
+
+
+def push(plan: LinkPlan, grads: torch.Tensor, dtype: torch.dtype, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Gradient of this rank's optimizer shard: the sum over all pipelines of their contributions (synchronous).
     `grads` is the rank's stage gradients flat like pull's output (empty when the rank is idle)."""
-    out = grads.new_zeros(plan.owned.total, dtype=dtype)
-    _exchange(plan.push, plan.rank, plan.world, grads, plan.local, out, plan.owned, grads.dtype, True)
-    return out
+    return PushStream(plan, grads, dtype, group, overlap=False, clock=LinkClock()).finish()

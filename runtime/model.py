@@ -57,7 +57,11 @@ class ModelConfig:
 TINY = ModelConfig("tiny", vocab=128, hidden=32, layers=4, heads=4, kv_heads=4, ffn=64)
 """CPU tests: every TP degree up to 4 divides heads, ffn and vocab, and PP up to 4 has a layer per stage."""
 
-CONFIGS: dict[str, ModelConfig] = {TINY.name: TINY} | {
+TINY_WIDE = ModelConfig("tiny-wide", vocab=128, hidden=256, layers=8, heads=4, kv_heads=4, ffn=512)
+"""CPU tests of LNK overlap: layers wide enough that pulling and pushing one takes measurable time on gloo,
+many of them so that the first pull and the last push are a small part of the traffic."""
+
+CONFIGS: dict[str, ModelConfig] = {TINY.name: TINY, TINY_WIDE.name: TINY_WIDE} | {
     m.key: ModelConfig(m.key, vocab=m.vocab, hidden=m.hidden, layers=m.layers, heads=m.heads, kv_heads=m.heads, ffn=m.ffn)
     for m in MODELS.values()  # the shapes the analytic profiles use (llama2-7b, -13b, -32b)
 }
@@ -355,6 +359,42 @@ class StageModule(nn.Module):
         for block in self.layers.values():
             x = block(x, cos, sin, mb)
         return self.head(self.norm(x), mb.labels) if self.last else x
+
+
+def param_groups(cfg: ModelConfig) -> list[int]:
+    """LNK layer group of every canonical parameter: 0 the embedding, i+1 decoder layer i, L+1 norm and head
+    (non-decreasing in canonical order, the order a forward uses them)."""
+    return [s.layer + 1 for s in param_specs(cfg)]
+
+
+def group_entries(module: StageModule) -> list[tuple[int, nn.Module]]:
+    """(layer group, the first sub-module that uses it) of a stage: a forward pre-hook there runs right before
+    the group's parameters are first needed, in StageModule.forward and in Seq1F1B's split forward alike."""
+    out: list[tuple[int, nn.Module]] = [(0, module.embed)] if module.first else []
+    out += [(int(i) + 1, block.attn_norm) for i, block in module.layers.items()]
+    if module.last:
+        out.append((module.cfg.layers + 1, module.norm))
+    return out
+
+
+def bind_params(module: StageModule, indices: list[int], flat: torch.Tensor) -> list[nn.Parameter]:
+    """Make the stage's parameters `indices` (canonical, in order) views of one flat buffer (e.g. a pulled
+    layer group), so the module's storage is that buffer: build the module on the meta device first, so
+    nothing else is allocated. Returns the new parameters."""
+    specs = param_specs(module.cfg)
+    out, at = [], 0
+    for i in indices:
+        owner, _, attr = specs[i].name.rpartition(".")
+        sub = module.get_submodule(owner)
+        shape = getattr(sub, attr).shape
+        n = math.prod(shape)
+        p = nn.Parameter(flat[at:at + n].view(shape))
+        setattr(sub, attr, p)
+        out.append(p)
+        at += n
+    if at != flat.numel():
+        raise ValueError(f"buffer holds {flat.numel()} elements, parameters {indices} {at}")
+    return out
 
 
 def tp_slice(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.Tensor:

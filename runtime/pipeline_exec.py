@@ -8,6 +8,7 @@ batch_isend_irecv, which keeps the schedule deadlock-free even when a send waits
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,10 @@ def _p2p(ops: list[tuple]) -> None:
             work.wait()
 
 
-def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_scale: float) -> torch.Tensor:
-    """Forward and backward every micro-batch; gradients accumulate in the module's .grad.
+def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_scale: float,
+             before_last_backward: Callable[[], None] | None = None) -> torch.Tensor:
+    """Forward and backward every micro-batch; gradients accumulate in the module's .grad (or wherever its
+    post-accumulate-grad hooks put them, runtime/grads.py; `before_last_backward` announces the last one).
     Each micro-batch's summed token loss is multiplied by `loss_scale` (1 / tokens of the global batch)
     before backward. Returns the scaled loss summed over micro-batches (0 except on the last stage)."""
     V = len(mbs)
@@ -60,6 +63,8 @@ def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_
         return None if module.last else y.detach()
 
     def backward(i: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        if i == V - 1 and before_last_backward is not None:
+            before_last_backward()
         torch.autograd.backward(outputs[i], grad_tensors=grad)
         dx = None if module.first else inputs[i].grad
         inputs[i] = outputs[i] = None

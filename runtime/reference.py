@@ -36,6 +36,23 @@ class Reference:
         with torch.no_grad():
             for p, m in zip(self.model.ordered_params(), self.master):
                 p.copy_(m)
+        loss = self._backward(plan)
+        for p, m in zip(self.model.ordered_params(), self.master):
+            m.grad = p.grad.to(m.dtype)
+        self.optimizer.step()
+        return loss
+
+    def gradient(self, plan: Plan, weights: torch.Tensor) -> torch.Tensor:
+        """The global batch's gradient at these weights (flat, canonical order), without a step: what
+        `--verify` compares a bf16/fp32 run's summed gradient with, from an fp64 reference."""
+        params = self.model.ordered_params()
+        with torch.no_grad():
+            for p, w in zip(params, weights.split([p.numel() for p in params])):
+                p.copy_(w.view_as(p))
+        self._backward(plan)
+        return torch.cat([p.grad.reshape(-1) for p in params])
+
+    def _backward(self, plan: Plan) -> float:
         self.model.zero_grad(set_to_none=True)
         scale = 1.0 / self.data.labeled_tokens(plan)
         loss = 0.0
@@ -44,9 +61,6 @@ class Reference:
                 mb_loss = self.model(None, mb) * scale
                 mb_loss.backward()
                 loss += float(mb_loss.detach())
-        for p, m in zip(self.model.ordered_params(), self.master):
-            m.grad = p.grad.to(m.dtype)
-        self.optimizer.step()
         return loss
 
     def flat_weights(self) -> torch.Tensor:

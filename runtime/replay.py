@@ -1,5 +1,5 @@
 """One rank's side of a training iteration replayed from a plan: pull, 1F1B or Seq1F1B (on its CP share of
-the tokens), push, AdamW step."""
+the tokens), push, AdamW step -- with pull and push per layer group overlapping the compute (runtime/lnk.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import torch.distributed as dist
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.grads import GradBuffer
 from hydraplan.runtime.groups import GroupCache
-from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, param_specs
+from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, bind_params, group_entries, param_groups, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
 from hydraplan.runtime.plans import RankRole, rank_roles, strategy_key
@@ -33,31 +34,58 @@ class Setup:
 
 @dataclass(frozen=True)
 class StepStats:
-    """Global token-mean loss and this rank's wall time per phase of one iteration."""
+    """One iteration's global token-mean loss and its phases (wall seconds, the max over the ranks that run
+    a stage; idle ranks only serve as owners and would report their idle waiting as exposed).
+
+    pull_s / push_s: time that direction had an exchange in flight (LinkClock.busy_s);
+    propagate_s: forward and backward of all micro-batches, including waits for pulls inside it;
+    step_s: the AdamW step on the owner shard; exposed_s: time the compute thread was blocked on a pull or
+    push exchange after every rank had posted it (communication not hidden); peer_wait_s: time it was blocked
+    before that (a slower pipeline or stage: imbalance, not communication); pack_s: its packing/unpacking
+    copies; iteration_s: the whole step. hidden_s = pull_s + push_s - exposed_s - peer_wait_s is the
+    in-flight time the rank did not wait for."""
 
     loss: float
     pull_s: float
     propagate_s: float
     push_s: float
+    step_s: float = 0.0
+    exposed_s: float = 0.0
+    peer_wait_s: float = 0.0
+    pack_s: float = 0.0
+    iteration_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.pull_s + self.propagate_s + self.push_s
+        return self.iteration_s
+
+    @property
+    def hidden_s(self) -> float:
+        return max(0.0, self.pull_s + self.push_s - self.exposed_s - self.peer_wait_s)
 
 
 class Replayer:
-    """Keeps this rank's optimizer shard for the whole run; rebuilds its stage module every iteration
-    (cheap next to the pull that fills it), so no strategy's parameters linger in memory."""
+    """Keeps this rank's optimizer shard for the whole run; rebuilds its stage module every iteration as
+    views of the buffer pull fills (runtime/lnk.py PullStream), so no strategy's parameters linger in memory.
+    Pull and push run on two process groups of their own, so their exchanges queue apart from each other and
+    from the pipelines' traffic. `overlap=False` pulls everything before and pushes everything after the
+    propagation (the baseline the overlap is measured against)."""
 
     def __init__(self, cfg: ModelConfig, data: TokenData, dtype: torch.dtype, seed: int, lr: float, device: torch.device,
-                 timeout: timedelta):
-        self.cfg, self.data, self.dtype, self.device = cfg, data, dtype, device
+                 timeout: timedelta, overlap: bool = True, keep_grad: bool = False):
+        self.cfg, self.data, self.dtype, self.device, self.overlap = cfg, data, dtype, device, overlap
+        self.keep_grad = keep_grad  # keep the last summed owner-shard gradient for gather_grads (--verify)
+        self.last_grad: torch.Tensor | None = None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         specs = param_specs(cfg)
         self.numels = np.array([s.numel for s in specs], dtype=np.int64)
         self.sharded = np.array([s.sharded for s in specs], dtype=bool)
+        self.groups_of = param_groups(cfg)
         self.master = ShardedMaster(cfg, self.rank, self.world, master_dtype(dtype), seed, lr, device)
         self.groups = GroupCache(timeout)
+        ranks = list(range(self.world))
+        self.pull_pg = dist.new_group(ranks, timeout=timeout)
+        self.push_pg = dist.new_group(ranks, timeout=timeout)
         self._setups: dict[tuple, Setup] = {}
 
     def setup(self, plan: Plan) -> Setup:
@@ -66,32 +94,70 @@ class Replayer:
         if key not in self._setups:
             roles = rank_roles(plan, self.world)
             link_roles = [r.link_role(self.cfg) if r else None for r in roles]
-            self._setups[key] = Setup(roles[self.rank], lnk.plan_link(self.numels, self.sharded, link_roles, self.rank))
+            self._setups[key] = Setup(roles[self.rank], lnk.plan_link(self.numels, self.sharded, link_roles, self.rank,
+                                                                      self.groups_of))
         return self._setups[key]
 
     def step(self, plan: Plan) -> StepStats:
         """One training iteration (collective over all ranks, idle ones included)."""
         s = self.setup(plan)
+        clock = lnk.LinkClock()
+        mdt = self.master.weights.dtype
         t0 = time.perf_counter()
-        flat = lnk.pull(s.link, self.master.weights.detach(), self.dtype)
-        t1 = time.perf_counter()
-        grads, loss = flat.new_empty(0), torch.zeros((), dtype=torch.float64)
-        if s.role is not None:
-            grads, loss = self._propagate(plan, s.role, flat)
+        pull = lnk.PullStream(s.link, self.master.weights.detach(), self.dtype, self.pull_pg, self.overlap, clock)
+        loss = torch.zeros((), dtype=torch.float64)
+        if s.role is None:
+            pull.start()
+            pull.finish()
+            t1 = time.perf_counter()
+            push = lnk.PushStream(s.link, self.master.weights.new_empty(0), mdt, self.push_pg, self.overlap, clock)
+        else:
+            t1, push, loss = self._propagate(plan, s, pull, clock)
         t2 = time.perf_counter()
-        self.master.step(lnk.push(s.link, grads, self.master.weights.dtype))
+        grad = push.finish()
         t3 = time.perf_counter()
+        if self.keep_grad:
+            self.last_grad = grad
+        self.master.step(grad)
+        t4 = time.perf_counter()
+        groups = len(s.link.pull_groups)
+        keys = [(k, g) for k in ("pull", "push") for g in range(groups)]
+        last_post = torch.tensor([clock.posts[key] for key in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(last_post, op=dist.ReduceOp.MAX)
+        exposed, peer = clock.split_waits(dict(zip(keys, last_post.tolist())))
+        phases = [clock.busy_s("pull"), t2 - t1, clock.busy_s("push"), t4 - t3, exposed, peer, clock.pack_s, t4 - t0]
+        stats = torch.tensor(phases if s.role is not None else [0.0] * len(phases), dtype=torch.float64, device=self.device)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         loss = loss.to(self.device)
         dist.all_reduce(loss)
-        return StepStats(float(loss), t1 - t0, t2 - t1, t3 - t2)
+        return StepStats(float(loss), *stats.tolist())
 
-    def _propagate(self, plan: Plan, role: RankRole, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _propagate(self, plan: Plan, s: Setup, pull: lnk.PullStream,
+                   clock: lnk.LinkClock) -> tuple[float, lnk.PushStream, torch.Tensor]:
+        """Pull (overlapped with the forward of the layers before), run the stage, push per layer group as the
+        last backward finishes it. Returns the propagation start time, the push stream and the loss."""
+        role = s.role
         tp = TPGroup(self.groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
-        module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device=self.device)
-        params = module.ordered_params()
-        with torch.no_grad():
-            for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-                p.copy_(chunk.view_as(p))
+        module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device="meta")
+        local = module.param_indices
+        grads = GradBuffer([p.numel() for p in module.ordered_params()], [self.groups_of[i] for i in local],
+                           self.master.weights.dtype, self.device)
+        by_group: dict[int, list[int]] = {}
+        for k, i in enumerate(local):
+            by_group.setdefault(self.groups_of[i], []).append(k)
+
+        def arrived(g: int, buf: torch.Tensor) -> None:
+            ks = by_group.get(g, [])
+            for k, p in zip(ks, bind_params(module, [local[k] for k in ks], buf)):
+                grads.attach(k, p)
+
+        pull.on_arrival = arrived
+        for g, sub in group_entries(module):
+            sub.register_forward_pre_hook(lambda *_, g=g: pull.wait(g))
+        pull.start()
+        t1 = time.perf_counter()
+        push = lnk.PushStream(s.link, grads.flat, self.master.weights.dtype, self.push_pg, self.overlap, clock)
+        grads.on_ready = push.ready
         mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.device)
         cp = None
         if role.cp > 1:
@@ -103,18 +169,26 @@ class Replayer:
         if splits is None:
             if cp is not None:
                 mbs = [cp.split(m, mb, [0, mb.num_tokens])[0] for m, mb in enumerate(mbs)]
-            loss = run_1f1b(module, mbs, comm, scale)
+            loss = run_1f1b(module, mbs, comm, scale, grads.last_backward)
         else:
-            loss = run_seq1f1b(module, mbs, splits, comm, scale, cp)[0]
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        return grads, loss if role.tp_rank == 0 else torch.zeros_like(loss)
+            loss = run_seq1f1b(module, mbs, splits, comm, scale, cp, grads.last_backward)[0]
+        pull.finish()
+        grads.remove()
+        return t1, push, loss if role.tp_rank == 0 else torch.zeros_like(loss)
 
     def gather_weights(self) -> torch.Tensor | None:
         """All master weights in canonical order on rank 0 (None elsewhere). Collective."""
+        return self._gather(self.master.weights.detach())
+
+    def gather_grads(self) -> torch.Tensor | None:
+        """The last iteration's summed gradient in canonical order on rank 0 (needs keep_grad). Collective."""
+        return self._gather(self.last_grad)
+
+    def _gather(self, shard: torch.Tensor) -> torch.Tensor | None:
         lo, hi = lnk.owner_ranges(self.numels, self.world)
         sizes = (hi - lo).sum(axis=1)
-        buf = self.master.weights.detach().new_zeros(int(sizes.max()))
-        buf[: int(sizes[self.rank])] = self.master.weights.detach()
+        buf = shard.new_zeros(int(sizes.max()))
+        buf[: int(sizes[self.rank])] = shard
         parts = [torch.empty_like(buf) for _ in range(self.world)] if self.rank == 0 else None
         dist.gather(buf, parts, dst=0)
         if parts is None:

@@ -316,18 +316,21 @@ def p2p_batches(actions: Sequence[Action], stage: int, pp: int, K: int,
 
 
 def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequence[Sequence[int]], comm: StageComm,
-                loss_scale: float, cp: CPShards | None = None) -> tuple[torch.Tensor, Seq1F1BStage]:
+                loss_scale: float, cp: CPShards | None = None,
+                before_last_backward: Callable[[], None] | None = None) -> tuple[torch.Tensor, Seq1F1BStage]:
     """Run this stage's Seq1F1B action list over the micro-batches; gradients accumulate in the module's
     .grad. Returns the scaled loss summed over splits (0 except on the last stage) and the stage state.
 
     Every rank derives the action list and each split's size from the plan, so receive buffers need no
     shape handshake and empty splits are skipped by all stages alike; messages go in `p2p_batches`.
+    `before_last_backward` is called right before the stage's last backward action (runtime/grads.py).
     """
     K = len(splits[0]) - 1
     stage = Seq1F1BStage(module, mbs, splits, loss_scale, cp)
     actions = schedule_seq1f1b(comm.pp, len(mbs), K).stages[comm.stage]
     batches = p2p_batches(actions, comm.stage, comm.pp, K, stage.tokens)
     rank = {comm.stage - 1: comm.prev, comm.stage + 1: comm.next}
+    last_b = max((i for i, a in enumerate(actions) if a.op == "B"), default=-1)
     result: torch.Tensor | None = None
     for i, batch in enumerate(batches):
         ops, received = [], None
@@ -343,5 +346,7 @@ def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequenc
                 work.wait()
         if i < len(actions):
             a = actions[i]
+            if i == last_b and before_last_backward is not None:
+                before_last_backward()
             result = (stage.forward if a.op == "F" else stage.backward)(a.mb, a.split, received)
     return stage.loss, stage

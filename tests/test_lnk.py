@@ -130,6 +130,58 @@ def test_push_sums_every_pipelines_gradient_once_at_the_owner(world, tps, seed, 
         np.testing.assert_allclose(got[r], want, rtol=0, atol=1e-12)
 
 
+def run_groups(plans: list[lnk.LinkPlan], which: str, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the compiled per-group exchanges (pack, an in-memory all_to_all_single, unpack) on every rank."""
+    world = len(plans)
+    outs = [torch.zeros((pl.local if which == "pull" else pl.owned).total, dtype=torch.float64) for pl in plans]
+    for g in range(len(plans[0].group_params)):
+        ges = [getattr(pl, f"{which}_groups")[g] for pl in plans]
+        sends = [ge.pack(src[ge.src[0]:ge.src[1]], src.new_empty(ge.pack.total)).split(ge.send_splits)
+                 for ge, src in zip(ges, sources)]
+        for dst, ge in enumerate(ges):
+            got = [sends[src][dst] for src in range(world)]
+            assert [len(x) for x in got] == ge.recv_splits, "sender and receiver disagree on sizes"
+            recv = torch.cat([*got, torch.zeros(ge.zero_tail, dtype=torch.float64)])
+            out = outs[dst][ge.dst[0]:ge.dst[1]]
+            for r in ge.rounds:
+                out += r(recv, torch.empty_like(out))
+    return outs
+
+
+@pytest.mark.parametrize("cps", [(1,), (1, 2, 3)])
+@pytest.mark.parametrize("world,tps,seed", CASES[::3])
+def test_compiled_group_exchanges_pull_slices_and_push_sums(world, tps, seed, cps):
+    """Per layer group, one coalesced buffer per peer: the same result as slicing (pull) and as summing every
+    replica's gradient at the owner (push), for random group cuts."""
+    rng = np.random.default_rng(seed * 100 + world + 3)
+    numels, sharded = make_params(rng, 7, math.lcm(*tps))
+    groups = np.sort(rng.integers(0, 4, len(numels)))
+    full = [rng.standard_normal(n) for n in numels]
+    roles, pipelines = random_strategy(rng, world, len(numels), tps, cps)
+    plans = [plan_link(numels, sharded, roles, r, groups) for r in range(world)]
+    got = run_groups(plans, "pull", [torch.from_numpy(x) for x in owner_shards(full, world)])
+    for r in range(world):
+        np.testing.assert_array_equal(got[r].numpy(), expected_local(full, sharded, roles[r]))
+    local = [np.zeros(0)] * world
+    total = [np.zeros(n) for n in numels]
+    for stages in pipelines:
+        for c in range(len(stages[0])):
+            g = [rng.standard_normal(n) for n in numels]
+            total = [a + b for a, b in zip(total, g)]
+            for replicas in stages:
+                for r in replicas[c]:
+                    local[r] = expected_local(g, sharded, roles[r])
+    got = run_groups(plans, "push", [torch.from_numpy(x) for x in local])
+    for r, want in enumerate(owner_shards(total, world)):
+        np.testing.assert_allclose(got[r].numpy(), want, rtol=0, atol=1e-12)
+
+
+def test_gather_copies_overlapping_ranges_in_order_with_gaps():
+    src = torch.arange(10.0)
+    g = lnk.Gather.of(np.array([6, 2, 3, 0]), np.array([3, 4, 0, 1]), 10)
+    assert g(src, torch.empty(g.total)).tolist() == [6, 7, 8, 2, 3, 4, 5, 0]
+
+
 @pytest.mark.parametrize("world,tps", [(2, [1, 2]), (4, [1, 2, 4]), (8, [2, 4]), (6, [1, 2])])
 def test_pieces_are_runs_of_mutual_slices_of_granularity_lcm(world, tps):
     """Hydraulis §5.2: mutual slices cut every tensor into LCM(N, TPmax) even segments; no piece may
@@ -188,9 +240,9 @@ def _worker(rank: int, world: int, port: int) -> None:
         full = [torch.from_numpy(rng.standard_normal(n)) for n in numels]
         shard = torch.cat([f[rank * len(f) // world:(rank + 1) * len(f) // world] for f in full])
 
-        def pull_then_push(roles: list[Role]) -> None:
+        def pull_then_push(roles: list[Role], groups=(0, 1, 1, 2)) -> None:
             """Pull equals slicing; ranks 0-1 push ones and ranks 2-3 twos: owners must see 3 everywhere."""
-            pl = plan_link(numels, sharded, roles, rank)
+            pl = plan_link(numels, sharded, roles, rank, groups)
             got = lnk.pull(pl, shard, torch.float64)
             want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
             torch.testing.assert_close(got, want, rtol=0, atol=0)
