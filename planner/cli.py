@@ -120,6 +120,9 @@ def pack(
         "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, DESIGN.md) or propagation (the paper's objective)"),
+    cad: bool = typer.Option(
+        False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
+        "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -135,7 +138,7 @@ def pack(
     opts = PackOptions(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
-                       cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective)  # type: ignore[arg-type]
+                       cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective, cad=cad)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames

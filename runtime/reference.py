@@ -40,11 +40,13 @@ class Reference:
         self.model.zero_grad(set_to_none=True)
         scale = 1.0 / self.data.labeled_tokens(plan)
         loss = 0.0
-        for pipeline in plan.pipelines:
-            for seqs in micro_batch_seqs(plan, pipeline):
-                mb_loss = self.model(None, self.data.pack(seqs, self.device)) * scale
-                mb_loss.backward()
-                loss += float(mb_loss.detach())
+        # a CAD plan splits documents over replicas; the reference trains each document whole, once
+        groups = [[s] for s in plan.batch] if plan.cad is not None else [
+            seqs for pipeline in plan.pipelines for seqs in micro_batch_seqs(plan, pipeline)]
+        for seqs in groups:
+            mb_loss = self.model(None, self.data.pack(seqs, self.device)) * scale
+            mb_loss.backward()
+            loss += float(mb_loss.detach())
         for p, m in zip(self.model.ordered_params(), self.master):
             m.grad = p.grad.to(m.dtype)
         self.optimizer.step()

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.cad import step_micro_batches
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.groups import GroupCache
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, param_specs
@@ -59,6 +60,7 @@ class Replayer:
         self.master = ShardedMaster(cfg, self.rank, self.world, master_dtype(dtype), seed, lr, device)
         self.groups = GroupCache(timeout)
         self._setups: dict[tuple, Setup] = {}
+        self.cad_attention_s: list[float] = []  # this rank's attention seconds per layer call of the last CAD step
 
     def setup(self, plan: Plan) -> Setup:
         self.groups.ensure(plan)
@@ -92,6 +94,14 @@ class Replayer:
         with torch.no_grad():
             for p, chunk in zip(params, flat.split([p.numel() for p in params])):
                 p.copy_(chunk.view_as(p))
+        if plan.cad is not None:  # core-attention disaggregation: pp = 1 replicas exchange attention tasks
+            group = self.groups.get(tuple(sorted(p.ranks[role.tp_rank] for p in plan.pipelines)))
+            mbs = step_micro_batches(self.data, plan, role.pipeline, role.tp_rank, group, self.device)
+            comm = StageComm(role.stage, role.pp, role.prev, role.next, self.cfg.hidden, self.dtype, self.device)
+            loss = run_1f1b(module, mbs, comm, 1.0 / self.data.labeled_tokens(plan))
+            self.cad_attention_s = [s for mb in mbs for s in mb.cp.attention_s]
+            grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            return grads, loss if role.tp_rank == 0 else torch.zeros_like(loss)
         mbs = [self.data.pack(seqs, self.device) for seqs in micro_batch_seqs(plan, plan.pipelines[role.pipeline])]
         cp = None
         if role.cp > 1:
