@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -106,16 +106,35 @@ def prefix_tokens(pieces: Sequence[tuple[int, int, int, int]], doc: int, end: in
     return out
 
 
+def pair_comm(cm: CommModel, tokens: np.ndarray, x: int) -> np.ndarray:
+    """Per rank, seconds spent moving 2 * tokens[h] rows of q bytes each way between every rank h and
+    executor x (one direction's bytes: links are full duplex and both directions carry the same);
+    x itself pays the sum (it talks to every h)."""
+    sec = cm.seconds(2.0 * tokens * cm.token_bytes / cm.bw[:, x])
+    sec[x] = 0.0
+    sec[x] = sec.sum()
+    return sec
+
+
+def q_comm(cm: CommModel, n: int, home: int, x: int) -> np.ndarray:
+    """Per rank, seconds of a task's queries and outputs: home -> x carries Q (fwd) and dO (bwd), x -> home
+    O (fwd) and dQ (bwd): 2 rows each way per query."""
+    tokens = np.zeros(cm.bw.shape[0])
+    tokens[home] = n
+    return pair_comm(cm, tokens, x)
+
+
+def kv_comm(cm: CommModel, kv: np.ndarray, x: int) -> np.ndarray:
+    """Per rank, seconds of the K and V rows executor x reads (forward) and their gradients it returns
+    (backward): kv[h] tokens from h, 2 rows each way."""
+    return pair_comm(cm, kv, x)
+
+
 def task_comm(cm: CommModel, kv: np.ndarray, n: int, home: int) -> np.ndarray:
-    """C[x, r]: seconds rank r spends communicating when the task (kv: its prefix tokens per rank, n queries,
-    queries on `home`) runs on executor x."""
+    """C[x, r]: seconds rank r communicates for one task alone on executor x (its queries and its whole
+    prefix's K/V). Executors de-duplicate K/V of one document (`StepProblem.loads`); this is one task's share."""
     d = kv.size
-    w = 2.0 * kv * cm.token_bytes
-    w[home] += 2.0 * n * cm.token_bytes
-    sec = cm.seconds(w[:, None] / cm.bw)  # [h, x]: seconds of pair (h, x), 0 on the diagonal
-    out = sec.T.copy()  # out[x, r] = sec[r, x] for r != x (r is a source)
-    out[np.arange(d), np.arange(d)] = sec.sum(axis=0)  # the executor talks to every source
-    return out
+    return np.stack([q_comm(cm, n, home, x) + kv_comm(cm, kv, x) for x in range(d)])
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -161,15 +180,17 @@ def initial_tasks(pieces: Sequence[tuple[int, int, int, int]], chunk: int) -> li
 # -------------------------------------------------------------------------------------- assignment
 @dataclass
 class StepProblem:
-    """One step's assignment problem: tasks with their costs and communication matrices."""
+    """One step's assignment problem. Communication of an assignment: every task's queries/outputs between
+    its home and executor, plus, per (document, executor), the K/V of the document's prefix up to the
+    furthest task end on that executor, read once (an executor keeps a document's keys for all its tasks)."""
 
     scheme: Scheme
     cm: CommModel
     pieces: list[tuple[int, int, int, int]]
     linear: np.ndarray  # per rank b*tokens + c
-    tasks: list[tuple[int, int, int, int]]
-    cost: list[float]
-    comm: list[np.ndarray]  # per task, C[x, r]
+    tasks: list[tuple[int, int, int, int]] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    _kv: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)
 
     @property
     def d(self) -> int:
@@ -178,14 +199,31 @@ class StepProblem:
     def add(self, doc: int, s: int, e: int, home: int) -> None:
         self.tasks.append((doc, s, e, home))
         self.cost.append(float(task_cost(self.scheme, s, e)))
-        self.comm.append(task_comm(self.cm, prefix_tokens(self.pieces, doc, e, self.d), e - s, home))
+
+    def kv(self, doc: int, end: int, x: int) -> np.ndarray:
+        """kv_comm of doc's prefix [0, end) on executor x (0 for end = 0), cached."""
+        key = (doc, end, x)
+        if key not in self._kv:
+            self._kv[key] = (kv_comm(self.cm, prefix_tokens(self.pieces, doc, end, self.d), x) if end > 0
+                             else np.zeros(self.d))
+        return self._kv[key]
+
+    def q(self, t: int, x: int) -> np.ndarray:
+        _, s, e, home = self.tasks[t]
+        return q_comm(self.cm, e - s, home, x)
 
     def loads(self, rank: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         compute = self.linear.copy()
         comm = np.zeros(self.d)
+        reach: dict[tuple[int, int], int] = {}
         for t, x in enumerate(rank):
+            doc, s, e, home = self.tasks[t]
             compute[x] += self.cost[t]
-            comm += self.comm[t][x]
+            if x != home:
+                comm += self.q(t, x)
+            reach[(doc, x)] = max(reach.get((doc, x), 0), e)
+        for (doc, x), e in reach.items():
+            comm += self.kv(doc, e, x)
         return compute, comm
 
 
@@ -198,7 +236,7 @@ def step_problem(scheme: Scheme, cm: CommModel, lengths: np.ndarray, docs: Seque
     linear = scheme.time.b * tokens + scheme.time.c
     per_rank = int(tokens.max()) if tokens.size else 1
     chunk = chunk or max(MIN_CHUNK, -(-per_rank // 2))
-    p = StepProblem(scheme, cm, pieces, linear, [], [], [])
+    p = StepProblem(scheme, cm, pieces, linear)
     for t in initial_tasks(pieces, chunk):
         p.add(*t)
     return p
@@ -209,50 +247,74 @@ def step_time(compute: np.ndarray, comm: np.ndarray) -> float:
 
 
 def greedy(p: StepProblem, budget_s: float) -> list[int]:
-    """Communication-aware greedy (DistCA §4 spirit): move attention from the slowest rank to the fastest,
-    best FLOPs per communicated second first, cutting the task at the exact point that closes half the gap.
-    A move is kept only if it lowers max(slow, fast) and keeps both ranks' comm within the budget."""
+    """Communication-aware greedy (DistCA's idea): move attention from the slowest rank to the least loaded,
+    the task with the most attention per communicated second first, cutting it at the exact query position
+    that closes half the gap. A move is kept only if it lowers the larger of the two ranks' max(compute,
+    comm) and keeps their comm within the budget (or no worse than before)."""
     rank = [t[3] for t in p.tasks]
     compute, comm = p.loads(rank)
+    reach: dict[tuple[int, int], list[int]] = {}
+    for t, x in enumerate(rank):
+        reach.setdefault((p.tasks[t][0], x), []).append(p.tasks[t][2])
+
+    def far(doc: int, x: int, drop: int | None = None, add: int | None = None) -> int:
+        ends = list(reach.get((doc, x), []))
+        if drop is not None:
+            ends.remove(drop)
+        if add is not None:
+            ends.append(add)
+        return max(ends, default=0)
+
+    def move_comm(t: int, hi: int, lo: int, cut: int | None) -> np.ndarray:
+        """comm after task t (or its tail [cut, e)) moves from hi to lo."""
+        doc, s, e, home = p.tasks[t]
+        new = comm.copy()
+        if hi != home:
+            new -= p.q(t, hi)
+        tail_start = s if cut is None else cut
+        if cut is not None and hi != home:
+            new += q_comm(p.cm, cut - s, home, hi)
+        if lo != home:
+            new += q_comm(p.cm, e - tail_start, home, lo)
+        hi_after = far(doc, hi, drop=e, add=cut)
+        new += p.kv(doc, hi_after, hi) - p.kv(doc, far(doc, hi), hi)
+        new += p.kv(doc, max(far(doc, lo), e), lo) - p.kv(doc, far(doc, lo), lo)
+        return new
+
     for _ in range(GREEDY_MAX_MOVES):
         total = np.maximum(compute, comm)
         hi, lo = int(np.argmax(total)), int(np.argmin(compute))
         gap = (compute[hi] - compute[lo]) / 2
         if hi == lo or gap <= 0 or compute[hi] < comm[hi]:
             break
+        mine = [t for t, x in enumerate(rank) if x == hi and p.cost[t] > 0]
+        gain = {t: min(p.cost[t], gap) / max(float(move_comm(t, hi, lo, None)[[hi, lo]].sum()), 1e-30) for t in mine}
         moved = False
-        for t in sorted((t for t, x in enumerate(rank) if x == hi and p.cost[t] > 0),
-                        key=lambda t: -p.cost[t] / max(float((p.comm[t][lo] - p.comm[t][hi])[[hi, lo]].sum()), 1e-30)):
+        for t in sorted(mine, key=lambda t: -gain[t]):
             doc, s, e, home = p.tasks[t]
-            if p.cost[t] > gap:  # cut the tail [x, e) worth `gap` seconds
-                x = math.sqrt(max(e * e - gap / p.scheme.time.a, s * s)) if p.scheme.time.a > 0 else e
-                x = int(math.ceil(x / CUT_ALIGN) * CUT_ALIGN)
-                if not s < x < e:
+            cut = None
+            if p.cost[t] > gap:  # move only the tail [cut, e) worth `gap` seconds
+                x = math.sqrt(max(e * e - gap / p.scheme.time.a, s * s))
+                cut = int(math.ceil(x / CUT_ALIGN) * CUT_ALIGN)
+                if not s < cut < e:
                     continue
-                head_cost = float(task_cost(p.scheme, s, x))
-                tail = StepProblem(p.scheme, p.cm, p.pieces, p.linear, [], [], [])
-                tail.add(doc, x, e, home)
-                head = StepProblem(p.scheme, p.cm, p.pieces, p.linear, [], [], [])
-                head.add(doc, s, x, home)
-                new_comp = compute.copy()
-                new_comp[hi] -= tail.cost[0]
-                new_comp[lo] += tail.cost[0]
-                new_comm = comm - p.comm[t][hi] + head.comm[0][hi] + tail.comm[0][lo]
-                if not _better(compute, comm, new_comp, new_comm, hi, lo, budget_s):
-                    continue
-                p.tasks[t], p.cost[t], p.comm[t] = head.tasks[0], head_cost, head.comm[0]
-                p.tasks.append(tail.tasks[0])
-                p.cost.append(tail.cost[0])
-                p.comm.append(tail.comm[0])
-                rank.append(lo)
-            else:
-                new_comp = compute.copy()
-                new_comp[hi] -= p.cost[t]
-                new_comp[lo] += p.cost[t]
-                new_comm = comm - p.comm[t][hi] + p.comm[t][lo]
-                if not _better(compute, comm, new_comp, new_comm, hi, lo, budget_s):
-                    continue
+            part = p.cost[t] if cut is None else float(task_cost(p.scheme, cut, e))
+            new_comp = compute.copy()
+            new_comp[hi] -= part
+            new_comp[lo] += part
+            new_comm = move_comm(t, hi, lo, cut)
+            if not _better(compute, comm, new_comp, new_comm, hi, lo, budget_s):
+                continue
+            reach[(doc, hi)].remove(e)
+            reach.setdefault((doc, lo), []).append(e)
+            if cut is None:
                 rank[t] = lo
+            else:
+                reach[(doc, hi)].append(cut)
+                p.tasks[t] = (doc, s, cut, home)
+                p.cost[t] = float(task_cost(p.scheme, s, cut))
+                p.add(doc, cut, e, home)
+                rank.append(lo)
             compute, comm = new_comp, new_comm
             moved = True
             break
@@ -272,55 +334,95 @@ def _better(comp: np.ndarray, comm: np.ndarray, new_comp: np.ndarray, new_comm: 
 
 def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: float = MILP_TIME_S
          ) -> tuple[list[int], bool] | None:
-    """Exact re-assignment of the fixed tasks (HiGHS MILP): min z s.t. every task on one rank, every rank's
-    compute and comm <= z, comm <= budget (unless the start already exceeds it). None if too large.
-    Returns (ranks, proven optimal)."""
+    """Exact re-assignment of the fixed tasks (HiGHS MILP), None if too large. Returns (ranks, proven optimal).
+
+    x[t, r] = 1 if task t runs on r; z the step time. Rows: every task on one rank; every rank's compute
+    <= z, comm <= z and comm <= cap (cap: the budget, or the start's comm if that is larger). K/V reads are
+    de-duplicated exactly: the tasks of document D sorted by end e_1 <= ... <= e_K; w[D, x, k] >= x[t_j, x]
+    for j >= k (0 <= w <= 1) flags that x reads D's prefix up to e_k, costing kv(e_k) - kv(e_{k-1}), which is
+    nonnegative, so at the optimum w is the max of those x and the cost telescopes to kv(max end on x)."""
     import highspy
 
     T, d = len(p.tasks), p.d
-    if T * d > MILP_MAX_VARS:
+    docs: dict[int, list[int]] = {}
+    for t, (doc, _, e, _) in enumerate(p.tasks):
+        docs.setdefault(doc, []).append(t)
+    for ts in docs.values():
+        ts.sort(key=lambda t: p.tasks[t][2])
+    nw = T * d
+    if T * d + nw > MILP_MAX_VARS:
         return None
-    _, start_comm = p.loads(start)
+    start_comp, start_comm = p.loads(start)
     cap = max(budget_s, float(start_comm.max()))
+    scale = 1.0 / max(step_time(start_comp, start_comm), 1e-30)  # seconds -> O(1)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("threads", 1)
     inf = highspy.kHighsInf
-    scale = 1.0 / max(float(np.maximum(*p.loads(start)).max()), 1e-30)  # seconds -> O(1)
-    nv = T * d + 1
-    cost = np.zeros(nv)
-    cost[-1] = 1.0
-    lower = np.zeros(nv)
-    upper = np.ones(nv)
-    upper[-1] = inf
+    nx, nv = T * d, T * d + nw + 1
+    zi = nv - 1
+    lower, upper = np.zeros(nv), np.ones(nv)
+    upper[zi] = inf
     h.addVars(nv, lower, upper)
+    cost = np.zeros(nv)
+    cost[zi] = 1.0
     h.changeColsCost(nv, np.arange(nv, dtype=np.int32), cost)
-    h.changeColsIntegrality(T * d, np.arange(T * d, dtype=np.int32),
-                            np.full(T * d, highspy.HighsVarType.kInteger))
+    h.changeColsIntegrality(nx, np.arange(nx, dtype=np.int32), np.full(nx, highspy.HighsVarType.kInteger))
+
+    def xi(t: int, r: int) -> int:
+        return t * d + r
+
+    # w index: slot k of document D's sorted tasks = the task id at that slot, so w[D, x, k] -> nx + t_k*d + x
+    def wi(t: int, r: int) -> int:
+        return nx + t * d + r
+
     for t in range(T):
-        idx = np.arange(t * d, (t + 1) * d, dtype=np.int32)
-        h.addRow(1.0, 1.0, d, idx, np.ones(d))
-    zi = np.int32(T * d)
-    C = np.stack(p.comm) * scale  # [t, x, r]
+        h.addRow(1.0, 1.0, d, np.array([xi(t, r) for r in range(d)], dtype=np.int32), np.ones(d))
+    for ts in docs.values():
+        for k, t in enumerate(ts):
+            for r in range(d):
+                h.addRow(0.0, inf, 2, np.array([wi(t, r), xi(t, r)], dtype=np.int32), np.array([1.0, -1.0]))
+                if k + 1 < len(ts):
+                    h.addRow(0.0, inf, 2, np.array([wi(t, r), wi(ts[k + 1], r)], dtype=np.int32), np.array([1.0, -1.0]))
+    comm_rows: list[dict[int, float]] = [dict() for _ in range(d)]
+    for t, (doc, s, e, home) in enumerate(p.tasks):
+        for x in range(d):
+            if x != home:
+                for r, v in enumerate(p.q(t, x)):
+                    if v:
+                        comm_rows[r][xi(t, x)] = comm_rows[r].get(xi(t, x), 0.0) + v * scale
+    for ts in docs.values():
+        prev_end = 0
+        for t in ts:
+            doc, _, e, _ = p.tasks[t]
+            for x in range(d):
+                inc = p.kv(doc, e, x) - p.kv(doc, prev_end, x)
+                for r, v in enumerate(inc):
+                    if v:
+                        comm_rows[r][wi(t, x)] = comm_rows[r].get(wi(t, x), 0.0) + v * scale
+            prev_end = e
     for r in range(d):
-        idx = np.array([t * d + r for t in range(T)] + [zi], dtype=np.int32)
-        val = np.array([c * scale for c in p.cost] + [-1.0])
-        h.addRow(-inf, -p.linear[r] * scale, idx.size, idx, val)
-        coef = C[:, :, r].ravel()
-        nz = np.flatnonzero(coef)
-        if nz.size:
-            idx = np.append(nz.astype(np.int32), zi)
-            h.addRow(-inf, 0.0, idx.size, idx, np.append(coef[nz], -1.0))
-            h.addRow(-inf, cap * scale, nz.size, nz.astype(np.int32), coef[nz])
+        idx = np.array([xi(t, r) for t in range(T)] + [zi], dtype=np.int32)
+        h.addRow(-inf, -p.linear[r] * scale, idx.size, idx, np.array([c * scale for c in p.cost] + [-1.0]))
+        if comm_rows[r]:
+            cols = np.array(list(comm_rows[r]), dtype=np.int32)
+            vals = np.array(list(comm_rows[r].values()))
+            h.addRow(-inf, 0.0, cols.size + 1, np.append(cols, np.int32(zi)), np.append(vals, -1.0))
+            h.addRow(-inf, cap * scale * (1 + 1e-9), cols.size, cols, vals)
     sol = np.zeros(nv)
-    sol[[t * d + x for t, x in enumerate(start)]] = 1.0
-    sol[-1] = step_time(*p.loads(start)) * scale
-    start_sol = highspy.HighsSolution()
-    start_sol.col_value = sol.tolist()
-    start_sol.value_valid = True
-    h.setSolution(start_sol)
+    for t, x in enumerate(start):
+        sol[xi(t, x)] = 1.0
+    for ts in docs.values():
+        for k, t in enumerate(ts):
+            for j in ts[k:]:
+                sol[wi(t, start[j])] = 1.0
+    sol[zi] = step_time(start_comp, start_comm) * scale
+    warm = highspy.HighsSolution()
+    warm.col_value = sol.tolist()
+    warm.value_valid = True
+    h.setSolution(warm)
     h.run()
     status = h.getModelStatus()
     if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
@@ -328,7 +430,7 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: fl
     vals = np.asarray(h.getSolution().col_value)
     if vals.size != nv:
         return None
-    ranks = vals[: T * d].reshape(T, d).argmax(axis=1).tolist()
+    ranks = vals[:nx].reshape(T, d).argmax(axis=1).tolist()
     return ranks, status == highspy.HighsModelStatus.kOptimal
 
 
@@ -481,11 +583,10 @@ def estimate(profile: Profile, section: CADSection, lengths_by_seq: dict[int, in
             q[t.seq] = q.get(t.seq, 0) + (t.end - t.start)
         if q != covered:
             problems.append(f"cad.steps.{v}: tasks do not cover the pieces' queries exactly once")
-        compute = scheme.time.b * tokens + scheme.time.c
-        comm = np.zeros(d)
+        prob = StepProblem(scheme, cm, pieces, scheme.time.b * tokens + scheme.time.c)
         for t in step.tasks:
-            compute[t.rank] += task_cost(scheme, t.start, t.end)
-            comm += task_comm(cm, prefix_tokens(pieces, t.seq, t.end, d), t.end - t.start, t.home)[t.rank]
+            prob.add(t.seq, t.start, t.end, t.home)
+        compute, comm = prob.loads([t.rank for t in step.tasks])
         times.append(step_time(compute, comm))
     return pipeline_estimate(times, scheme.pp), problems
 
@@ -510,3 +611,44 @@ def cad_plan(batch, result: CADResult, view: Profile, profile_name: str, gpus: i
         p.sync_s = e
     return Plan(iteration=batch.iteration, profile=profile_name, gpus=gpus, batch=seqs, strategy="cad",
                 pipelines=pipes, estimate=est, cad=sec)
+
+
+# ------------------------------------------------------------------------------------------ compare
+def as_iteration_plan(result: CADResult | None, lengths: np.ndarray, view: Profile):
+    """A CAD result as a baselines.IterationPlan: one pipeline per replica, one micro-batch per step (the
+    documents it holds pieces of), micro-batch times = the steps' times, latency = the CAD estimate."""
+    from hydraplan import baselines as bl
+
+    sec = result.section
+    scheme = view.scheme(sec.tp, sec.pp, sec.cp)
+    times = np.array([s.time_s for s in sec.steps])
+    pipes = []
+    for j in range(sec.replicas):
+        mbs = tuple(np.array(sorted({pc.seq for pc in s.pieces if pc.rank == j}), dtype=np.int64) for s in sec.steps)
+        pipes.append(bl.PipelineRun(scheme, mbs, times, result.estimate_s))
+    label = f"cad {scheme.label}x{sec.replicas}"
+    return bl.IterationPlan("cad", label, lengths, (bl.Phase(label, tuple(pipes), 0),))
+
+
+def run_cad(batches: Sequence[np.ndarray], profile: Profile, view: Profile, gpus: int) -> list:
+    """The best CAD plan of every batch, as baselines.IterationPlans (UserError if one cannot be planned)."""
+    from hydraplan.errors import UserError
+
+    out = []
+    for it, lengths in enumerate(batches):
+        r = best_cad(profile, view, gpus, lengths)
+        if r is None:
+            raise UserError(f"--methods cad: iteration {it}: no cp=1 scheme holds the batch within MaxLen")
+        out.append(as_iteration_plan(r, np.asarray(lengths), view))
+    return out
+
+
+def choose(score, hetero: Sequence, cad_plans: Sequence) -> list:
+    """Per iteration the plan with the lower score (baselines.objective_score; ties: the heterogeneous one)."""
+    from hydraplan import baselines as bl
+
+    out = []
+    for h, c in zip(hetero, cad_plans, strict=True):
+        won = c if score(c) < score(h) else h
+        out.append(bl.IterationPlan("hydraplan-cad", won.strategy, won.lengths, won.phases, won.overhead_s))
+    return out
