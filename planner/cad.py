@@ -56,7 +56,7 @@ from hydraplan.schema import (
 
 BF16 = 2
 MIN_CHUNK = 256  # tokens: the smallest query chunk the initial cut makes
-CUT_ALIGN = 64  # greedy cut points are multiples of this (FlashAttention tile), except at piece ends
+CUT_ALIGN = 64  # greedy cut points are multiples of this (FlashAttention tile) in tasks of 4 tiles or more
 MILP_MAX_VARS = 4000  # task x rank binaries up to which the exact refinement runs
 MILP_TIME_S = 1.0
 GREEDY_MAX_MOVES = 4096
@@ -293,11 +293,12 @@ def greedy(p: StepProblem, budget_s: float) -> list[int]:
         for t in sorted(mine, key=lambda t: -gain[t]):
             doc, s, e, home = p.tasks[t]
             cut = None
-            if p.cost[t] > gap:  # move only the tail [cut, e) worth `gap` seconds
+            if p.cost[t] > gap:  # move only the tail [cut, e) worth `gap` seconds (else the whole task)
+                align = CUT_ALIGN if e - s >= 4 * CUT_ALIGN else 1
                 x = math.sqrt(max(e * e - gap / p.scheme.time.a, s * s))
-                cut = int(math.ceil(x / CUT_ALIGN) * CUT_ALIGN)
+                cut = int(math.ceil(x / align) * align)
                 if not s < cut < e:
-                    continue
+                    cut = None
             part = p.cost[t] if cut is None else float(task_cost(p.scheme, cut, e))
             new_comp = compute.copy()
             new_comp[hi] -= part

@@ -60,7 +60,8 @@ class Replayer:
         self.master = ShardedMaster(cfg, self.rank, self.world, master_dtype(dtype), seed, lr, device)
         self.groups = GroupCache(timeout)
         self._setups: dict[tuple, Setup] = {}
-        self.cad_attention_s: list[float] = []  # this rank's attention seconds per layer call of the last CAD step
+        self.cad_attention_s: list[float] = []  # this rank's attention seconds per layer call of the last CAD plan
+        self.last_role_cad = False  # whether this rank ran the last CAD plan (idle ranks report nothing)
 
     def setup(self, plan: Plan) -> Setup:
         self.groups.ensure(plan)
@@ -78,6 +79,7 @@ class Replayer:
         flat = lnk.pull(s.link, self.master.weights.detach(), self.dtype)
         t1 = time.perf_counter()
         grads, loss = flat.new_empty(0), torch.zeros((), dtype=torch.float64)
+        self.last_role_cad = s.role is not None and plan.cad is not None
         if s.role is not None:
             grads, loss = self._propagate(plan, s.role, flat)
         t2 = time.perf_counter()
