@@ -213,7 +213,8 @@ def _check_cad(plan: Plan, profile: Profile, lengths: dict[int, int], file: str)
             if not close(pipe.estimate_s, expected):
                 out.append(Violation(file, "estimate", f"estimate_s {pipe.estimate_s!r}, the CAD estimate is {expected!r}", p))
         if not close(plan.estimate.propagation_s, expected):
-            out.append(Violation(file, "estimate", f"propagation_s {plan.estimate.propagation_s!r}, the CAD estimate is {expected!r}"))
+            out.append(Violation(file, "estimate",
+                                 f"propagation_s {plan.estimate.propagation_s!r}, the CAD estimate is {expected!r}"))
     return out
 
 
