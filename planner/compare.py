@@ -8,7 +8,8 @@ per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
 (c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
 (d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
 hydraplan-delay is (d) on the batches after hydraplan's outlier delay (hydraplan.delay), to set against wlb-llm
-as hydraplan against wlb-nodelay.
+as hydraplan against wlb-nodelay. cad is core-attention disaggregation (hydraplan.cad, DistCA-style) and
+hydraplan-cad takes, per iteration, whichever of hydraplan's plan and the CAD plan is faster end to end.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
 
