@@ -616,8 +616,9 @@ def cad_plan(batch, result: CADResult, view: Profile, profile_name: str, gpus: i
 
 # ------------------------------------------------------------------------------------------ compare
 def as_iteration_plan(result: CADResult | None, lengths: np.ndarray, view: Profile):
-    """A CAD result as a baselines.IterationPlan: one pipeline per replica, one micro-batch per step (the
-    documents it holds pieces of), micro-batch times = the steps' times, latency = the CAD estimate."""
+    """A CAD result as a baselines.IterationPlan: one pipeline per replica, one micro-batch per step (each
+    document listed once, on the replica holding its first token), micro-batch times = the steps' times,
+    latency = the CAD estimate."""
     from hydraplan import baselines as bl
 
     sec = result.section
@@ -625,7 +626,8 @@ def as_iteration_plan(result: CADResult | None, lengths: np.ndarray, view: Profi
     times = np.array([s.time_s for s in sec.steps])
     pipes = []
     for j in range(sec.replicas):
-        mbs = tuple(np.array(sorted({pc.seq for pc in s.pieces if pc.rank == j}), dtype=np.int64) for s in sec.steps)
+        mbs = tuple(np.array(sorted(pc.seq for pc in s.pieces if pc.rank == j and pc.start == 0), dtype=np.int64)
+                    for s in sec.steps)
         pipes.append(bl.PipelineRun(scheme, mbs, times, result.estimate_s))
     label = f"cad {scheme.label}x{sec.replicas}"
     return bl.IterationPlan("cad", label, lengths, (bl.Phase(label, tuple(pipes), 0),))

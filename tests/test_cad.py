@@ -132,6 +132,8 @@ def test_plan_cad_estimate_recomputes_from_the_section():
     lengths = np.minimum(rng.lognormal(8.5, 1.3, size=60).astype(np.int64) + 1, 32768)
     r = cad.best_cad(prof, view, 64, lengths)
     assert r is not None
+    scheme = view.scheme(r.section.tp, r.section.pp, 1)
+    assert max(max(t) for t in r.per_rank_tokens) <= scheme.max_len  # MaxLen holds on the replicas' pieces
     by_seq = {i: int(l) for i, l in enumerate(lengths)}
     est, problems = cad.estimate(view, r.section, by_seq)
     assert problems == []
