@@ -55,7 +55,27 @@ def run_config(profile: str, dataset: str, context: int, tokens: int) -> dict:
     }
 
 
+def table(summary: dict) -> str:
+    """The README table: one row per configuration, end-to-end seconds of wlb-nodelay and speedups over it."""
+    rows = ["| profile | dataset | context | tokens | `wlb-nodelay` | `hydraplan` | `cad` | `hydraplan-cad` | CAD chosen |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in summary["configs"]:
+        head = f"| {c['profile']} | {c['dataset'].replace('builtin:', '')} | {c['context_len'] // 1024}K | " \
+               f"{c['tokens_per_iter'] / 1e6:g}M |"
+        if "skipped" in c:
+            rows.append(head + " no scheme holds it | | | | |")
+            continue
+        s, e = c["speedup_vs_wlb_nodelay"], c["end_to_end_s"]
+        best = max(("hydraplan", "cad", "hydraplan-cad"), key=lambda m: s[m])
+        cells = [f"**{s[m]:.2f}x**" if m == best else f"{s[m]:.2f}x" for m in ("hydraplan", "cad", "hydraplan-cad")]
+        rows.append(head + f" {e['wlb-nodelay']:.3g} s | " + " | ".join(cells) + f" | {c['cad_share']:.0%} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> None:
+    if "--table" in argv:
+        print(table(json.loads(RESULTS.read_text())))
+        return
     quick = "--target" in argv
     grid = [TARGET] if quick else [(p, d, c, t) for p in PROFILES for d in DATASETS for c in CONTEXTS for t in TOKENS]
     configs = []

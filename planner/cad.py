@@ -599,7 +599,9 @@ def cad_plan(batch, result: CADResult, view: Profile, profile_name: str, gpus: i
 
     sec = result.section
     g = sec.tp * sec.pp * sec.cp
-    seqs = [BatchSeq(id=int(i), length=int(l), doc=None if batch.docs is None else int(batch.docs[k]))
+    sampled = batch.sampled
+    seqs = [BatchSeq(id=int(i), length=int(l), doc=None if batch.docs is None else int(batch.docs[k]),
+                     sampled_iteration=None if sampled is None or sampled[k] == batch.iteration else int(sampled[k]))
             for k, (i, l) in enumerate(zip(batch.ids, batch.lengths, strict=True))]
     pipes = []
     for j in range(sec.replicas):
