@@ -9,13 +9,15 @@ causal key prefix [0, e), costing a*(e^2 - s^2) (the scheme's a*l^2 term: the ta
 its a*l^2). A task may run on any rank of the step; its home is the rank holding its queries.
 
 Bytes (per stage = layers/pp layers, bf16, MHA, q = 2*hidden/tp bytes per token per layer and TP rank).
-A task of n = e - s queries on executor x needs, from every rank h != x, 2*m_h*q of K and V (m_h: tokens of
-[0, e) that h holds) and, from its home, n*q of Q; forward returns the output (n*q) home; backward sends dO
-(n*q) in and dQ (n*q), dK/dV (2*m_h*q) back. Each pair moves the same bytes both ways:
-    W(h, x) = q * (2*n*[h = home] + 2*m_h)  per layer, per direction, fwd + bwd.
-A rank's comm time is the sum of W/bw over the pairs it takes part in (bw: the profile's `network`, intra-
-node when both replicas' GPUs share a node under contiguous placement, else inter-node). K/V of a prefix
-are counted per task (no de-duplication; the runtime sends exactly these bytes).
+Links are full duplex and both directions carry the same bytes, so one direction is counted:
+- queries: a task of n = e - s queries run on x != home moves 2*n*q each way (Q and dO home -> x; O and
+  dQ x -> home);
+- keys/values: executor x reads, once per document, the K and V of the document's prefix up to the
+  furthest end of its tasks there: 2*m_h*q from every replica h != x holding m_h of those tokens (dK, dV
+  return the same bytes in backward). The runtime sends these rows (plus Q of prefix tokens it already
+  sends as K/V rows: it ships [Q|K|V] rows, runtime/cad.py).
+A rank's comm time is the sum of bytes/bw over the pairs it takes part in (bw: the profile's `network`,
+intra-node when both replicas' GPUs share a node under contiguous placement, else inter-node).
 
 Time. Ping-pong (two nano-batches, one's transfers under the other's compute) hides communication behind
 compute, so a rank's step time is max(compute, comm) with compute = b*tokens + c + a*sum(e^2 - s^2) over
@@ -28,8 +30,9 @@ Assignment (per step). DistCA's communication-aware greedy moves attention from 
 fastest, preferring tasks with the most FLOPs per byte moved and cutting shards of a fixed size. Here:
 (1) the greedy cuts a task at the exact query position that equalizes the two ranks (solving
 a*(e^2 - x^2) = gap; the tail of a causal chunk carries the most FLOPs per byte); (2) then an exact MILP
-(HiGHS) re-assigns the resulting tasks, minimizing the slowest rank's max(compute, comm) under the
-communication budget, warm-started from the greedy plan (kept whenever the MILP does not improve it).
+(HiGHS, K/V de-duplication modelled exactly) re-assigns the resulting tasks, minimizing the slowest rank's
+max(compute, comm) under the communication budget, warm-started from the greedy plan (kept whenever the
+MILP does not improve it), for steps of at most MILP_MAX_VARS variables (the greedy alone beyond).
 """
 
 from __future__ import annotations
