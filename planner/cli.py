@@ -151,6 +151,9 @@ def pack(
     candidates_only: bool = typer.Option(False, "--candidates-only", help="only the candidates: no strategy made for "
                                          "each batch from the any-strategy MILP (plans marked synthesized)"),
     json_out: bool = json_option("print summary.json instead of the summary lines"),
+    cad: bool = typer.Option(
+        False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
+        "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -173,7 +176,7 @@ def pack(
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
                        cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective, static=not no_static,
-                       synthesize=not candidates_only)  # type: ignore[arg-type]
+                       synthesize=not candidates_only, cad=cad)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -287,7 +290,7 @@ def compare(
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
         None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
-        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay"),
+        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad"),
     json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),

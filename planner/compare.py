@@ -8,7 +8,8 @@ per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
 (c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
 (d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
 hydraplan-delay is (d) on the batches after hydraplan's outlier delay (hydraplan.delay), to set against wlb-llm
-as hydraplan against wlb-nodelay.
+as hydraplan against wlb-nodelay. cad is core-attention disaggregation (hydraplan.cad, DistCA-style) and
+hydraplan-cad takes, per iteration, whichever of hydraplan's plan and the CAD plan is faster end to end.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
 
@@ -38,7 +39,8 @@ from hydraplan.sync import Objective, check_objective
 
 HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
-ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS
+CAD_METHODS = ("cad", "hydraplan-cad")  # core-attention disaggregation (hydraplan.cad) and the per-iteration chooser
+ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS + CAD_METHODS
 DESCRIPTIONS = {
     "megatron": "static homogeneous scheme, FFD packing to the context length, micro-batches dealt round-robin",
     "hotspa": "one homogeneous scheme per length range (<4K, 4K-16K, 16K+), switched within the iteration",
@@ -50,6 +52,9 @@ DESCRIPTIONS = {
     "hetero-static": "ablation (c): best static heterogeneous candidate holding the context length",
     "hydraplan": "propose + dispatch + pack, strategy chosen per iteration",
     "hydraplan-delay": "hydraplan on batches whose long outliers are queued and released in one-iteration groups",
+    "cad": "core-attention disaggregation (DistCA-style): homogeneous cp=1 replicas, token-balanced linear part, "
+           "attention tasks balanced across replicas under a communication budget",
+    "hydraplan-cad": "per iteration, the faster (in the objective) of hydraplan's plan and the CAD plan",
 }
 DELAYING = ("wlb-llm", "wlb-nodelay", "hydraplan-delay")
 HOMO_NAME = "homo"
@@ -364,6 +369,8 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
     peak = peak_flops_of(view)
     methods = [m for m in ALL_METHODS if m in opts.methods]
     hydra = [m for m in methods if m in HYDRA_METHODS]
+    if "hydraplan-cad" in methods and "hydraplan" not in hydra:  # the chooser needs hydraplan's plans
+        hydra.append("hydraplan")
     solved = int(bool(set(hydra) - {"hydraplan-delay"})) + int("hydraplan-delay" in hydra)  # passes over the batches
     total = len([m for m in methods if m not in HYDRA_METHODS]) + solved * opts.iterations + len(methods)
     if progress is not None:
@@ -397,6 +404,17 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
     if set(hydra) - {"hydraplan-delay"}:
         runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo,
                               hydra, tick, opts.objective))
+    if set(methods) & set(CAD_METHODS):
+        from hydraplan.cad import choose, run_cad
+
+        cad_plans = run_cad(batches, profile, view, opts.gpus)
+        if "cad" in methods:
+            runs["cad"] = MethodRun("cad", cad_plans, "cad")
+            tick("cad")
+        if "hydraplan-cad" in methods:
+            runs["hydraplan-cad"] = MethodRun("hydraplan-cad", choose(score, runs["hydraplan"].plans, cad_plans),
+                                              "dynamic", runs["hydraplan"].labels)
+            tick("hydraplan-cad")
     if "hydraplan-delay" in hydra:
         runs["hydraplan-delay"] = run_hydra_delay(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter,
                                                   opts.seed, homo, tick, opts.objective)

@@ -392,6 +392,7 @@ class Planner:
         cp_shard: bool = False,
         objective: Objective = "end-to-end",
         synthesize: bool = True,
+        cad: bool = False,
     ) -> None:
         if dispatch not in ("greedy", "ilp"):
             raise UserError(f"--dispatch must be greedy or ilp (got {dispatch!r})")
@@ -423,9 +424,17 @@ class Planner:
         self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
         self.cp_shard = cp_shard
         self.synthesize = synthesize and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
+        self.cad = cad  # also plan core-attention disaggregation (hydraplan.cad) and keep it when faster
         if self.seq1f1b is not None:
             self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes),
                                                  c.transfer) for c in self.candidates]
+
+    def _solve_cad(self, b: SeqBatch) -> Plan | None:
+        """The best CAD plan of the batch (hydraplan.cad), as a plan whose pipelines are the replicas."""
+        from hydraplan.cad import best_cad, cad_plan
+
+        r = best_cad(self.profile, self.view, self.gpus, b.lengths, ids=b.ids.tolist())
+        return None if r is None else cad_plan(b, r, self.view, self.profile.name, self.gpus)
 
     @property
     def max_len(self) -> int:
@@ -466,14 +475,32 @@ class Planner:
             est = self._score(cand, sols[k])
             if est is not None and (best is None or (est, k) < best):
                 best = (est, k)
-        if best is None:
+        cad_plan = self._solve_cad(b) if self.cad else None
+        if best is None and cad_plan is None:
             raise infeasible_error(b, self.candidates)
         cands = self.candidates
-        if self.synthesize:
+        if self.synthesize and best is not None:
             from hydraplan.synthesis import solve_synthesized
 
             extra, extra_sols, best = solve_synthesized(self, b.lengths, seed, best, share)
             cands, sols = [*cands, *extra], [*sols, *extra_sols]
+        cad_score = None
+        if cad_plan is not None:
+            e = cad_plan.estimate
+            cad_score = e.iteration_s if self.objective == "end-to-end" and e.iteration_s is not None else e.propagation_s
+        if cad_plan is not None and (best is None or cad_score < best[0]):
+            cad_solve = CandidateSolve(name=CAD_CANDIDATE, estimate_s=cad_plan.estimate.propagation_s,
+                                       iteration_s=cad_plan.estimate.iteration_s,
+                                       dispatch_solver="cad", pack_solvers=[s.solver for s in cad_plan.cad.steps])
+            summary = IterationSummary(
+                iteration=b.iteration, strategy=CAD_CANDIDATE, estimate_s=cad_plan.estimate.propagation_s,
+                iteration_s=cad_plan.estimate.iteration_s, sync_s=cad_plan.estimate.sync_s,
+                solver_s=perf_counter() - t0, solver="cad+" + "/".join(sorted({s.solver for s in cad_plan.cad.steps})),
+                candidates_s={**{s.solve.name: s.solve.estimate_s for s in sols}, CAD_CANDIDATE: cad_solve.estimate_s},
+                candidates=[*(s.solve for s in sols), cad_solve],
+            )
+            return IterationResult(cad_plan, summary)
+        assert best is not None
         won = sols[best[1]]
         plan = build_plan(b, cands[best[1]], won.pipelines, self.profile.name, self.gpus)
         if best[1] >= len(self.candidates):
@@ -495,6 +522,10 @@ class Planner:
             candidates_s={s.solve.name: s.solve.estimate_s for s in sols},
             candidates=[s.solve for s in sols],
         )
+        if cad_plan is not None:
+            summary.candidates_s[CAD_CANDIDATE] = cad_plan.estimate.propagation_s
+            summary.candidates.append(CandidateSolve(name=CAD_CANDIDATE, estimate_s=cad_plan.estimate.propagation_s,
+                                                     iteration_s=cad_plan.estimate.iteration_s, dispatch_solver="cad"))
         if b.sampled is not None:
             summary.tokens = int(b.lengths.sum())
             summary.delayed_token_iters = delayed_token_iters(b.lengths, b.sampled, b.iteration)
@@ -618,6 +649,7 @@ class PackOptions:
     objective: Objective = "end-to-end"
     static: bool = True  # False (--no-static): the static baseline's layout does not join the candidates
     synthesize: bool = True  # False (--candidates-only): no strategy made for the batch
+    cad: bool = False
 
 
 class PackProgress(Protocol):
@@ -645,6 +677,7 @@ def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
         strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
         seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay, objective=opts.objective,
         static=opts.static, synthesize=opts.synthesize,
+        cad=opts.cad,
     )
 
 
@@ -758,6 +791,7 @@ def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> Static
 
 
 STATIC_CANDIDATE = "static"
+CAD_CANDIDATE = "cad"
 
 
 def with_static_candidate(strategies: Strategies, baseline: StaticBaseline, view: Profile,
@@ -818,7 +852,7 @@ def _run_pack_locked(opts: PackOptions, progress: PackProgress | None) -> Summar
                         "--resume needs the same strategies")
     planner = Planner(profile, strategies, opts.gpus, dispatch=opts.dispatch, seed=opts.seed,
                       context_len=opts.context_len, seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard,
-                      objective=opts.objective, synthesize=opts.synthesize)
+                      objective=opts.objective, synthesize=opts.synthesize, cad=opts.cad)
 
     done = resumed.iterations if resumed is not None else []
     summary = Summary(

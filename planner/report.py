@@ -24,7 +24,7 @@ from hydraplan.schema import CompareResult
 COLORS = {
     "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
     "homo-maxlen": "#c5b0d5", "homo-pack": "#9467bd", "hetero-static": "#ff7f0e", "hydraplan": "#d62728",
-    "hydraplan-delay": "#e377c2",
+    "hydraplan-delay": "#e377c2", "cad": "#2ca02c", "hydraplan-cad": "#1f77b4",
 }
 PLOTS = ("latency", "methods", "lengths", "load", "gantt")
 

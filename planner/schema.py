@@ -190,6 +190,50 @@ class MicroBatch(_Model):
     cp_shard: CPShard | None = None
 
 
+class CADPiece(_Model):
+    """Tokens [start, end) of sequence `seq` held by replica `rank` for the linear layers (`pack --cad`)."""
+
+    seq: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: PositiveInt
+    rank: int = Field(ge=0)
+
+
+class CADTask(_Model):
+    """A core-attention task: queries [start, end) of `seq` with their causal key prefix [0, end)."""
+
+    seq: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: PositiveInt
+    home: int = Field(ge=0, description="replica holding the queries")
+    rank: int = Field(ge=0, description="replica executing the task")
+
+
+class CADStep(_Model):
+    """One micro-batch step of a CAD plan: every replica runs one micro-batch of these pieces."""
+
+    pieces: list[CADPiece]
+    tasks: list[CADTask]
+    compute_s: list[float] = Field(description="per replica: linear b*tokens + c plus its tasks' attention")
+    comm_s: list[float] = Field(description="per replica: seconds of task transfers (hidden up to compute_s)")
+    time_s: float = Field(description="max over replicas of max(compute, comm)")
+    solver: str = ""
+    attention_imbalance: float | None = Field(None, description="max / mean attention seconds per replica - 1")
+
+
+class CADSection(_Model):
+    """Core-attention disaggregation (hydraplan.cad): a homogeneous cp=1 layout whose attention tasks move
+    between replicas of the same stage. Replica j is the plan's pipelines[j]."""
+
+    tp: PositiveInt
+    pp: PositiveInt
+    cp: PositiveInt
+    replicas: PositiveInt
+    budget: float = Field(description="per-replica comm cap as a fraction of the step's mean compute")
+    steps: list[CADStep]
+    estimate_s: NonNegativeFloat
+
+
 class PlanPipeline(_Model):
     tp: PositiveInt
     pp: PositiveInt
@@ -227,6 +271,7 @@ class Plan(_Model):
     estimate: Estimate
     synthesized: bool | None = Field(None, description="true: the strategy was made for this batch "
                                      "(planner/synthesis.py), so it is not one of the run's strategies.json candidates")
+    cad: CADSection | None = Field(None, description="core-attention disaggregation plan (strategy kind cad)")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -270,6 +315,7 @@ class PackArgs(_Model):
     static: bool = Field(True, description="the static baseline's layout joins the candidates (--no-static: it does not)")
     synthesize: bool = Field(True, description="a strategy made for each batch competes with the candidates "
                              "(--candidates-only: it does not)")
+    cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
 
 
 class IterationSummary(_Model):

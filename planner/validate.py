@@ -178,6 +178,10 @@ def check_plan(plan: Plan, profile: Profile, file: str = "<plan>", gpus_per_node
         for problem in split_groups(pipe.ranks, pipe.tp, pipe.pp, pipe.cp, node):
             out.append(Violation(file, "placement", problem, p, severity="warning"))
 
+    if plan.cad is not None:
+        out.extend(_check_cad(plan, profile, lengths, file))
+        return out
+
     where: dict[int, list[tuple[int, int]]] = defaultdict(list)
     pipeline_estimates: list[float] = []
     for p, pipe in enumerate(plan.pipelines):
@@ -246,10 +250,38 @@ def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str
     return out
 
 
+def _check_cad(plan: Plan, profile: Profile, lengths: dict[int, int], file: str) -> list[Violation]:
+    """A core-attention disaggregation plan (hydraplan.cad): pieces cover every sequence once, tasks cover
+    every query once, replicas hold at most MaxLen tokens per step, and the CAD estimate recomputes."""
+    from hydraplan.cad import estimate
+
+    assert plan.cad is not None
+    out: list[Violation] = []
+    try:
+        view = for_gpus(profile, plan.gpus)
+    except UserError as e:
+        return [Violation(file, "scheme", str(e))]
+    if len(plan.pipelines) != plan.cad.replicas:
+        out.append(Violation(file, "cad", f"{len(plan.pipelines)} pipelines, cad.replicas is {plan.cad.replicas}"))
+    seen = {pc.seq for step in plan.cad.steps for pc in step.pieces}
+    out.extend(Violation(file, "coverage", f"sequence id {i} (length {n}) is in no CAD step")
+               for i, n in lengths.items() if i not in seen)
+    expected, problems = estimate(view, plan.cad, lengths)
+    out.extend(Violation(file, "cad", m) for m in problems)
+    if not problems:
+        for p, pipe in enumerate(plan.pipelines):
+            if not close(pipe.estimate_s, expected):
+                out.append(Violation(file, "estimate", f"estimate_s {pipe.estimate_s!r}, the CAD estimate is {expected!r}", p))
+        if not close(plan.estimate.propagation_s, expected):
+            out.append(Violation(file, "estimate",
+                                 f"propagation_s {plan.estimate.propagation_s!r}, the CAD estimate is {expected!r}"))
+    return out
+
+
 def check_against_strategies(plan: Plan, strategies: Strategies, file: str) -> list[Violation]:
     """A plan in a run folder must use one of the run's candidates, pipeline for pipeline (unless its strategy
-    was made for its batch: `synthesized`)."""
-    if plan.synthesized:
+    was made for its batch: `synthesized`, or it is a CAD plan, planned per iteration)."""
+    if plan.synthesized or plan.cad is not None:
         return []
     cand = next((c for c in strategies.candidates if c.name == plan.strategy), None)
     if cand is None:

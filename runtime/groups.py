@@ -28,6 +28,11 @@ class GroupCache:
                 for ranks in tp_groups + cp_groups:
                     if len(ranks) > 1 and ranks not in self._groups:
                         self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+        if plan.cad is not None:  # the replicas' ranks at each TP rank exchange attention tasks (runtime/cad.py)
+            for t in range(plan.pipelines[0].tp):
+                ranks = tuple(sorted(p.ranks[t] for p in plan.pipelines))
+                if ranks not in self._groups:
+                    self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
 
     def get(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         return self._groups[ranks]

@@ -32,6 +32,7 @@ from hydraplan.errors import UserError
 from hydraplan.hardware import MODELS
 from hydraplan.runtime.attention import window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
+from hydraplan.runtime.cad import CADContext, cad_attention
 from hydraplan.runtime.context_parallel import cp_attention
 
 INIT_STD = 0.02
@@ -263,7 +264,12 @@ class Attention(nn.Module):
         k = F.linear(x, self.wk).unflatten(-1, (-1, self.head_dim))
         v = F.linear(x, self.wv).unflatten(-1, (-1, self.head_dim))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = window_attention(q, k, v, mb.windows) if mb.cp is None else cp_attention(q, k, v, mb.cp)
+        if mb.cp is None:
+            o = window_attention(q, k, v, mb.windows)
+        elif isinstance(mb.cp, CADContext):  # core-attention disaggregation (runtime/cad.py)
+            o = cad_attention(q, k, v, mb.cp)
+        else:
+            o = cp_attention(q, k, v, mb.cp)
         return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)
 
 

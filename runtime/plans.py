@@ -30,6 +30,11 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
     """Raise UserError (one line: file, field, value) if this job cannot replay the plan."""
     if plan.gpus != world:
         raise UserError(f"{source}: field gpus: plan is for {plan.gpus} GPUs but WORLD_SIZE is {world}")
+    if plan.cad is not None:
+        from hydraplan.runtime.cad import check_cad
+
+        if (why := check_cad(plan, source)) is not None:
+            raise UserError(why)
     lengths = {s.id: s.length for s in plan.batch}
     used: set[int] = set()
     seen: set[int] = set()
@@ -45,7 +50,7 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
             raise UserError(f"{where}: {why}")
         for j, mb in enumerate(p.micro_batches):
             for sid in mb.seqs:
-                if sid not in lengths or sid in used:
+                if sid not in lengths or (sid in used and plan.cad is None):
                     raise UserError(f"{where}.micro_batches.{j}.seqs: sequence id {sid} is not in batch or is used twice")
                 used.add(sid)
             if mb.cp_shard is not None and (why := check_ranges(mb.cp_shard.ranges, p.cp,

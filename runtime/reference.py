@@ -56,11 +56,13 @@ class Reference:
         self.model.zero_grad(set_to_none=True)
         scale = 1.0 / self.data.labeled_tokens(plan)
         loss = 0.0
-        for pipeline in plan.pipelines:
-            for mb in self.data.micro_batches(plan, pipeline, self.device):
-                mb_loss = self.model(None, mb) * scale
-                mb_loss.backward()
-                loss += float(mb_loss.detach())
+        # a CAD plan splits documents over replicas; the reference trains each document whole, once
+        mbs = ([self.data.pack([s], self.device) for s in plan.batch] if plan.cad is not None else
+               [mb for pipeline in plan.pipelines for mb in self.data.micro_batches(plan, pipeline, self.device)])
+        for mb in mbs:
+            mb_loss = self.model(None, mb) * scale
+            mb_loss.backward()
+            loss += float(mb_loss.detach())
         return loss
 
     def flat_weights(self) -> torch.Tensor:

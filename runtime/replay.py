@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.cad import step_micro_batches
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.grads import GradBuffer
 from hydraplan.runtime.groups import GroupCache
@@ -87,6 +88,8 @@ class Replayer:
         self.pull_pg = dist.new_group(ranks, timeout=timeout)
         self.push_pg = dist.new_group(ranks, timeout=timeout)
         self._setups: dict[tuple, Setup] = {}
+        self.cad_attention_s: list[float] = []  # this rank's attention seconds per layer call of the last CAD plan
+        self.last_role_cad = False  # whether this rank ran the last CAD plan (idle ranks report nothing)
 
     def setup(self, plan: Plan) -> Setup:
         self.groups.ensure(plan)
@@ -106,6 +109,7 @@ class Replayer:
         t0 = time.perf_counter()
         pull = lnk.PullStream(s.link, self.master.weights.detach(), self.dtype, self.pull_pg, self.overlap, clock)
         loss = torch.zeros((), dtype=torch.float64)
+        self.last_role_cad = s.role is not None and plan.cad is not None
         if s.role is None:
             pull.start()
             pull.finish()
@@ -158,7 +162,11 @@ class Replayer:
         t1 = time.perf_counter()
         push = lnk.PushStream(s.link, grads.flat, self.master.weights.dtype, self.push_pg, self.overlap, clock)
         grads.on_ready = push.ready
-        mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.device)
+        if plan.cad is not None:  # core-attention disaggregation: pp = 1 replicas exchange attention tasks
+            group = self.groups.get(tuple(sorted(p.ranks[role.tp_rank] for p in plan.pipelines)))
+            mbs = step_micro_batches(self.data, plan, role.pipeline, role.tp_rank, group, self.device)
+        else:
+            mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.device)
         cp = None
         if role.cp > 1:
             cp = CPShards.of(mbs, [mb.cp_shard for mb in plan.pipelines[role.pipeline].micro_batches], role.cp_rank,
@@ -172,6 +180,8 @@ class Replayer:
             loss = run_1f1b(module, mbs, comm, scale, grads.last_backward)
         else:
             loss = run_seq1f1b(module, mbs, splits, comm, scale, cp, grads.last_backward)[0]
+        if plan.cad is not None:
+            self.cad_attention_s = [t for mb in mbs for t in mb.cp.attention_s]
         pull.finish()
         grads.remove()
         return t1, push, loss if role.tp_rank == 0 else torch.zeros_like(loss)

@@ -133,6 +133,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
                   f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
                   f"push {st.push_s:.3f}s, step {st.step_s:.3f}s; sync exposed {st.exposed_s:.3f}s, "
                   f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
+        if plan.cad is not None:
+            _print_cad_balance(plan, replayer.cad_attention_s if replayer.last_role_cad else [])
         if args.verify:
             got = replayer.gather_weights() if exact else replayer.gather_grads()
             if reference is not None:
@@ -174,6 +176,23 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
         return hf.read_config(args.init_from)[0], None
     ckpt = hf.Checkpoint(args.init_from)
     return ckpt.cfg, ckpt
+
+
+def _print_cad_balance(plan: Plan, mine: list[float]) -> None:
+    """Core-attention disaggregation: per layer call, how evenly the ranks' measured attention seconds are
+    spread (max/mean - 1, TP rank 0 of each replica), next to the plan's modeled balance per step."""
+    from hydraplan.runtime.cad import balance_report
+
+    per_rank: list[list[float]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(per_rank, mine)
+    if dist.get_rank() != 0:
+        return
+    replicas = [per_rank[p.ranks[0]] for p in plan.pipelines]
+    measured = balance_report(replicas)
+    planned = [s.attention_imbalance for s in plan.cad.steps]
+    print(f"cad: iteration {plan.iteration} attention imbalance per layer call (measured max/mean-1): "
+          + " ".join(f"{x:.2f}" for x in measured) + "; planned per step: "
+          + " ".join(f"{x:.2f}" for x in planned if x is not None), flush=True)
 
 
 def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
