@@ -68,7 +68,8 @@ def init_distributed() -> None:
 def data_parallel_planner(args: argparse.Namespace, world: int) -> Planner:
     """One candidate: WORLD_SIZE pipelines of one GPU each (<tp, pp, cp> = <1, 1, 1>)."""
     layout = Candidate(name="dp", pipelines=[PipelineSpec(tp=1, pp=1, cp=1)] * world)
-    return Planner(args.profile, Strategies(candidates=[layout]), gpus=world, context_len=args.context_len, seed=args.seed)
+    return Planner(args.profile, Strategies(candidates=[layout]), gpus=world, context_len=args.context_len, seed=args.seed,
+                   synthesize=False)  # the layout is fixed: FSDP2 data parallelism over every rank
 
 
 def plan_on_rank0(planner: Planner | None, batch: Batch) -> Plan:

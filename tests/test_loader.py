@@ -39,7 +39,7 @@ def tokens_file(tmp_path_factory):
 
 def dp_planner(world: int) -> Planner:
     return Planner("cpu-tiny", Strategies(candidates=[Candidate(name="dp", pipelines=[PipelineSpec(tp=1, pp=1, cp=1)] * world)]),
-                   gpus=world, context_len=512)
+                   gpus=world, context_len=512, synthesize=False)
 
 
 def test_each_rank_gets_its_pipelines_micro_batches_once(tokens_file):

@@ -377,11 +377,14 @@ def test_overlap_hides_at_least_half_of_the_exposed_sync(tmp_path):
     plans with --no-overlap (where all of pull and push is exposed). tiny-wide: 8 layers of 655K
     parameters in fp64, so one direction moves ~42 MB per rank in 10 exchanges, few and large enough that
     gloo's per-collective latency on a loaded CPU does not dominate, and the first pull and the last push
-    are a small part of it. The machine is shared, so a second pair of runs is added to the sums if the first misses;
-    the overlap run also verifies against the single-process reference."""
+    are a small part of it. The machine is shared and other processes only add to a measurement, so each mode
+    keeps its best (least) of up to three runs, the usual estimator of what a configuration itself costs;
+    the first overlap run also verifies against the single-process reference."""
     for p in _overlap_plans():
         write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
     on, off = _exposed(tmp_path, "--verify"), _exposed(tmp_path, "--no-overlap")
-    if on > 0.5 * off:
-        on, off = on + _exposed(tmp_path), off + _exposed(tmp_path, "--no-overlap")
+    for _ in range(2):
+        if on <= 0.5 * off:
+            break
+        on, off = min(on, _exposed(tmp_path)), min(off, _exposed(tmp_path, "--no-overlap"))
     assert off > 0 and on <= 0.5 * off, (on, off)
