@@ -291,7 +291,7 @@ def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSp
     """
     h, vocab = model.hidden, model.vocab
     layers = model.layers // pp
-    act_layer = (fw.act_h * h + fw.act_f * model.ffn) / (tp * cp)
+    act_layer = fw.act_h_replicated * h / cp + (fw.act_h * h + fw.act_f * model.ffn) / (tp * cp)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = (model.layers + 1) * act_layer + (logits if pp == 1 else 0.0)
     last = (layers + 1) * act_layer + logits

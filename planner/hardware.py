@@ -65,7 +65,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class FrameworkSpec:
-    """Megatron-style training with sequence parallelism, FlashAttention, bf16 and no recomputation."""
+    """Megatron-style tensor parallelism WITHOUT sequence parallelism (the runtime has none), FlashAttention, bf16
+    weights, fp32 gradient accumulation and no recomputation."""
 
     weight_half: float  # per-GPU weights of one layer's GEMMs at which GEMM efficiency halves (TP split)
     link_efficiency: float  # achieved / nominal bandwidth of NCCL collectives and p2p
@@ -75,7 +76,8 @@ class FrameworkSpec:
     launch_s: float  # host-side cost of one launch when the GPU is starved (eager PyTorch)
     nvlink_latency_s: float  # small-message latency of one NCCL collective / p2p step over NVLink
     ib_latency_s: float  # same across InfiniBand
-    act_h: int  # saved activation bytes per token per layer = act_h*h + act_f*ffn (bf16, before TP/CP split)
+    act_h_replicated: int  # saved activation bytes per token per layer that every TP rank keeps whole (x h, split by CP)
+    act_h: int  # ... and that TP splits: act_h*h + act_f*ffn (bf16, split by TP and CP)
     act_f: int
     elementwise_h: int  # HBM bytes per token per layer of elementwise kernels = elementwise_h*h + elementwise_f*ffn
     elementwise_f: int
@@ -83,7 +85,7 @@ class FrameworkSpec:
     margin_fraction: float  # share of HBM kept free as the safety margin
     reserved_gib: float  # CUDA context, NCCL buffers, cuBLAS workspaces
     sharded_bytes_per_param: int  # fp32 master weight + Adam m and v, sharded over all N GPUs
-    local_bytes_per_param: int  # bf16 weight + bf16 gradient of the stage, split by TP
+    local_bytes_per_param: int  # bf16 weight + fp32 gradient accumulator of the stage, split by TP
     sources: tuple[tuple[str, str], ...]
 
 
@@ -120,9 +122,9 @@ A800 = GPUSpec(
 
 FRAMEWORK = FrameworkSpec(
     weight_half=8e6, link_efficiency=0.8, memory_efficiency=0.8, kernels_per_layer=70, kernels_head=20,
-    launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h=16, act_f=6, elementwise_h=60,
+    launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h_replicated=8, act_h=8, act_f=6, elementwise_h=60,
     elementwise_f=16, fragmentation=1.25, margin_fraction=0.10, reserved_gib=3.0, sharded_bytes_per_param=12,
-    local_bytes_per_param=4,
+    local_bytes_per_param=6,
     sources=(
         ("gemm_shard", "GEMM efficiency = gemm_efficiency * w/(w+8e6) * m/(m+gemm_m_half), w = per-GPU weights of one "
                        "layer's GEMMs (TP split), m = per-GPU tokens (CP split): narrow or short GEMMs leave SMs idle "
@@ -130,15 +132,19 @@ FRAMEWORK = FrameworkSpec(
         ("link_efficiency", "0.8: NCCL bus bandwidth vs nominal link bandwidth (nccl-tests on NVLink/IB clusters)"),
         ("launch", "70 kernels per layer fwd+bwd x 7 us host launch cost in eager PyTorch; 15/30 us NCCL latency "
                    "over NVLink/IB (estimates); these make up most of c (Hydraulis appendix C.2)"),
-        ("activations", "saved bf16 activations per token per layer, SP+TP+CP split, FlashAttention, no recompute: "
-                        "norm inputs 2x2h, GEMM inputs 2x2h, Q/K/V 6h, attention output 2h, SwiGLU gate/up/out 6f "
-                        "= 16h+6f bytes (cf. Korthikanti et al. 2022, 34h for GPT), plus one layer of backward "
-                        "workspace, plus fp32 logits/grad (10 bytes x vocab/TP) on the last stage"),
+        ("activations", "saved bf16 activations per token per layer, TP+CP split, no sequence parallelism (the "
+                        "runtime has none, so every TP rank keeps the norm and GEMM inputs whole), FlashAttention, no "
+                        "recompute: norm inputs 2x2h and GEMM inputs 2x2h replicated = 8h; Q/K/V 6h, attention output "
+                        "2h, SwiGLU gate/up/out 6f split by TP = 8h+6f (cf. Korthikanti et al. 2022: 10h replicated + "
+                        "24h/t for GPT without SP), plus one layer of backward workspace, plus fp32 logits/grad "
+                        "(10 bytes x vocab/TP) on the last stage"),
         ("fragmentation", "1.25x on activations: caching-allocator fragmentation with a different packed length each "
-                          "micro-batch (estimate, calibrated so A800 7B <2,1,1> MaxLen lands near Hydraulis' 22K)"),
+                          "micro-batch (estimate, calibrated with sequence parallelism so A800 7B <2,1,1> "
+                          "MaxLen landed near Hydraulis' 22K; without it that MaxLen is lower)"),
         ("margin", "usable memory = 90% of HBM minus 3 GiB (CUDA context, NCCL, cuBLAS workspaces)"),
         ("states", "appendix C.1 with alpha = 3/4: fp32 master + Adam m, v (12 B/param) sharded over all N GPUs; "
-                   "bf16 weights + grads (4 B/param) of the stage split by TP, plus one layer's bf16 prefetch buffer "
+                   "bf16 weights + fp32 gradient accumulators (6 B/param: the runtime accumulates across micro-batches "
+                   "in fp32) of the stage split by TP, plus one layer's bf16 prefetch buffer "
                    "(O-P disaggregation pulls the next layer's parameters)"),
         ("elementwise", "bytes per token per layer, fwd+bwd, bf16: two RMSNorms 20h, residual adds 24h, rotary on "
                         "Q and K 16h, SwiGLU 16f = 60h+16f, at 80% of HBM bandwidth; cross-entropy 16 B per vocab "

@@ -1,5 +1,7 @@
 """The analytic cost model and the bundled profiles: physical properties, Hydraulis anchors, fitting."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ from hydraplan.costmodel import (
     util_len,
 )
 from hydraplan.fileio import load_model, model_json, parse_model, write_model
-from hydraplan.hardware import A800, MODELS
+from hydraplan.hardware import A800, FRAMEWORK, MODELS
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
 
 NAMES = [f"{g}-llama2-{m}" for g in ("h100", "a800") for m in ("7b", "13b", "32b")]
@@ -114,13 +116,34 @@ ANCHOR_MAX_LEN = {(2, 1, 1): 22_000, (4, 1, 1): 46_000, (8, 1, 1): 85_000, (16, 
 
 
 def test_hydraulis_anchors_within_2x(profiles):
+    """Time coefficients of the shipped profile, and the memory formula WITH sequence parallelism (which
+    Hydraulis' system has: its MaxLen grows ~linearly with TP), land within 2x of the paper's fits."""
     p = profiles["a800-llama2-7b"]
     for key, ref in ANCHOR_TIME.items():
         t = p.scheme(*key).time
         for ours, theirs in zip((t.a * 1e3, t.b * 1e3, t.c * 1e3), ref):
             assert 0.5 <= ours / theirs <= 2.0, (key, ours, theirs)
-    for key, ref in ANCHOR_MAX_LEN.items():
-        assert 0.5 <= p.scheme(*key).max_len / ref <= 2.0, key
+    with_sp = replace(FRAMEWORK, act_h_replicated=0, act_h=FRAMEWORK.act_h + FRAMEWORK.act_h_replicated,
+                      local_bytes_per_param=4)
+    cap = capacity_bytes(A800, with_sp)
+    for (tp, pp, cp), ref in ANCHOR_MAX_LEN.items():
+        max_len = max_len_from_memory(cap, analytic_memory(MODELS["llama2-7b"], tp, pp, cp, with_sp), REFERENCE_GPUS)
+        assert 0.5 <= max_len / ref <= 2.0, (tp, max_len, ref)
+
+
+def test_no_sequence_parallelism_replicates_norm_and_gemm_inputs():
+    """The shipped model (no SP, like the runtime): per layer, act_h_replicated * h bytes per token stay whole
+    on every TP rank, so activation bytes per token shrink less than 1/TP, and they equal the SP formula's at
+    TP = 1."""
+    m = MODELS["llama2-7b"]
+    per_layer = {tp: analytic_memory(m, tp, 1, 1).act_bytes_per_token for tp in (1, 2, 8)}
+    replicated = (m.layers + 1) * FRAMEWORK.act_h_replicated * m.hidden * FRAMEWORK.fragmentation
+    for tp in (2, 8):
+        split = per_layer[tp] - replicated
+        assert split == pytest.approx((per_layer[1] - replicated) / tp, rel=1e-5)
+    with_sp = replace(FRAMEWORK, act_h_replicated=0, act_h=FRAMEWORK.act_h + FRAMEWORK.act_h_replicated)
+    assert analytic_memory(m, 1, 1, 1, with_sp).act_bytes_per_token == pytest.approx(per_layer[1], rel=1e-5)
+    assert analytic_memory(m, 8, 1, 1, with_sp).act_bytes_per_token < per_layer[8] / 2
 
 
 def test_util_len_is_the_first_length_at_85_percent():
