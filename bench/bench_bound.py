@@ -50,7 +50,7 @@ def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
     context = min(CONTEXT, max(s.max_len for s in view.schemes))
     batches = sample_iterations(ds, tokens, iterations, SEED)
     strategies = propose(profile, ds, gpus, context, tokens_per_iter=tokens)
-    paths = {"default": Planner(profile, strategies, gpus, context_len=context),
+    paths = {"default": Planner(profile, strategies, gpus, context_len=context, synthesize=True),
              "candidates_only": Planner(profile, strategies, gpus, context_len=context, synthesize=False)}
     transfer = np.array([transfer_s(profile, s.tp, s.pp, gpus) for s in view.schemes]) \
         if has_sync_model(profile) else None
