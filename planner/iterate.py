@@ -142,12 +142,13 @@ def resolve_strategies(
         if name in names[:i]:
             raise UserError(f"{source}: field candidates.{i}.name: duplicate candidate name (got {name!r})")
     gpus_per_node = view.gpu.gpus_per_node
+    by_key = {s.key: s for s in view.schemes}  # thousands of pipelines at 8192 GPUs: no linear search each
     out: list[Candidate] = []
     for ci, cand in enumerate(strategies.candidates):
         where = f"{source}: field candidates.{ci}"
         schemes = []
         for pi, p in enumerate(cand.pipelines):
-            scheme = view.scheme(*p.key)
+            scheme = by_key.get(p.key)
             if scheme is None:
                 have = " ".join(s.label for s in view.schemes)
                 raise UserError(
@@ -420,8 +421,9 @@ class Planner:
             source = str(strategies)
             strategies = load_model(Strategies, strategies)
         self.strategies = resolve_strategies(strategies, self.view, gpus, context_len=context_len, source=source)
+        by_key = {s.key: s for s in self.view.schemes}
         self.candidates = [
-            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines),
+            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(by_key[p.key] for p in c.pipelines),
                               tuple(objective_transfer_s(self.profile, np.array([p.tp for p in c.pipelines]),
                                                          np.array([p.pp for p in c.pipelines]), gpus, objective).tolist()))
             for c in self.strategies.candidates
@@ -778,12 +780,13 @@ class StaticBaseline:
 
 
 BASELINE_PROBE_ITERATIONS = 8
+BASELINE_PROBE_SEQUENCES = 4000  # ... but no more batches than needed to see this many sequences
 
 
 def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
     """The homogeneous scheme with the lowest mean Megatron estimate in the run's objective on the run's first
-    batches (the same choice `compare` makes on all of its batches); None when no single scheme holds the
-    context length."""
+    batches (up to BASELINE_PROBE_ITERATIONS, stopping once BASELINE_PROBE_SEQUENCES sequences are seen; the
+    same choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
     from hydraplan.baselines import best_static, holding, megatron, objective_score
     from hydraplan.datasets import sample_iterations
 
@@ -792,8 +795,11 @@ def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> Static
     schemes = holding(view.schemes, context_len, opts.gpus)
     if not schemes:
         return None
-    probe = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
-        dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed)]
+    probe = []
+    for b in sample_iterations(dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed):
+        if sum(p.size for p in probe) >= BASELINE_PROBE_SEQUENCES:
+            break  # at 8192 GPUs one batch holds 25K sequences: eight cost 26 s of FFD for the same choice
+        probe.append(np.asarray(b.lengths, dtype=np.int64))
     scheme, _ = best_static(schemes, lambda s: [megatron(b, s, opts.gpus, context_len) for b in probe], "baseline",
                             objective_score(profile, opts.gpus, opts.objective))
     return StaticBaseline(scheme, opts.gpus, context_len, profile)
