@@ -461,8 +461,9 @@ def profile_cmd(
     canonical T(m)), over single sequences and 4-document packings at fractions of MaxLen; a, b, c are
     fitted on all of them (the packings' own worst error is printed). LNK pull and push of each scheme's
     homogeneous layout over --gpus ranks give `network` (one node: inter-node set to the intra-node figure).
-    --check replays whole iterations (pull, propagate, push, optimizer step, each between barriers) and
-    compares them with the end-to-end estimate, propagation and sync errors apart.
+    --check replays whole iterations through the runtime's own step (pull overlapped with the forward, push
+    with the last backward, optimizer step) and compares them with the end-to-end estimate, propagation and
+    sync (exposed pull/push, waits, step) errors apart.
     """
     import json
 
