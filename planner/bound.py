@@ -131,7 +131,7 @@ def _instance(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfe
 
 
 def _probe(inst: _Instance, X: float, minimize: bool = False, max_nodes: int | None = None,
-           unknown_feasible: bool = False, time_limit_s: float | None = None) -> np.ndarray | None:
+           unknown_feasible: bool = False, time_limit_s: float | None = None, relax: bool = False) -> np.ndarray | None:
     """Pipeline counts per kept scheme meeting X within N GPUs (with `minimize`, the fewest GPUs), or None when
     none do. With `max_nodes` (deterministic) a search that ends at the limit without a solution counts as
     infeasible (None: fine for shaping strategies), or with `unknown_feasible` as feasible (all-zero counts:
@@ -169,7 +169,8 @@ def _probe(inst: _Instance, X: float, minimize: bool = False, max_nodes: int | N
     lp.a_matrix_.start_ = np.searchsorted(rows[order], np.arange(n_rows + 1))
     lp.a_matrix_.index_ = cols[order]
     lp.a_matrix_.value_ = vals[order]
-    lp.integrality_ = [highspy.HighsVarType.kContinuous] * nx + [highspy.HighsVarType.kInteger] * nk
+    if not relax:
+        lp.integrality_ = [highspy.HighsVarType.kContinuous] * nx + [highspy.HighsVarType.kInteger] * nk
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)

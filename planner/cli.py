@@ -148,8 +148,10 @@ def pack(
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
     no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
                                    "'static' (so a hand-written --strategies file is used as given)"),
-    candidates_only: bool = typer.Option(False, "--candidates-only", help="only the candidates: no strategy made for "
-                                         "each batch from the any-strategy MILP (plans marked synthesized)"),
+    synthesize: bool | None = typer.Option(
+        None, "--synthesize/--candidates-only", help="also make a strategy for each batch from the any-strategy MILP "
+        "(plans marked synthesized), or use only the candidates; default: made with --objective propagation, where it "
+        "wins most iterations, not end to end, where it rarely does and costs 2-3x the planning time"),
     json_out: bool = json_option("print summary.json instead of the summary lines"),
     cad: bool = typer.Option(
         False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
@@ -176,7 +178,7 @@ def pack(
                        iterations=iterations, out=out, strategies=strategies, context_len=context_len, seed=seed,
                        workers=workers, dispatch=dispatch, resume=resume, seq1f1b=seq1f1b,
                        cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective, static=not no_static,
-                       synthesize=not candidates_only, cad=cad)  # type: ignore[arg-type]
+                       synthesize=synthesize, cad=cad)  # type: ignore[arg-type]
     bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                    TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -459,8 +461,9 @@ def profile_cmd(
     canonical T(m)), over single sequences and 4-document packings at fractions of MaxLen; a, b, c are
     fitted on all of them (the packings' own worst error is printed). LNK pull and push of each scheme's
     homogeneous layout over --gpus ranks give `network` (one node: inter-node set to the intra-node figure).
-    --check replays whole iterations (pull, propagate, push, optimizer step, each between barriers) and
-    compares them with the end-to-end estimate, propagation and sync errors apart.
+    --check replays whole iterations through the runtime's own step (pull overlapped with the forward, push
+    with the last backward, optimizer step) and compares them with the end-to-end estimate, propagation and
+    sync (exposed pull/push, waits, step) errors apart.
     """
     import json
 

@@ -96,6 +96,14 @@ def as_batch(batch: Any, iteration: int = 0) -> SeqBatch:
     return SeqBatch(iteration=iteration, ids=np.arange(lengths.size, dtype=np.int64), lengths=lengths)
 
 
+def synthesize_default(synthesize: bool | None, objective: str) -> bool:
+    """Per-batch synthesis unless asked otherwise only with the propagation objective: there it wins most iterations
+    (plan / any-strategy bound 1.13 -> 1.02 at 64 GPUs); end to end the candidates, proposed with their sync,
+    already won 17 of 18 iterations at 64 GPUs and every one at 1024, and synthesis cost 2-3x (5x at 1024 GPUs)
+    the planning time."""
+    return objective == "propagation" if synthesize is None else synthesize
+
+
 def solver_seed(seed: int, iteration: int) -> int:
     """Per-iteration solver seed: independent of which worker solves the iteration, or in which order.
     31 bits, because CP-SAT's random_seed is a signed 32-bit integer."""
@@ -134,12 +142,13 @@ def resolve_strategies(
         if name in names[:i]:
             raise UserError(f"{source}: field candidates.{i}.name: duplicate candidate name (got {name!r})")
     gpus_per_node = view.gpu.gpus_per_node
+    by_key = {s.key: s for s in view.schemes}  # thousands of pipelines at 8192 GPUs: no linear search each
     out: list[Candidate] = []
     for ci, cand in enumerate(strategies.candidates):
         where = f"{source}: field candidates.{ci}"
         schemes = []
         for pi, p in enumerate(cand.pipelines):
-            scheme = view.scheme(*p.key)
+            scheme = by_key.get(p.key)
             if scheme is None:
                 have = " ".join(s.label for s in view.schemes)
                 raise UserError(
@@ -391,7 +400,7 @@ class Planner:
         seq1f1b: str | None = None,
         cp_shard: bool = False,
         objective: Objective = "end-to-end",
-        synthesize: bool = True,
+        synthesize: bool | None = None,
         cad: bool = False,
     ) -> None:
         if dispatch not in ("greedy", "ilp"):
@@ -412,8 +421,9 @@ class Planner:
             source = str(strategies)
             strategies = load_model(Strategies, strategies)
         self.strategies = resolve_strategies(strategies, self.view, gpus, context_len=context_len, source=source)
+        by_key = {s.key: s for s in self.view.schemes}
         self.candidates = [
-            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(self.view.scheme(*p.key) for p in c.pipelines),
+            ResolvedCandidate(c.name, tuple(c.pipelines), tuple(by_key[p.key] for p in c.pipelines),
                               tuple(objective_transfer_s(self.profile, np.array([p.tp for p in c.pipelines]),
                                                          np.array([p.pp for p in c.pipelines]), gpus, objective).tolist()))
             for c in self.strategies.candidates
@@ -423,7 +433,8 @@ class Planner:
         # Seq1F1B (hydraplan.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
         self.seq1f1b = None if seq1f1b is None else parse_seq1f1b(seq1f1b)
         self.cp_shard = cp_shard
-        self.synthesize = synthesize and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
+        # Seq1F1B changes MaxLen, which the MILP does not see
+        self.synthesize = synthesize_default(synthesize, objective) and self.seq1f1b is None
         self.cad = cad  # also plan core-attention disaggregation (hydraplan.cad) and keep it when faster
         if self.seq1f1b is not None:
             self.candidates = [ResolvedCandidate(c.name, c.specs, tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes),
@@ -648,7 +659,7 @@ class PackOptions:
     outlier_delay: bool = False
     objective: Objective = "end-to-end"
     static: bool = True  # False (--no-static): the static baseline's layout does not join the candidates
-    synthesize: bool = True  # False (--candidates-only): no strategy made for the batch
+    synthesize: bool | None = None  # None: synthesize_default; False (--candidates-only): no strategy made for the batch
     cad: bool = False
 
 
@@ -676,7 +687,7 @@ def _pack_args(opts: PackOptions, profile: Profile) -> PackArgs:
         seed=opts.seed, dispatch=opts.dispatch,
         strategies=None if opts.strategies is None else str(opts.strategies.resolve()),
         seq1f1b=opts.seq1f1b, cp_shard=opts.cp_shard, outlier_delay=opts.outlier_delay, objective=opts.objective,
-        static=opts.static, synthesize=opts.synthesize,
+        static=opts.static, synthesize=synthesize_default(opts.synthesize, opts.objective),
         cad=opts.cad,
     )
 
@@ -769,12 +780,13 @@ class StaticBaseline:
 
 
 BASELINE_PROBE_ITERATIONS = 8
+BASELINE_PROBE_SEQUENCES = 4000  # ... but no more batches than needed to see this many sequences
 
 
 def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> StaticBaseline | None:
     """The homogeneous scheme with the lowest mean Megatron estimate in the run's objective on the run's first
-    batches (the same choice `compare` makes on all of its batches); None when no single scheme holds the
-    context length."""
+    batches (up to BASELINE_PROBE_ITERATIONS, stopping once BASELINE_PROBE_SEQUENCES sequences are seen; the
+    same choice `compare` makes on all of its batches); None when no single scheme holds the context length."""
     from hydraplan.baselines import best_static, holding, megatron, objective_score
     from hydraplan.datasets import sample_iterations
 
@@ -783,8 +795,11 @@ def static_baseline(dataset: Any, opts: PackOptions, profile: Profile) -> Static
     schemes = holding(view.schemes, context_len, opts.gpus)
     if not schemes:
         return None
-    probe = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
-        dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed)]
+    probe = []
+    for b in sample_iterations(dataset, opts.tokens_per_iter, min(opts.iterations, BASELINE_PROBE_ITERATIONS), opts.seed):
+        if sum(p.size for p in probe) >= BASELINE_PROBE_SEQUENCES:
+            break  # at 8192 GPUs one batch holds 25K sequences: eight cost 26 s of FFD for the same choice
+        probe.append(np.asarray(b.lengths, dtype=np.int64))
     scheme, _ = best_static(schemes, lambda s: [megatron(b, s, opts.gpus, context_len) for b in probe], "baseline",
                             objective_score(profile, opts.gpus, opts.objective))
     return StaticBaseline(scheme, opts.gpus, context_len, profile)

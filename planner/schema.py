@@ -314,7 +314,8 @@ class PackArgs(_Model):
                            "propagation)")
     static: bool = Field(True, description="the static baseline's layout joins the candidates (--no-static: it does not)")
     synthesize: bool = Field(True, description="a strategy made for each batch competes with the candidates "
-                             "(--candidates-only: it does not)")
+                             "(--synthesize; --candidates-only: it does not; default: only with the propagation "
+                             "objective)")
     cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
 
 

@@ -21,9 +21,9 @@ After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
 --network times runtime/lnk.py's own pull and push for homogeneous <tp, pp> layouts over all ranks (the
 real pieces and all_to_all_single, at the real slice sizes), wall time between barriers.
---check replays whole iterations of every plan (iteration_phases): pull, propagation of all pipelines at
-once, push and the optimizer step, each between barriers; on the cpu clock propagation is each
-pipeline's critical path over thread CPU time and the LNK phases stay wall time.
+--check replays whole iterations of every plan (iteration_phases) through the runtime's own step (pull
+overlapped with the forward, push with the last backward); on the cpu clock propagation is each
+pipeline's critical path over thread CPU time, plus the step's exposed LNK waits and optimizer step.
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
 saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
@@ -65,7 +65,7 @@ from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.runtime.seq1f1b import Seq1F1BStage, pipeline_splits, run_seq1f1b
+from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
 from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -233,12 +233,18 @@ def _device_batch(mb: PackedBatch, device: torch.device) -> PackedBatch:
 
 
 class Phases(NamedTuple):
-    """Seconds of one replayed iteration per phase (propagate: the slowest pipeline; per_pipeline: each)."""
+    """Seconds of one replayed training iteration (Replayer.step: pull overlapped with the forward, push with
+    the last backward). pull_s/push_s: time each direction had an exchange in flight; exposed_s: time compute
+    waited on it after every rank had posted; peer_wait_s: waits on a slower rank; propagate_s: the slowest
+    pipeline (per_pipeline: each); iteration_s: the whole step on this clock (see `iteration_phases`)."""
 
     pull_s: float
     propagate_s: float
     push_s: float
     step_s: float
+    exposed_s: float
+    peer_wait_s: float
+    iteration_s: float
     per_pipeline: list[float]
 
 
@@ -254,56 +260,30 @@ def _barrier_timed(fn, device: torch.device):
 
 
 def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
-    """One training iteration of `plan` through the replay's pull, push and optimizer step, each phase
-    between barriers. Propagation runs the Seq1F1B executor (K = 1 where the plan has no splits: 1F1B),
-    as the profile's fits do (the replay's 1F1B path masks whole micro-batches on CPU, see the module
-    docstring). Clock "cpu": propagation is each pipeline's critical path over its ranks' thread CPU
-    seconds; pull, push and step stay wall time (communication is not this thread's CPU time).
-    Collective over all ranks. The runtime overlapping pull/push with compute will report these phases
-    itself; then this function reduces to reading them."""
-    s = replayer.setup(plan)
-    device = replayer.device
-    flat, pull_s = _barrier_timed(lambda: lnk.pull(s.link, replayer.master.weights.detach(), replayer.dtype), device)
-    (grads, cpu), prop_wall = _barrier_timed(lambda: _propagate(replayer, plan, s.role, flat), device)
-    push, push_s = _barrier_timed(lambda: lnk.push(s.link, grads, replayer.master.weights.dtype), device)
-    _, step_s = _barrier_timed(lambda: replayer.master.step(push), device)
+    """One training iteration of `plan` exactly as run_plan replays it (Replayer.step), between barriers.
+
+    Clock "wall": the step's own wall seconds. Clock "cpu" (a CPU shared with other jobs, or more ranks than
+    cores): propagation is each pipeline's critical path over its ranks' thread CPU seconds per forward and
+    backward action (the clock the profile's T(l) was fitted on), and the whole iteration is that plus what
+    the step measured outside propagation: the exposed pull/push waits and the optimizer step.
+    Collective over all ranks."""
+    dist.barrier()
+    stats = replayer.step(plan)
+    dist.barrier()
     got: list = [None] * dist.get_world_size()
-    dist.all_gather_object(got, (s.role.pipeline, cpu) if s.role is not None else None)
+    dist.all_gather_object(got, replayer.last_actions)
     per = [0.0] * len(plan.pipelines)
     if clock == "cpu":
         for j in range(len(plan.pipelines)):
-            stages = [g[1] for g in got if g is not None and g[0] == j and g[1] is not None]
+            stages = [g[1:] for g in got if g is not None and g[0] == j]
             per[j] = critical_path(stages) if stages else 0.0
         prop = max(per)
+        whole = prop + stats.exposed_s + stats.step_s
     else:  # wall: pipelines run at once, only the slowest is seen
-        prop = prop_wall
-        per = [prop_wall] * len(plan.pipelines)
-    return Phases(pull_s, prop, push_s, step_s, per)
-
-
-def _propagate(replayer: Replayer, plan: Plan, role, flat: torch.Tensor):
-    """This rank's stage gradients (flat, canonical order) and (stage, pp, CPU seconds per action), or
-    empty gradients and None on an idle rank or pipeline."""
-    if role is None or not plan.pipelines[role.pipeline].micro_batches:
-        return flat.new_zeros(flat.numel()), None  # an idle rank's flat is empty
-    pipe = plan.pipelines[role.pipeline]
-    groups = replayer.groups
-    tp = TPGroup(groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
-    module = StageModule(replayer.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=replayer.dtype, device=replayer.device)
-    params = module.ordered_params()
-    with torch.no_grad():
-        for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-            p.copy_(chunk.view_as(p))
-    mbs = replayer.data.micro_batches(plan, pipe, replayer.device)
-    cp = None
-    if role.cp > 1:
-        cp = CPShards.of(mbs, [mb.cp_shard for mb in pipe.micro_batches], role.cp_rank, role.cp_ranks,
-                         groups.get(role.cp_ranks))
-    splits = pipeline_splits(plan, role.pipeline) or [[0, mb.num_tokens] for mb in mbs]
-    comm = StageComm(role.stage, role.pp, role.prev, role.next, replayer.cfg.hidden, replayer.dtype, replayer.device)
-    _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0 / replayer.data.labeled_tokens(plan), cp)
-    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    return grads, (role.stage, role.pp, stage.cpu_s)
+        prop = stats.propagate_s
+        per = [prop] * len(plan.pipelines)
+        whole = stats.iteration_s
+    return Phases(stats.pull_s, prop, stats.push_s, stats.step_s, stats.exposed_s, stats.peer_wait_s, whole, per)
 
 
 def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:
@@ -314,12 +294,14 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
 
     rank, world = dist.get_rank(), dist.get_world_size()
     replayer = Replayer(cfg, TokenData(cfg.vocab), DTYPES[args.dtype], 0, 1e-3, device, timedelta(seconds=args.timeout_s))
+    replayer.record_actions = True
     out = []
     for source, plan in load_plans(args.check, None):
         check_plan(plan, source, world, cfg)
         check_splits(plan, source)
         runs = [iteration_phases(replayer, plan, args.clock) for _ in range(args.warmup + args.repeats)][args.warmup:]
-        med = {k: statistics.median(getattr(r, k) for r in runs) for k in ("pull_s", "propagate_s", "push_s", "step_s")}
+        med = {k: statistics.median(getattr(r, k) for r in runs)
+               for k in ("pull_s", "propagate_s", "push_s", "step_s", "exposed_s", "peer_wait_s", "iteration_s")}
         pipes = [{"seconds": statistics.median(r.per_pipeline[j] for r in runs)} for j in range(len(plan.pipelines))]
         out.append({"source": source, "iteration": plan.iteration, **med, "pipelines": pipes,
                     "runs": [r._asdict() for r in runs]})

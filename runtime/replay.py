@@ -90,6 +90,11 @@ class Replayer:
         self._setups: dict[tuple, Setup] = {}
         self.cad_attention_s: list[float] = []  # this rank's attention seconds per layer call of the last CAD plan
         self.last_role_cad = False  # whether this rank ran the last CAD plan (idle ranks report nothing)
+        # record_actions (`hydraplan profile --check`): plans without splits run as Seq1F1B with one split per
+        # micro-batch (the same math and schedule as 1F1B) so every forward/backward action's thread CPU seconds are
+        # kept: last_actions = (pipeline, stage, pp, {(op, m, s): seconds}) of the last step, None on an idle rank
+        self.record_actions = False
+        self.last_actions: tuple[int, int, int, dict] | None = None
 
     def setup(self, plan: Plan) -> Setup:
         self.groups.ensure(plan)
@@ -110,6 +115,7 @@ class Replayer:
         pull = lnk.PullStream(s.link, self.master.weights.detach(), self.dtype, self.pull_pg, self.overlap, clock)
         loss = torch.zeros((), dtype=torch.float64)
         self.last_role_cad = s.role is not None and plan.cad is not None
+        self.last_actions = None
         if s.role is None:
             pull.start()
             pull.finish()
@@ -174,12 +180,15 @@ class Replayer:
         comm = StageComm(role.stage, role.pp, role.prev, role.next, self.cfg.hidden, self.dtype, self.device)
         scale = 1.0 / self.data.labeled_tokens(plan)
         splits = pipeline_splits(plan, role.pipeline)
+        if splits is None and self.record_actions:
+            splits = [[0, mb.num_tokens] for mb in mbs]
         if splits is None:
             if cp is not None:
                 mbs = [cp.split(m, mb, [0, mb.num_tokens])[0] for m, mb in enumerate(mbs)]
             loss = run_1f1b(module, mbs, comm, scale, grads.last_backward)
         else:
-            loss = run_seq1f1b(module, mbs, splits, comm, scale, cp, grads.last_backward)[0]
+            loss, stage = run_seq1f1b(module, mbs, splits, comm, scale, cp, grads.last_backward)
+            self.last_actions = (role.pipeline, role.stage, role.pp, stage.cpu_s)
         if plan.cad is not None:
             self.cad_attention_s = [t for mb in mbs for t in mb.cp.attention_s]
         pull.finish()

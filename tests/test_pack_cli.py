@@ -77,7 +77,7 @@ def test_no_static_and_candidates_only_use_the_file_as_given(inputs):
 
 def test_synthesized_plans_validate_and_count_process_groups(inputs):
     out = inputs["tmp"] / "run"
-    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--no-static", iterations=6))
+    r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], "--no-static", "--synthesize", iterations=6))
     assert r.returncode == 0, r.stderr
     summary = Summary.model_validate_json((out / "summary.json").read_text())
     plans = [json.loads((out / f"iter_{i:06d}.json").read_text()) for i in range(6)]

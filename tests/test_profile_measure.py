@@ -208,9 +208,11 @@ def test_pipeline_estimate_is_canonical_without_splits_and_the_schedule_with_the
     assert pipeline_estimate(s2, plan.pipelines[1], lengths) == pytest.approx(want, rel=1e-12)
 
 
-def measured(pull, pipes, push, step) -> dict:
-    return {"pull_s": pull, "propagate_s": max(pipes), "push_s": push, "step_s": step,
-            "pipelines": [{"seconds": x} for x in pipes]}
+def measured(pull, pipes, push, step, exposed=None) -> dict:
+    """The runtime's --check row; `exposed` defaults to pull + push (nothing hidden)."""
+    exposed = pull + push if exposed is None else exposed
+    return {"pull_s": pull, "propagate_s": max(pipes), "push_s": push, "step_s": step, "exposed_s": exposed,
+            "iteration_s": max(pipes) + exposed + step, "pipelines": [{"seconds": x} for x in pipes]}
 
 
 def test_compare_takes_the_slowest_pipeline_and_names_a_missing_scheme():
@@ -264,6 +266,10 @@ def test_check_errors_by_hand():
                                         {"plans": [measured(0.0, [0.1], 0.0, 0.0)]}, prof)[0]])
     assert summary["mean_rel_err"] == pytest.approx((0.02 / 0.28 + abs(0.1 + 0.05 - 0.1 / 3 - 0.1) / 0.1) / 2)
     assert summary["worst_iteration"] == 1 and summary["worst_rel_err"] == pytest.approx(abs(0.1 + 0.05 - 0.1 / 3 - 0.1) / 0.1)
+    # overlap hid 0.05 of the 0.07 s of pull and push: measured 0.2 + 0.02 + 0.01, measured sync 0.03
+    (r,) = compare([plan], {"plans": [measured(0.03, [0.09, 0.2], 0.04, 0.01, exposed=0.02)]}, slow)
+    assert (r.measured_s, r.sync_s) == pytest.approx((0.23, 0.03))
+    assert r.sync_err == pytest.approx((0.05 - 0.03) / 0.23) and r.propagation_err == pytest.approx((0.25 - 0.2) / 0.23)
 
 
 def test_critical_path_of_uniform_actions_is_the_1f1b_formula():
@@ -375,10 +381,11 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
     lengths = [{s.id: s.length for s in p.batch} for p in plans]
     want = [max(pipeline_estimate(prof.scheme(*q.key), q, lengths[i]) for q in p.pipelines) for i, p in enumerate(plans)]
     assert [r["estimate_s"] for r in rows] == pytest.approx(want)  # no network in this profile: sync 0
-    for r in rows:
+    for r in rows:  # the cpu clock: propagation's critical path + the step's exposed LNK waits + optimizer step
         assert min(r["pull_s"], r["push_s"], r["step_s"]) > 0 and 0 < r["propagate_s"] < 60
         assert r["propagate_s"] == pytest.approx(max(p["measured_s"] for p in r["pipelines"]))
-        assert r["measured_s"] == pytest.approx(r["propagate_s"] + r["pull_s"] + r["push_s"] + r["step_s"])
+        assert 0 <= r["exposed_s"] <= r["pull_s"] + r["push_s"]  # only in-flight time can be waited on
+        assert r["measured_s"] == pytest.approx(r["propagate_s"] + r["exposed_s"] + r["step_s"])
         assert math.isclose(r["rel_err"], abs(r["estimate_s"] - r["measured_s"]) / r["measured_s"])
         assert r["propagation_err"] + r["sync_err"] == pytest.approx(r["err"])
     assert got["worst_rel_err"] == pytest.approx(max(r["rel_err"] for r in rows))

@@ -29,7 +29,7 @@ def test_synthesized_strategies_fit_the_job_and_hold_the_batch():
 
 def test_synthesis_never_makes_the_plan_worse():
     rng = np.random.default_rng(3)
-    both = Planner(tiny_profile(), _strategies(), 8)
+    both = Planner(tiny_profile(), _strategies(), 8, synthesize=True)
     only = Planner(tiny_profile(), _strategies(), 8, synthesize=False)
     made = 0
     for it in range(4):
@@ -50,3 +50,14 @@ def test_placement_reuses_known_rank_lists():
     assert placed[0].ranks == [6, 7]  # the first known list of the scheme
     assert sorted(r for p in placed for r in p.ranks) == sorted(set(r for p in placed for r in p.ranks))
     assert process_groups(placed) <= process_groups(known)  # no new group
+
+
+def test_synthesis_by_default_only_with_the_propagation_objective():
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([rng.integers(16, 1800, 50), rng.integers(2000, 4000, 2)])
+    prop = Planner(tiny_profile(), _strategies(), 8, objective="propagation")
+    e2e = Planner(tiny_profile(), _strategies(), 8)
+    assert prop.synthesize and not e2e.synthesize
+    assert not Planner(tiny_profile(), _strategies(), 8, objective="propagation", synthesize=False).synthesize
+    assert Planner(tiny_profile(), _strategies(), 8, synthesize=True).synthesize
+    assert not any(e2e.solve(lengths, it).plan.synthesized for it in range(4))
