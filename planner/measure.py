@@ -430,3 +430,19 @@ def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clo
                             "--warmup", str(warmup),
                             "--repeats", str(repeats)], ranks, device, timeout_s)
     return compare(plans, measured, profile)
+
+
+def rank_memory_bytes(scheme: Scheme, stage: int, gpus: int, tokens: int) -> float | None:
+    """The profile's memory model for one rank of `scheme` on `stage` whose largest micro-batch has `tokens`:
+    a measured profile's fixed + stash * act(tokens) of that stage (measured_memory), an analytic one's
+    sharded / gpus + local + act_bytes_per_token * tokens (its worst stage). None: the profile has neither."""
+    measured = getattr(scheme, "measured_memory", None)
+    if measured:
+        m = next((e for e in measured if e["stage"] == stage), None)
+        if m is None:
+            return None
+        return m["fixed_bytes"] + m["stash"] * (m["act_bytes_per_token2"] * tokens**2 + m["act_bytes_per_token"] * tokens)
+    if scheme.memory is not None:
+        mem = scheme.memory
+        return mem.sharded_bytes / gpus + mem.local_bytes + mem.act_bytes_per_token * tokens
+    return None
