@@ -26,9 +26,11 @@ overlapped with the forward, push with the last backward); on the cpu clock prop
 pipeline's critical path over thread CPU time, plus the step's exposed LNK waits and optimizer step.
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
-saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
-few lengths; fixed bytes are the stage's weights and gradients plus its 1/N share of the fp32 master
-weights and the two AdamW states. planner/measure.py turns them into MaxLen.
+saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), and its
+peak bytes the most heap bytes its forward and backward add at once (the C allocator's statistics sampled after every
+torch op, runtime/memstats.py; the parameter gradients left behind excluded), at a few lengths; fixed bytes are the
+stage's weights and gradients plus its 1/N share of the fp32 master weights and the two AdamW states.
+planner/measure.py turns them into MaxLen.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from hydraplan.pipeline import schedule_seq1f1b, simulate
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.memstats import PeakHeap
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
@@ -168,6 +171,20 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp
     return sum(seen.values())
 
 
+def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
+    """Most heap bytes one forward and backward of the stage on `mb` add at once (saved activations plus the
+    backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter gradients it leaves
+    excluded (fixed bytes count them). Collective over TP and CP."""
+    module.zero_grad(set_to_none=True)
+    stage = Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0, cp)
+    with PeakHeap() as heap:
+        y = stage.forward(0, 0, x)
+        stage.backward(0, 0, None if y is None else torch.ones_like(y))
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+    module.zero_grad(set_to_none=True)
+    return heap.peak - heap.start - grads
+
+
 def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatch:
     return data.pack([BatchSeq(id=first_id + i, length=n) for i, n in enumerate(lengths)])
 
@@ -198,17 +215,22 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
                                                 groups.get(role.cp_ranks))
 
     gen = torch.Generator().manual_seed(rank)
-    act = []
-    for n in MEMORY_LENGTHS:
+    act, peak = [], []
+    for k, n in enumerate((MEMORY_LENGTHS[0], *MEMORY_LENGTHS)):  # the first run only warms the allocator up
         mb = _device_batch(_synthetic(data, [n], 0), device)
         share = shares([mb])
         local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
         x = None if module.first else torch.randn(local, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
-        act.append(saved_bytes(module, x, mb, share))
+        saved = saved_bytes(module, x, mb, share)
+        top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share)
+        if k:
+            act.append(saved)
+            peak.append(top)
     stage_params = sum(p.numel() for p in module.parameters())
     total_params = sum(s.numel for s in param_specs(cfg))
     fixed = 2 * stage_params * dtype.itemsize + STATE_BYTES_PER_PARAM * total_params / args.reference_gpus
-    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act)
+    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act,
+                      peak_bytes=peak)
     mems: list[StageMemory | None] = [None] * world
     dist.all_gather_object(mems, mem)
     max_len = scheme_max_len(mems, args.capacity_bytes)
