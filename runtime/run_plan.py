@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
-             [--no-overlap]
+             [--no-overlap] [--memory]
 
 Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
 (collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
@@ -17,6 +17,8 @@ the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
 --init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
+--memory prints each rank's peak heap bytes per step on CPU (runtime/memstats.py) next to the memory model of
+the plan's profile for the rank's scheme, stage and largest micro-batch.
 """
 
 from __future__ import annotations
