@@ -68,7 +68,7 @@ from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+from hydraplan.runtime.seq1f1b import run_seq1f1b
 from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -154,9 +154,14 @@ def critical_path(stages: list[tuple[int, int, dict[tuple[str, int, int], float]
                     lambda r, m, s, c: per[r][("B", m, s)]).latency_s
 
 
+def _replay_batch(mb: PackedBatch, cp: CPShards | None) -> PackedBatch:
+    """The micro-batch as the replay runs it without splits (runtime/replay.py: 1F1B, a CP rank on its share)."""
+    return mb if cp is None else cp.split(0, mb, [0, mb.num_tokens])[0]
+
+
 def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
-    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) through the
-    executor the measurements time (storages counted once, parameters excluded). Collective over CP."""
+    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) as the replay
+    runs it (storages counted once, parameters excluded). Collective over TP and CP."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -167,19 +172,18 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0, cp).forward(0, 0, x)
+        module(x, _replay_batch(mb, cp))
     return sum(seen.values())
 
 
 def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
-    """Most heap bytes one forward and backward of the stage on `mb` add at once (saved activations plus the
-    backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter gradients it leaves
-    excluded (fixed bytes count them). Collective over TP and CP."""
+    """Most heap bytes one forward and backward of the stage on `mb` add at once, as the replay runs them (saved
+    activations plus the backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter
+    gradients it leaves excluded (fixed bytes count them). Collective over TP and CP."""
     module.zero_grad(set_to_none=True)
-    stage = Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0, cp)
     with PeakHeap() as heap:
-        y = stage.forward(0, 0, x)
-        stage.backward(0, 0, None if y is None else torch.ones_like(y))
+        y = module(x, _replay_batch(mb, cp))
+        torch.autograd.backward(y, None if module.last else torch.ones_like(y))
     grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
     module.zero_grad(set_to_none=True)
     return heap.peak - heap.start - grads

@@ -30,6 +30,7 @@ from hydraplan.measure import (
     fit_bandwidth,
     fit_points,
     network_slices,
+    peak_fit,
     pipeline_estimate,
     scheme_max_len,
     stage_max_len,
@@ -68,6 +69,18 @@ def test_activation_fit_recovers_quadratic_and_linear_parts():
     lin = mem(0, 0, 1, 0.0, 5000.0)  # FlashAttention-like: no l^2 term
     q, p = activation_fit(lin.lengths, lin.act_bytes)
     assert q == pytest.approx(0.0, abs=1e-9) and p == pytest.approx(5000.0)
+
+
+@pytest.mark.parametrize("q,p,r", [(0.0, 4000.0, 3e5), (1.5, 700.0, 0.0), (0.0, 0.0, 0.0), (2.0, 0.0, 1e4)])
+def test_peak_fit_recovers_quadratic_linear_and_constant_parts(q, p, r):
+    ls = [128, 512, 1024, 2048]
+    assert peak_fit(ls, [q * n * n + p * n + r for n in ls]) == pytest.approx((q, p, r), abs=1e-6)
+
+
+def test_peak_fit_keeps_every_part_nonnegative():
+    ls = [128, 512, 1024, 2048]
+    got = peak_fit(ls, [5000.0 * n - 2e5 for n in ls])  # a negative constant does not fit: r = 0, p absorbs it
+    assert min(got) >= 0 and got[2] == 0.0
 
 
 @pytest.mark.parametrize("q,p,fixed,stash,cap,extra", [(80.0, 3000.0, 5e5, 1, 32 * 2**20, 0.0),
