@@ -19,8 +19,8 @@ micro-batches at its peak: pp - r - 1 of them as saved activations act_r(l) = q*
 kernels that materialize scores, ~0 with FlashAttention) and one in its backward, whose peak peak_r(l)
 (saved activations plus the backward's working set, read from the allocator's statistics) is fitted the
 same way plus a constant (buffers a backward allocates whatever the length); with fixed bytes F_r the
-scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity on every stage. A measured profile carries
-no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
+scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity on every stage.
+A measured profile carries no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
 """
 
 from __future__ import annotations
