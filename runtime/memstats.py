@@ -34,6 +34,21 @@ def _mallinfo2():
 _MALLINFO2 = _mallinfo2()
 
 
+_M_MMAP_THRESHOLD = -3
+
+
+def map_large_allocations(threshold: int = 1 << 16) -> None:
+    """Give every allocation of `threshold` bytes or more its own mmap, freed at once when released. glibc
+    otherwise raises its mmap threshold after large frees and serves later tensors from the heap, where
+    freed memory lingers in bins and which thread allocated decides the arena: the in-use figures then
+    drift by several MB between identical runs. Call before measuring; a no-op without glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):
+        pass
+
+
 def heap_bytes() -> int | None:
     """Bytes the C allocator has handed out and not taken back (None: not glibc >= 2.33)."""
     if _MALLINFO2 is None:

@@ -45,6 +45,7 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -62,7 +63,7 @@ from hydraplan.pipeline import schedule_seq1f1b, simulate
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
-from hydraplan.runtime.memstats import PeakHeap
+from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
@@ -181,6 +182,8 @@ def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp:
     activations plus the backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter
     gradients it leaves excluded (fixed bytes count them). Collective over TP and CP."""
     module.zero_grad(set_to_none=True)
+    gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+    dist.barrier()
     with PeakHeap() as heap:
         y = module(x, _replay_batch(mb, cp))
         torch.autograd.backward(y, None if module.last else torch.ones_like(y))
@@ -198,6 +201,7 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
 
+    map_large_allocations()  # stable allocator statistics for peak_bytes (runtime/memstats.py)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != tp * pp * cp:
         raise UserError(f"--tp {tp} --pp {pp} --cp {cp} needs {tp * pp * cp} ranks but WORLD_SIZE is {world}")

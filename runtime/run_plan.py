@@ -33,6 +33,7 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
+import gc
 import os
 from collections import Counter
 from datetime import timedelta
@@ -45,7 +46,7 @@ from hydraplan.runtime import checkpoint, hf
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.lnk import owner_ranges
-from hydraplan.runtime.memstats import PeakHeap
+from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import master_dtype
 from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
@@ -118,6 +119,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     if rank == 0:
         choice = choice_for(device, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
+    if args.memory:
+        map_large_allocations()
     replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and not exact)
     reference = Reference(cfg, data, args.seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
@@ -135,6 +138,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
         before = replayer.gather_weights() if args.verify and not exact else None
         if args.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
+            gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+            dist.barrier()
             with PeakHeap() as heap:
                 st = replayer.step(plan)
             _print_memory(plan, replayer, heap.peak - heap.start + held)
