@@ -104,9 +104,8 @@ def stage_max_len(m: StageMemory, capacity_bytes: float) -> int:
     free = capacity_bytes - m.fixed_bytes - r
     if free <= 0:
         return 0
-    if q == 0:
-        return int(free // p)
-    return int((-p + math.sqrt(p * p + 4 * q * free)) / (2 * q))
+    # root of q l^2 + p l = free in the form without cancellation (a fitted q of 1e-18 is q = 0 here)
+    return int(2 * free / (p + math.sqrt(p * p + 4 * q * free)))
 
 
 def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:

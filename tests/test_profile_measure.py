@@ -77,6 +77,13 @@ def test_peak_fit_recovers_quadratic_linear_and_constant_parts(q, p, r):
     assert peak_fit(ls, [q * n * n + p * n + r for n in ls]) == pytest.approx((q, p, r), abs=1e-6)
 
 
+def test_stage_max_len_survives_a_quadratic_term_of_rounding_size():
+    """A fitted q of ~1e-18 (linear data) once made the textbook root cancel to 0 tokens."""
+    m = StageMemory(0, 2.5e5, 2, [128, 512, 1024, 2048], [3273.0 * n + 1e-18 * n * n for n in [128, 512, 1024, 2048]],
+                    [3849.0 * n + 1.2e5 for n in [128, 512, 1024, 2048]])
+    assert stage_max_len(m, 2**25) == int((2**25 - 2.5e5 - 1.2e5) / (3273.0 + 3849.0))
+
+
 def test_peak_fit_keeps_every_part_nonnegative():
     ls = [128, 512, 1024, 2048]
     got = peak_fit(ls, [5000.0 * n - 2e5 for n in ls])  # a negative constant does not fit: r = 0, p absorbs it
