@@ -151,7 +151,7 @@ def pack(
     synthesize: bool | None = typer.Option(
         None, "--synthesize/--candidates-only", help="also make a strategy for each batch from the any-strategy MILP "
         "(plans marked synthesized), or use only the candidates; default: made with --objective propagation, where it "
-        "wins most iterations, not end to end, where it rarely does and costs 2-3x the planning time"),
+        "wins most iterations, not end to end, where it rarely does and costs 4-5x the planning time"),
     json_out: bool = json_option("print summary.json instead of the summary lines"),
     cad: bool = typer.Option(
         False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "

@@ -98,9 +98,9 @@ def as_batch(batch: Any, iteration: int = 0) -> SeqBatch:
 
 def synthesize_default(synthesize: bool | None, objective: str) -> bool:
     """Per-batch synthesis unless asked otherwise only with the propagation objective: there it wins most iterations
-    (plan / any-strategy bound 1.13 -> 1.02 at 64 GPUs); end to end the candidates, proposed with their sync,
-    already won 17 of 18 iterations at 64 GPUs and every one at 1024, and synthesis cost 2-3x (5x at 1024 GPUs)
-    the planning time."""
+    (plan / any-strategy bound 1.12 -> 1.02 at 64 GPUs); end to end the candidates, proposed with their sync,
+    held 8 of 9 iterations at 64 GPUs and every one at 1024, while synthesis cost 3.8x (5x at 1024 GPUs) the
+    planning time (bench/bench_bound.py)."""
     return objective == "propagation" if synthesize is None else synthesize
 
 

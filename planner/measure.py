@@ -15,10 +15,12 @@ linear term. The worst error on the packings alone tests the premise that a pack
 sum(a*l_i^2 + b*l_i) + c (a backend attending across documents would cost a*(sum l_i)^2).
 
 MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B pipeline holds pp - r
-micro-batches at its peak; with fixed bytes F_r and activation bytes act_r(l) = q*l^2 + p*l of one
-micro-batch (q: attention kernels that materialize scores, ~0 with FlashAttention) the scheme's MaxLen
-is the largest l with F_r + (pp - r) * act_r(l) <= capacity on every stage. A measured profile carries
-no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
+micro-batches at its peak: pp - r - 1 of them as saved activations act_r(l) = q*l^2 + p*l (q: attention
+kernels that materialize scores, ~0 with FlashAttention) and one in its backward, whose peak peak_r(l)
+(saved activations plus the backward's working set, read from the allocator's statistics) is fitted the
+same way plus a constant (buffers a backward allocates whatever the length); with fixed bytes F_r the
+scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity on every stage.
+A measured profile carries no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from hydraplan.errors import UserError
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
 from hydraplan.sync import WIRE_BYTES_PER_PARAM, transfer_s
 
-MEMORY_LENGTHS = (64, 128, 256, 512)
+MEMORY_LENGTHS = (128, 512, 1024, 2048)
 TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 PACKED_DOCS = 4
 LENGTH_QUANTUM = 16
@@ -58,7 +60,8 @@ class StageMemory:
     fixed_bytes: float
     stash: int
     lengths: list[int]
-    act_bytes: list[float]
+    act_bytes: list[float]  # saved for backward by one micro-batch's forward
+    peak_bytes: list[float]  # most bytes one micro-batch's forward + backward adds at once (saved + working set)
 
 
 def activation_fit(lengths: Sequence[int], act_bytes: Sequence[float]) -> tuple[float, float]:
@@ -73,15 +76,36 @@ def activation_fit(lengths: Sequence[int], act_bytes: Sequence[float]) -> tuple[
     return float(q), float(p)
 
 
+def peak_fit(lengths: Sequence[int], peak_bytes: Sequence[float]) -> tuple[float, float, float]:
+    """(q, p, r) of peak(l) = q*l^2 + p*l + r, least squares with all three nonnegative (exact NNLS: the best
+    of the 8 active sets). r is what a backward allocates whatever the length (its working buffers)."""
+    l = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(peak_bytes, dtype=np.float64)
+    cols = np.column_stack([l * l, l, np.ones_like(l)])
+    best, best_res = np.zeros(3), float(y @ y)
+    for mask in range(1, 8):
+        use = [k for k in range(3) if mask >> k & 1]
+        coef, *_ = np.linalg.lstsq(cols[:, use], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        res = float(np.sum((cols[:, use] @ coef - y) ** 2))
+        if res < best_res:
+            best, best_res = np.zeros(3), res
+            best[use] = coef
+    return float(best[0]), float(best[1]), float(best[2])
+
+
 def stage_max_len(m: StageMemory, capacity_bytes: float) -> int:
-    """Largest l with fixed + stash * act(l) <= capacity."""
-    q, p = activation_fit(m.lengths, m.act_bytes)
-    free = (capacity_bytes - m.fixed_bytes) / m.stash
+    """Largest l with fixed + (stash - 1) * act(l) + peak(l) <= capacity: the stashed micro-batches' saved
+    activations, and the one in backward at its peak."""
+    qa, pa = activation_fit(m.lengths, m.act_bytes)
+    qp, pk, r = peak_fit(m.lengths, m.peak_bytes)
+    q, p = (m.stash - 1) * qa + qp, (m.stash - 1) * pa + pk
+    free = capacity_bytes - m.fixed_bytes - r
     if free <= 0:
         return 0
-    if q == 0:
-        return int(free // p)
-    return int((-p + math.sqrt(p * p + 4 * q * free)) / (2 * q))
+    # root of q l^2 + p l = free in the form without cancellation (a fitted q of 1e-18 is q = 0 here)
+    return int(2 * free / (p + math.sqrt(p * p + 4 * q * free)))
 
 
 def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:
@@ -216,8 +240,11 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
-                                            "act_bytes_per_token2": q, "act_bytes_per_token": p}
-                                           for m in raw["memory"] for q, p in [activation_fit(m["lengths"], m["act_bytes"])]],
+                                            "act_bytes_per_token2": q, "act_bytes_per_token": p,
+                                            "peak_bytes_per_token2": q2, "peak_bytes_per_token": p2, "peak_bytes": r}
+                                           for m in raw["memory"]
+                                           for (q, p), (q2, p2, r) in [(activation_fit(m["lengths"], m["act_bytes"]),
+                                                                        peak_fit(m["lengths"], m["peak_bytes"]))]],
                           measured_points=raw["points"]))
     gpu = _device_name(device)
     profile = Profile(
@@ -230,8 +257,10 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
                        "a, b, c fitted on single "
                        "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
                        "packings alone)",
-               "max_len": f"largest l with fixed + (pp - stage) * act(l) <= {capacity_bytes / 2**30:g} GiB on every stage; "
-                          "act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward (measured_memory)",
+               "max_len": f"largest l with fixed + (pp - stage - 1) * act(l) + peak(l) <= {capacity_bytes / 2**30:g} GiB "
+                          "on every stage; act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward, peak(l) "
+                          "to the most heap bytes one micro-batch's forward and backward add at once, plus a constant "
+                          "(measured_memory)",
                "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
                "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
@@ -430,3 +459,23 @@ def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clo
                             "--warmup", str(warmup),
                             "--repeats", str(repeats)], ranks, device, timeout_s)
     return compare(plans, measured, profile)
+
+
+def rank_memory_bytes(scheme: Scheme, stage: int, gpus: int, tokens: int) -> float | None:
+    """The profile's memory model for one rank of `scheme` on `stage` whose largest micro-batch has `tokens`:
+    a measured profile's fixed + stash * act(tokens) of that stage (measured_memory), an analytic one's
+    sharded / gpus + local + act_bytes_per_token * tokens (its worst stage). None: the profile has neither."""
+    measured = getattr(scheme, "measured_memory", None)
+    if measured:
+        m = next((e for e in measured if e["stage"] == stage), None)
+        if m is None:
+            return None
+        act = m["act_bytes_per_token2"] * tokens**2 + m["act_bytes_per_token"] * tokens
+        if "peak_bytes_per_token" not in m:  # profiles measured before the peak: all stashed micro-batches alike
+            return m["fixed_bytes"] + m["stash"] * act
+        peak = m["peak_bytes_per_token2"] * tokens**2 + m["peak_bytes_per_token"] * tokens + m["peak_bytes"]
+        return m["fixed_bytes"] + (m["stash"] - 1) * act + peak
+    if scheme.memory is not None:
+        mem = scheme.memory
+        return mem.sharded_bytes / gpus + mem.local_bytes + mem.act_bytes_per_token * tokens
+    return None

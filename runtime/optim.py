@@ -43,6 +43,11 @@ class ShardedMaster:
         self.optimizer.step()
         self.weights.grad = None
 
+    def held_bytes(self) -> int:
+        """Bytes of the shard's weights and the AdamW state tensors that exist now (none before the first step)."""
+        tensors = [self.weights, *(t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t))]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def state(self) -> dict:
         """The shard's weights and AdamW state (exp_avg, exp_avg_sq, step): what a checkpoint holds."""
         return {"weights": self.weights.detach(), "optimizer": self.optimizer.state_dict()}

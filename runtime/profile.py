@@ -26,9 +26,11 @@ overlapped with the forward, push with the last backward); on the cpu clock prop
 pipeline's critical path over thread CPU time, plus the step's exposed LNK waits and optimizer step.
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
-saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), at a
-few lengths; fixed bytes are the stage's weights and gradients plus its 1/N share of the fp32 master
-weights and the two AdamW states. planner/measure.py turns them into MaxLen.
+saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), and its
+peak bytes the most heap bytes its forward and backward add at once (the C allocator's statistics sampled after every
+torch op, runtime/memstats.py; the parameter gradients left behind excluded), at a few lengths; fixed bytes are the
+stage's weights and gradients plus its 1/N share of the fp32 master weights and the two AdamW states.
+planner/measure.py turns them into MaxLen.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -60,12 +63,13 @@ from hydraplan.pipeline import schedule_seq1f1b, simulate
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.runtime.seq1f1b import Seq1F1BStage, run_seq1f1b
+from hydraplan.runtime.seq1f1b import run_seq1f1b
 from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -151,9 +155,14 @@ def critical_path(stages: list[tuple[int, int, dict[tuple[str, int, int], float]
                     lambda r, m, s, c: per[r][("B", m, s)]).latency_s
 
 
+def _replay_batch(mb: PackedBatch, cp: CPShards | None) -> PackedBatch:
+    """The micro-batch as the replay runs it without splits (runtime/replay.py: 1F1B, a CP rank on its share)."""
+    return mb if cp is None else cp.split(0, mb, [0, mb.num_tokens])[0]
+
+
 def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
-    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) through the
-    executor the measurements time (storages counted once, parameters excluded). Collective over CP."""
+    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) as the replay
+    runs it (storages counted once, parameters excluded). Collective over TP and CP."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -164,8 +173,23 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        Seq1F1BStage(module, [mb], [[0, mb.num_tokens]], 1.0, cp).forward(0, 0, x)
+        module(x, _replay_batch(mb, cp))
     return sum(seen.values())
+
+
+def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
+    """Most heap bytes one forward and backward of the stage on `mb` add at once, as the replay runs them (saved
+    activations plus the backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter
+    gradients it leaves excluded (fixed bytes count them). Collective over TP and CP."""
+    module.zero_grad(set_to_none=True)
+    gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+    dist.barrier()
+    with PeakHeap() as heap:
+        y = module(x, _replay_batch(mb, cp))
+        torch.autograd.backward(y, None if module.last else torch.ones_like(y))
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+    module.zero_grad(set_to_none=True)
+    return heap.peak - heap.start - grads
 
 
 def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatch:
@@ -177,6 +201,7 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
 
+    map_large_allocations()  # stable allocator statistics for peak_bytes (runtime/memstats.py)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != tp * pp * cp:
         raise UserError(f"--tp {tp} --pp {pp} --cp {cp} needs {tp * pp * cp} ranks but WORLD_SIZE is {world}")
@@ -198,17 +223,22 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
                                                 groups.get(role.cp_ranks))
 
     gen = torch.Generator().manual_seed(rank)
-    act = []
-    for n in MEMORY_LENGTHS:
+    act, peak = [], []
+    for k, n in enumerate((MEMORY_LENGTHS[0], *MEMORY_LENGTHS)):  # the first run only warms the allocator up
         mb = _device_batch(_synthetic(data, [n], 0), device)
         share = shares([mb])
         local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
         x = None if module.first else torch.randn(local, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
-        act.append(saved_bytes(module, x, mb, share))
+        saved = saved_bytes(module, x, mb, share)
+        top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share)
+        if k:
+            act.append(saved)
+            peak.append(top)
     stage_params = sum(p.numel() for p in module.parameters())
     total_params = sum(s.numel for s in param_specs(cfg))
     fixed = 2 * stage_params * dtype.itemsize + STATE_BYTES_PER_PARAM * total_params / args.reference_gpus
-    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act)
+    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act,
+                      peak_bytes=peak)
     mems: list[StageMemory | None] = [None] * world
     dist.all_gather_object(mems, mem)
     max_len = scheme_max_len(mems, args.capacity_bytes)

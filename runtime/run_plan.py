@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
-             [--no-overlap]
+             [--no-overlap] [--memory]
 
 Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
 (collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
@@ -17,6 +17,8 @@ the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
 --init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
+--memory prints each rank's peak heap bytes per step on CPU (runtime/memstats.py) next to the memory model of
+the plan's profile for the rank's scheme, stage and largest micro-batch.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
+import gc
 import os
 from collections import Counter
 from datetime import timedelta
@@ -43,9 +46,10 @@ from hydraplan.runtime import checkpoint, hf
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.lnk import owner_ranges
+from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import master_dtype
-from hydraplan.runtime.plans import check_plan, load_plans
+from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
@@ -90,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    ap.add_argument("--memory", action="store_true",
+                    help="CPU: measure each rank's peak heap bytes during every step (glibc allocator statistics, "
+                         "runtime/memstats.py) and print them next to the plan's profile's memory model")
     ap.add_argument("--no-overlap", action="store_true",
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
@@ -112,6 +119,8 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     if rank == 0:
         choice = choice_for(device, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
+    if args.memory:
+        map_large_allocations()
     replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and not exact)
     reference = Reference(cfg, data, args.seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
@@ -127,7 +136,15 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     worst = 0.0
     for _, plan in plans:
         before = replayer.gather_weights() if args.verify and not exact else None
-        st = replayer.step(plan)
+        if args.memory:
+            held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
+            gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+            dist.barrier()
+            with PeakHeap() as heap:
+                st = replayer.step(plan)
+            _print_memory(plan, replayer, heap.peak - heap.start + held)
+        else:
+            st = replayer.step(plan)
         if rank == 0:
             print(f"iteration {plan.iteration} strategy {plan.strategy} {describe(plan)} tokens={data.labeled_tokens(plan)} "
                   f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
@@ -176,6 +193,37 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
         return hf.read_config(args.init_from)[0], None
     ckpt = hf.Checkpoint(args.init_from)
     return ckpt.cfg, ckpt
+
+
+def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
+    """Rank 0 prints, per rank, the peak heap bytes of the step (plus the master shard and AdamW state held
+    across steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch."""
+    from hydraplan.costmodel import load_profile
+    from hydraplan.measure import rank_memory_bytes
+
+    role = rank_roles(plan, dist.get_world_size())[dist.get_rank()]
+    mine = None
+    if role is not None:
+        pipe = plan.pipelines[role.pipeline]
+        lengths = {s.id: s.length for s in plan.batch}
+        tokens = max((sum(lengths[i] for i in mb.seqs) for mb in pipe.micro_batches), default=0)
+        mine = (role.pipeline, pipe.key, role.stage, tokens, measured)
+    rows: list = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, mine)
+    if dist.get_rank() != 0:
+        return
+    try:
+        scheme_of = {s.key: s for s in load_profile(plan.profile).schemes}
+    except UserError:
+        scheme_of = {}
+    for rank, row in enumerate(rows):
+        if row is None:
+            continue
+        j, key, stage, tokens, got = row
+        model = rank_memory_bytes(scheme_of[key], stage, plan.gpus, tokens) if key in scheme_of else None
+        vs = "" if model is None else f", model {model / 2**20:.2f} MiB, measured/model {got / model:.3f}"
+        print(f"memory: iteration {plan.iteration} rank {rank} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
+              f"largest micro-batch {tokens} tokens: peak {got / 2**20:.2f} MiB{vs}", flush=True)
 
 
 def _print_cad_balance(plan: Plan, mine: list[float]) -> None:

@@ -30,6 +30,7 @@ from hydraplan.measure import (
     fit_bandwidth,
     fit_points,
     network_slices,
+    peak_fit,
     pipeline_estimate,
     scheme_max_len,
     stage_max_len,
@@ -55,9 +56,10 @@ from hydraplan.sync import has_sync_model
 runner = CliRunner()
 
 
-def mem(stage: int, fixed: float, stash: int, q: float, p: float) -> StageMemory:
+def mem(stage: int, fixed: float, stash: int, q: float, p: float, extra: float = 0.0) -> StageMemory:
+    """Saved activations q*l^2 + p*l per micro-batch; the one in backward peaks `extra`*l bytes above them."""
     ls = [64, 128, 256, 512]
-    return StageMemory(stage, fixed, stash, ls, [q * n * n + p * n for n in ls])
+    return StageMemory(stage, fixed, stash, ls, [q * n * n + p * n for n in ls], [q * n * n + (p + extra) * n for n in ls])
 
 
 # -------------------------------------------------------------------------------------------- memory
@@ -69,11 +71,31 @@ def test_activation_fit_recovers_quadratic_and_linear_parts():
     assert q == pytest.approx(0.0, abs=1e-9) and p == pytest.approx(5000.0)
 
 
-@pytest.mark.parametrize("q,p,fixed,stash,cap", [(80.0, 3000.0, 5e5, 1, 32 * 2**20), (0.0, 4096.0, 1e6, 4, 64 * 2**20),
-                                                  (12.5, 700.0, 2e6, 3, 2**27)])
-def test_stage_max_len_is_the_largest_length_that_fits(q, p, fixed, stash, cap):
-    ml = stage_max_len(mem(0, fixed, stash, q, p), cap)
-    peak = lambda n: fixed + stash * (q * n * n + p * n)  # noqa: E731
+@pytest.mark.parametrize("q,p,r", [(0.0, 4000.0, 3e5), (1.5, 700.0, 0.0), (0.0, 0.0, 0.0), (2.0, 0.0, 1e4)])
+def test_peak_fit_recovers_quadratic_linear_and_constant_parts(q, p, r):
+    ls = [128, 512, 1024, 2048]
+    assert peak_fit(ls, [q * n * n + p * n + r for n in ls]) == pytest.approx((q, p, r), abs=1e-6)
+
+
+def test_stage_max_len_survives_a_quadratic_term_of_rounding_size():
+    """A fitted q of ~1e-18 (linear data) once made the textbook root cancel to 0 tokens."""
+    m = StageMemory(0, 2.5e5, 2, [128, 512, 1024, 2048], [3273.0 * n + 1e-18 * n * n for n in [128, 512, 1024, 2048]],
+                    [3849.0 * n + 1.2e5 for n in [128, 512, 1024, 2048]])
+    assert stage_max_len(m, 2**25) == int((2**25 - 2.5e5 - 1.2e5) / (3273.0 + 3849.0))
+
+
+def test_peak_fit_keeps_every_part_nonnegative():
+    ls = [128, 512, 1024, 2048]
+    got = peak_fit(ls, [5000.0 * n - 2e5 for n in ls])  # a negative constant does not fit: r = 0, p absorbs it
+    assert min(got) >= 0 and got[2] == 0.0
+
+
+@pytest.mark.parametrize("q,p,fixed,stash,cap,extra", [(80.0, 3000.0, 5e5, 1, 32 * 2**20, 0.0),
+                                                        (0.0, 4096.0, 1e6, 4, 64 * 2**20, 1000.0),
+                                                        (12.5, 700.0, 2e6, 3, 2**27, 350.0)])
+def test_stage_max_len_is_the_largest_length_that_fits(q, p, fixed, stash, cap, extra):
+    ml = stage_max_len(mem(0, fixed, stash, q, p, extra), cap)
+    peak = lambda n: fixed + stash * (q * n * n + p * n) + extra * n  # noqa: E731
     assert peak(ml) <= cap * (1 + 1e-12) and peak(ml + 1) > cap
 
 
