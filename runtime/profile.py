@@ -161,8 +161,9 @@ def _replay_batch(mb: PackedBatch, cp: CPShards | None) -> PackedBatch:
 
 
 def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
-    """Bytes autograd keeps for backward from one forward of the stage (on its CP share of `mb`) as the replay
-    runs it (storages counted once, parameters excluded). Collective over TP and CP."""
+    """Bytes a micro-batch waiting for its backward holds on the stage (on its CP share of `mb`) as the replay
+    runs it: what autograd saves from its forward, plus its input and output, which the executor keeps for
+    the backward (storages counted once, parameters excluded). Collective over TP and CP."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
@@ -173,7 +174,10 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x, _replay_batch(mb, cp))
+        y = module(x, _replay_batch(mb, cp))
+    for t in (x, y):
+        if t is not None:
+            pack(t)
     return sum(seen.values())
 
 
