@@ -8,7 +8,19 @@ from pathlib import Path
 import numpy as np
 
 from hydraplan.fileio import model_json, write_model
-from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+from hydraplan.schema import (
+    BatchSeq,
+    Estimate,
+    GPUInfo,
+    MicroBatch,
+    ModelInfo,
+    Plan,
+    PlanPipeline,
+    Profile,
+    Scheme,
+    Strategies,
+    TimeCoeffs,
+)
 
 
 def tiny_profile() -> Profile:
@@ -66,3 +78,36 @@ def init_gloo(rank: int, world: int, port: int) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
+
+
+def make_plan(iteration: int, strategy: str, pipelines: list[tuple[int, int, list[int], list[list[int]]]],
+              gpus: int = 4, first_id: int = 0, cp: int = 1) -> Plan:
+    """pipelines: (tp, pp, ranks, micro-batches as lists of sequence lengths); ids are numbered from first_id."""
+    batch, out, sid = [], [], first_id
+    for tp, pp, ranks, mbs in pipelines:
+        micro = []
+        for lengths in mbs:
+            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
+            batch += [BatchSeq(id=sid + k, length=n) for k, n in enumerate(lengths)]
+            sid += len(lengths)
+        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
+    return Plan(iteration=iteration, profile="cpu-tiny", gpus=gpus, batch=batch, strategy=strategy,
+                pipelines=out, estimate=Estimate(propagation_s=0.0))
+
+
+def overlap_plans(world: int = 4) -> list[Plan]:
+    """Data parallel, TP, PP and back, on 4 (or 2) ranks: every rank computes and every rank's layers change owner."""
+    if world == 2:
+        return [
+            make_plan(0, "A", [(1, 1, [r], [[48, 32], [64]]) for r in range(2)], gpus=2),
+            make_plan(1, "B", [(2, 1, [0, 1], [[96, 64], [80, 48]])], gpus=2, first_id=100),
+            make_plan(2, "C", [(1, 2, [0, 1], [[64, 32], [48, 48], [50]])], gpus=2, first_id=200),
+            make_plan(3, "D", [(1, 1, [r], [[40, 40], [64]]) for r in range(2)], gpus=2, first_id=300),
+        ]
+    return [
+        make_plan(0, "A", [(1, 1, [r], [[24, 16], [32]]) for r in range(4)]),
+        make_plan(1, "B", [(2, 1, [0, 1], [[48, 32], [40, 24]]), (2, 1, [2, 3], [[50, 30], [38, 28]])], first_id=100),
+        make_plan(2, "C", [(1, 2, [0, 1], [[32, 16], [24, 24], [25]]), (1, 2, [2, 3], [[30, 15], [25, 22], [28]])],
+                  first_id=200),
+        make_plan(3, "D", [(1, 1, [r], [[20, 20], [32]]) for r in range(4)], first_id=300),
+    ]

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_run_plan import _torchrun, make_plan
+from helpers import make_plan
+from test_run_plan import _torchrun
 
 import hydraplan.runtime.model as model
 from hydraplan.fileio import write_model

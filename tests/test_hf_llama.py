@@ -16,8 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from helpers import free_port
-from test_run_plan import make_plan
+from helpers import free_port, make_plan
 
 from hydraplan.errors import UserError
 from hydraplan.runtime import hf

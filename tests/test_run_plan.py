@@ -12,7 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import free_port
+import torch
+import torch.multiprocessing as mp
+from helpers import free_port, make_plan, overlap_plans
+from overlap_worker import record as record_overlap
 
 from hydraplan.costmodel import load_profile
 from hydraplan.cpshard import shard_per_document
@@ -24,26 +27,11 @@ from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import CONFIGS, check_layout
 from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.run_plan import main
-from hydraplan.schema import BatchSeq, CPShard, Estimate, MicroBatch, Plan, PlanPipeline
+from hydraplan.schema import BatchSeq, CPShard, Plan
 
 SCRIPT = ROOT / "runtime" / "run_plan.py"
 PY = sys.executable
 TINY = CONFIGS["tiny"]
-
-
-def make_plan(iteration: int, strategy: str, pipelines: list[tuple[int, int, list[int], list[list[int]]]],
-              gpus: int = 4, first_id: int = 0, cp: int = 1) -> Plan:
-    """pipelines: (tp, pp, ranks, micro-batches as lists of sequence lengths); ids are numbered from first_id."""
-    batch, out, sid = [], [], first_id
-    for tp, pp, ranks, mbs in pipelines:
-        micro = []
-        for lengths in mbs:
-            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
-            batch += [BatchSeq(id=sid + k, length=n) for k, n in enumerate(lengths)]
-            sid += len(lengths)
-        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
-    return Plan(iteration=iteration, profile="cpu-tiny", gpus=gpus, batch=batch, strategy=strategy,
-                pipelines=out, estimate=Estimate(propagation_s=0.0))
 
 
 # --------------------------------------------------------------------------------------------- pure
@@ -347,47 +335,36 @@ def test_pack_with_cpu_tiny_then_replay(tmp_path):
     assert len(diffs) == 2 and max(diffs) <= 1e-9
 
 
-def _overlap_plans() -> list[Plan]:
-    """Data parallel, TP, PP and back, on 4 ranks: every rank computes and every rank's layers change owner."""
-    return [
-        make_plan(0, "A", [(1, 1, [r], [[24, 16], [32]]) for r in range(4)]),
-        make_plan(1, "B", [(2, 1, [0, 1], [[48, 32], [40, 24]]), (2, 1, [2, 3], [[50, 30], [38, 28]])], first_id=100),
-        make_plan(2, "C", [(1, 2, [0, 1], [[32, 16], [24, 24], [25]]), (1, 2, [2, 3], [[30, 15], [25, 22], [28]])],
-                  first_id=200),
-        make_plan(3, "D", [(1, 1, [r], [[20, 20], [32]]) for r in range(4)], first_id=300),
-    ]
-
-
-STATS = re.compile(r"^iteration (\d+) .* push [\d.]+s, step [\d.]+s; sync exposed ([\d.]+)s, hidden ([\d.]+)s, "
-                   r"peer wait ([\d.]+)s, pack ([\d.]+)s\)$", re.M)
-
-
-def _exposed(folder: Path, *flags: str) -> float:
-    res = _torchrun(4, str(folder), "--model", "tiny-wide", "--dtype", "fp64", *flags)
-    assert res.returncode == 0, res.stdout + res.stderr
-    rows = STATS.findall(res.stdout)
-    assert [int(r[0]) for r in rows] == [0, 1, 2, 3], res.stdout
-    return sum(float(r[1]) for r in rows)
-
-
 @pytest.mark.slow
-def test_overlap_hides_at_least_half_of_the_exposed_sync(tmp_path):
-    """Pull ahead of each layer and push per layer during the last backward: summed over four iterations
-    (DP, TP, PP, DP), the time compute waits on LNK after every rank posted is at most half of the same
-    plans with --no-overlap (where all of pull and push is exposed). tiny-wide: 8 layers of 655K
-    parameters in fp64, so one direction moves ~42 MB per rank in 10 exchanges, few and large enough that
-    gloo's per-collective latency on a loaded CPU does not dominate, and the first pull and the last push
-    are a small part of it. The machine is shared and other processes only add to a measurement, so each mode
-    keeps its best (least) of up to three runs, the usual estimator of what a configuration itself costs;
-    the first overlap run also verifies against the single-process reference."""
-    for p in _overlap_plans():
-        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
-    on, off = _exposed(tmp_path, "--verify"), _exposed(tmp_path, "--no-overlap")
-    for _ in range(2):
-        if on <= 0.5 * off:
-            break
-        on, off = min(on, _exposed(tmp_path)), min(off, _exposed(tmp_path, "--no-overlap"))
-    assert off > 0 and on <= 0.5 * off, (on, off)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pull_and_push_overlap_the_compute_layer_by_layer(tmp_path, overlap):
+    """The order of events on each computing rank (its own clock, so no timing margin): with overlap, the pull
+    of the stage's highest layer group is waited for only after its lowest decoder layer's forward began, and
+    the push of the highest group is posted before the backward of the lowest decoder layer in the last
+    micro-batch began (per layer, during the last backward; an 8-layer model, so several layers of compute
+    lie between the compared events). With --no-overlap, every pull is waited for before the propagation
+    and every push posted after it. DP, TP, PP and DP iterations on 4 gloo ranks."""
+    mp.spawn(record_overlap, args=(4, free_port(), overlap_plans(), overlap, str(tmp_path / "events.pt")), nprocs=4,
+             join=True)
+    results = torch.load(tmp_path / "events.pt", weights_only=False)
+    checked = 0
+    for plan, ranks in zip(overlap_plans(), results, strict=True):
+        for rank, ev in enumerate(ranks):
+            assert ev is not None, (plan.strategy, rank)  # every rank computes in these plans
+            start, end = ev["window"]
+            hi, low = max(ev["groups"]), ev["low"]
+            assert hi - low >= 3  # at least two whole decoder layers between the compared events
+            pull_wait = {g: t for kind, g, t, _ in ev["waits"] if kind == "pull"}
+            push_post = {g: t for (kind, g), t in ev["posts"].items() if kind == "push"}
+            assert set(ev["groups"]) <= set(pull_wait) and set(ev["groups"]) <= set(push_post)
+            if overlap:
+                assert pull_wait[hi] > min(ev["forward"]), (plan.strategy, rank)
+                assert push_post[hi] < max(ev["backward"]), (plan.strategy, rank)
+            else:
+                assert max(end for kind, _, _, end in ev["waits"] if kind == "pull") <= start, (plan.strategy, rank)
+                assert min(push_post.values()) >= end, (plan.strategy, rank)
+            checked += 1
+    assert checked == 16
 
 
 MEMORY = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d),(\d),1> stage (\d) largest micro-batch (\d+) "
