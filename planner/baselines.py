@@ -24,6 +24,7 @@ iteration), which is exact for its tp = 1 groups and favours it slightly when a 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -123,15 +124,27 @@ def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
 # ------------------------------------------------------------------------------------------- packing
 def ffd(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
     """First-fit decreasing bin packing: bins of at most `capacity` tokens, as index arrays (each in the
-    order its items were placed)."""
+    order its items were placed; read-only)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     _check_fits(lengths, capacity, "ffd")
     if lengths.size == 0:
         return []
+    return list(_ffd(lengths.tobytes(), int(capacity)))
+
+
+@functools.lru_cache(maxsize=16)
+def _ffd(key: bytes, capacity: int) -> tuple[np.ndarray, ...]:
+    """ffd by content: choosing a static layout packs the same batch for every scheme that holds the context
+    (Megatron packs to the context length whatever the scheme), 42 identical FFDs of 25K sequences per batch
+    at 8192 GPUs."""
+    lengths = np.frombuffer(key, dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     bins = first_fit_bins(lengths[order], capacity)
     by_bin = np.argsort(bins, kind="stable")
-    return np.split(order[by_bin], np.flatnonzero(np.diff(bins[by_bin])) + 1)
+    out = tuple(np.split(order[by_bin], np.flatnonzero(np.diff(bins[by_bin])) + 1))
+    for b in out:
+        b.setflags(write=False)
+    return out
 
 
 def deal_round_robin(n_items: int, n_pipelines: int) -> list[list[int]]:

@@ -15,6 +15,7 @@ end-to-end one through it and pruning stays exact.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -124,12 +125,27 @@ class ResolvedCandidate:
     def max_len(self) -> int:
         return max(s.max_len for s in self.schemes)
 
+    @functools.cached_property
+    def transfer_s(self) -> np.ndarray | None:
+        """`transfer` as an array (thousands of pipelines at 8192 GPUs), None when nothing is charged."""
+        return np.asarray(self.transfer, dtype=np.float64) if any(self.transfer) else None
+
+    @functools.cached_property
+    def kinds(self) -> tuple[list[Scheme], np.ndarray, np.ndarray | None]:
+        """The distinct (scheme, transfer) pairs, how many pipelines have each, and their transfers."""
+        t = self.transfer if self.transfer_s is not None else (0.0,) * len(self.schemes)
+        first: dict[tuple, int] = {}
+        idx = np.array([first.setdefault((s.key, tk), len(first)) for s, tk in zip(self.schemes, t, strict=True)])
+        pick = [self.schemes[int(np.argmax(idx == k))] for k in range(len(first))]
+        counts = np.bincount(idx, minlength=len(first))
+        return pick, counts, None if self.transfer_s is None else np.array([k[1] for k in first])
+
     def objective(self, propagation: np.ndarray | float, pipelines: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Pipelines' propagation times (or lower bounds on them) in the objective: unchanged without a
         transfer, else their end-to-end times (increasing in propagation, so bounds stay bounds)."""
-        if not any(self.transfer):
+        if self.transfer_s is None:
             return np.asarray(propagation, dtype=np.float64)
-        return np.asarray(end_to_end_s(np.asarray(self.transfer)[pipelines], propagation), dtype=np.float64)
+        return np.asarray(end_to_end_s(self.transfer_s[pipelines], propagation), dtype=np.float64)
 
 
 def resolve_strategies(
@@ -225,18 +241,14 @@ def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batch
 def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
     """A lower bound on every plan of the candidate for this batch, before any solving (inf if it cannot
     hold the batch): each sequence runs whole on a pipeline that can hold it, costing at least
-    pp * (a l^2 + b l + c) there; and the slowest pipeline is at least the mean of the cheapest work.
-    In the objective: the first through each scheme's end-to-end map, the second through the smallest
-    transfer's (the slowest pipeline pays at least that)."""
-    if any(cand.transfer):
-        first = {}
-        for s, t in zip(cand.schemes, cand.transfer, strict=True):
-            first.setdefault(s.key, (s, t))
-        uniq = [s for s, _ in first.values()]
-        t_uniq = np.array([t for _, t in first.values()])
-    else:
-        uniq = list({s.key: s for s in cand.schemes}.values())
-        t_uniq = None
+    pp * (a l^2 + b l + c) there; the slowest pipeline is at least the mean of the cheapest work; and the
+    pipelines able to hold the long sequences hold several of them when there are more such sequences than
+    pipelines (dispatch.pigeonhole_bound), and the longest few either share a pipeline or each take one
+    (dispatch.top_sequences_bound). In the objective: the first and last through each scheme's
+    end-to-end map, the mean through the smallest transfer's (the slowest pipeline pays at least that)."""
+    from hydraplan.dispatch import pigeonhole_bound, top_sequences_bound
+
+    uniq, counts, t_uniq = cand.kinds
     a, b, c = (np.array([getattr(s.time, f) for s in uniq]) for f in "abc")
     pp = np.array([s.pp for s in uniq], dtype=np.float64)
     ok = lengths[:, None] <= np.array([s.max_len for s in uniq])[None, :]
@@ -245,11 +257,12 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
     l = lengths.astype(np.float64)[:, None]
     w = (a * l + b) * l
     mean_work = np.where(ok, w, np.inf).min(axis=1).sum() / len(cand.schemes)
+    crowded = max(pigeonhole_bound(lengths, uniq, counts, t_uniq), top_sequences_bound(lengths, uniq, counts, t_uniq))
     if t_uniq is not None:
         alone = np.where(ok, end_to_end_s(t_uniq, pp * (w + c)), np.inf).min(axis=1).max()
-        return float(max(alone, end_to_end_s(min(cand.transfer), mean_work)))
+        return float(max(alone, end_to_end_s(float(t_uniq.min()), mean_work), crowded))
     alone = np.where(ok, pp * (w + c), np.inf).min(axis=1).max()
-    return float(max(alone, mean_work))
+    return float(max(alone, mean_work, crowded))
 
 
 def solve_candidate(
@@ -277,13 +290,16 @@ def solve_candidate(
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=str(e)), None)
     t1 = perf_counter()
     assign = np.asarray(d.assign)
-    bounds = cand.objective(lower_bound(lengths, assign, list(cand.schemes)))
+    eq2 = lower_bound(lengths, assign, list(cand.schemes))
+    bounds = cand.objective(eq2)
     done: dict[int, PipelineSolution] = {}
+    estimates = np.full(len(cand.schemes), np.nan)  # of the pipelines in `done`
 
     def record(pruned: bool) -> CandidateSolve:
-        proven = max([float(bounds.max(initial=0.0)), *(float(cand.objective(p.estimate_s, j)) for j, p in done.items())])
+        packed = np.flatnonzero(~np.isnan(estimates))
+        proven = max(float(bounds.max(initial=0.0)), float(cand.objective(estimates[packed], packed).max(initial=0.0)))
         return CandidateSolve(
-            name=cand.name, estimate_s=None if pruned else max(p.estimate_s for p in done.values()),
+            name=cand.name, estimate_s=None if pruned else float(estimates.max()),
             dispatch_s=t1 - t0, pack_s=perf_counter() - t1, dispatch_solver=d.solver,
             pack_solvers=[] if pruned else [done[j].solver for j in range(len(cand.schemes))],
             optimal=not pruned and bool(d.optimal) and all(p.optimal for p in done.values()),
@@ -292,12 +308,15 @@ def solve_candidate(
 
     if loses is not None and loses(float(bounds.max(initial=0.0))):
         return CandidateSolution(record(pruned=True), None)
+    one = _single_micro_batches(cand, lengths, assign)
+    for j, g in one.items():  # their estimate is their Eq. (2) bound, already checked above
+        done[j] = PipelineSolution([g] if g.size else [], float(eq2[j]), "greedy" if g.size else "empty", True)
+        estimates[j] = eq2[j]
     for j in np.argsort(-bounds, kind="stable"):  # the slowest pipeline first: the likeliest to rule it out
+        if j in done:
+            continue
         scheme = cand.schemes[j]
         idx = np.flatnonzero(assign == j)
-        if idx.size == 0:
-            done[j] = PipelineSolution([], 0.0, "empty", True)
-            continue
         kwargs = pack_kwargs
         if pack_budget_s is not None:
             cap = min(pack_kwargs.get("time_limit_s", DEFAULT_TIME_LIMIT_S), max(pack_budget_s, 0.0))
@@ -306,11 +325,28 @@ def solve_candidate(
         if pack_budget_s is not None:
             pack_budget_s -= r.dtime_s
         groups = [idx[np.asarray(mb, dtype=np.int64)] for mb in r.micro_batches]
-        est = canonical_pipeline_estimate(scheme, lengths, groups)
-        done[j] = PipelineSolution(groups, est, r.solver, bool(r.optimal))
+        done[j] = PipelineSolution(groups, canonical_pipeline_estimate(scheme, lengths, groups), r.solver, bool(r.optimal))
+        estimates[j] = done[j].estimate_s
         if loses is not None and loses(float(cand.objective(done[j].estimate_s, j))):
             return CandidateSolution(record(pruned=True), None)
     return CandidateSolution(record(pruned=False), [done[j] for j in range(len(cand.schemes))])
+
+
+def _single_micro_batches(cand: ResolvedCandidate, lengths: np.ndarray, assign: np.ndarray) -> dict[int, np.ndarray]:
+    """The pipelines whose packing needs no search, with their one micro-batch (empty: no sequence): pp = 1
+    and all their tokens within MaxLen, where one micro-batch is optimal (pp = 1 costs the sequences plus c per
+    micro-batch) and costs exactly the Eq. (2) bound. The sequences in pack's order (longest first, then by
+    position). Thousands of pipelines at 8192 GPUs, most of them so: found at once, not pipeline by pipeline."""
+    D = len(cand.schemes)
+    pp1 = np.array([s.pp == 1 for s in cand.schemes])
+    ml = np.array([s.max_len for s in cand.schemes], dtype=np.int64)
+    tokens = np.bincount(assign, weights=lengths, minlength=D)
+    easy = (pp1 & (tokens <= ml)) | (tokens == 0)
+    pick = easy[assign]
+    members = np.flatnonzero(pick)
+    members = members[np.lexsort((members, -lengths[members], assign[members]))]
+    cuts = np.searchsorted(assign[members], np.arange(D + 1))
+    return {int(j): members[cuts[j]:cuts[j + 1]] for j in np.flatnonzero(easy)}
 
 
 def loses_to(best: tuple[float, int] | None, k: int) -> Callable[[float], bool]:
@@ -346,16 +382,18 @@ def with_sync(plan: Plan, profile: Profile) -> Plan:
 def build_plan(
     batch: SeqBatch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], profile_name: str, gpus: int,
 ) -> Plan:
-    docs, sampled = batch.docs, batch.sampled
-    seqs = [
-        BatchSeq(id=int(i), length=int(l), doc=None if docs is None else int(docs[k]),
-                 sampled_iteration=None if sampled is None or sampled[k] == batch.iteration else int(sampled[k]))
-        for k, (i, l) in enumerate(zip(batch.ids, batch.lengths, strict=True))
-    ]
+    """The plan of the winning candidate. Built from the planner's own values, so its many small models (25K
+    sequences and thousands of pipelines at 8192 GPUs) are constructed without validation."""
+    ids, lengths = batch.ids.tolist(), batch.lengths.tolist()
+    docs = [None] * len(ids) if batch.docs is None else batch.docs.tolist()
+    sampled = [None] * len(ids) if batch.sampled is None else [
+        None if k == batch.iteration else k for k in batch.sampled.tolist()]
+    seqs = [BatchSeq.model_construct(id=i, length=l, doc=d, sampled_iteration=s)
+            for i, l, d, s in zip(ids, lengths, docs, sampled, strict=True)]
     plan_pipes = [
-        PlanPipeline(
+        PlanPipeline.model_construct(
             tp=spec.tp, pp=spec.pp, cp=spec.cp, ranks=list(spec.ranks or []),
-            micro_batches=[MicroBatch(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
+            micro_batches=[MicroBatch.model_construct(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
             estimate_s=sol.estimate_s,
         )
         for spec, sol in zip(cand.specs, pipelines, strict=True)

@@ -6,7 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan.dispatch import dispatch
+from hydraplan.dispatch import dispatch, pigeonhole_bound, top_sequences_bound
+from hydraplan.sync import end_to_end_s
 from tests.test_dispatch import eq2, instances, scheme
 
 
@@ -49,3 +50,69 @@ def test_sync_moves_work_to_the_pipeline_with_less_to_transfer():
     # 3 x 100 s on the first: h = max(300, 450 + 200) = 650 < 700 on the second; 4 would give 717, 2 give 800
     assert np.bincount(skewed.assign, minlength=2).tolist() == [3, 7]
     assert skewed.cost == pytest.approx(700)
+
+
+def e2e_brute(lengths, schemes, transfer):
+    """The planner's objective (docs/formats.md end to end: with the 2t floor) of the best Eq. (2) dispatch."""
+    def worst(assign):
+        return max(end_to_end_s(t, eq2(s, [int(l) for l, a in zip(lengths, assign) if a == j]))
+                   for j, (s, t) in enumerate(zip(schemes, transfer)))
+    return min(worst(a) for a in itertools.product(range(len(schemes)), repeat=len(lengths))
+               if all(l <= schemes[k].max_len for l, k in zip(lengths, a)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pigeonhole_bound_is_below_every_dispatch(seed):
+    """Against brute force over every dispatch (Eq. 2 loads, a lower bound of every packing), with and without
+    sync, on instances with more long sequences than the pipelines that hold them."""
+    rng = np.random.default_rng(70 + seed)
+    active = 0
+    for lengths, schemes in instances(25, 40 + seed):
+        top = max(s.max_len for s in schemes)
+        lengths = np.sort(np.r_[lengths, rng.integers(top // 2, top + 1, 2)])
+        lengths = lengths[-7:]
+        keys = sorted({(s.tp, s.pp, s.max_len, s.time.a, s.time.b, s.time.c) for s in schemes})
+        kinds = [next(s for s in schemes if (s.tp, s.pp, s.max_len, s.time.a, s.time.b, s.time.c) == k) for k in keys]
+        counts = np.array([sum((s.tp, s.pp, s.max_len, s.time.a, s.time.b, s.time.c) == k for s in schemes) for k in keys])
+        for transfer in (np.zeros(len(kinds)), np.array([float(rng.uniform(0, 1500)) / (s.tp * s.pp) for s in kinds])):
+            per_pipe = [transfer[keys.index((s.tp, s.pp, s.max_len, s.time.a, s.time.b, s.time.c))] for s in schemes]
+            bound = pigeonhole_bound(lengths, kinds, counts, transfer)
+            assert bound <= e2e_brute(lengths, schemes, per_pipe) * (1 + 1e-12)
+            active += bound > 0
+    assert active >= 10  # the cases with m >= 2 were exercised
+
+
+def test_pigeonhole_bound_counts_what_only_the_wide_pipeline_holds():
+    """Three sequences only the one wide pipeline can hold: at least three times the third longest there, above
+    the longest alone; nothing to add once there are as many wide pipelines as such sequences."""
+    wide, narrow = scheme(tp=2, a=5e-4, b=0.6, c=15.0, max_len=2000), scheme(max_len=1000)
+    lengths = np.array([1800, 1500, 1200, 300])
+    want = e2e_brute(lengths, [wide, narrow, narrow], [0.0, 0.0, 0.0])
+    assert pigeonhole_bound(lengths, [wide, narrow], np.array([1, 2])) == pytest.approx(
+        eq2(wide, [1200] * 3), rel=1e-12)  # the bound's m = 3 items of the third longest's length
+    assert eq2(wide, [1200] * 3) <= want <= eq2(wide, [1800, 1500, 1200]) + 1e-9
+    assert pigeonhole_bound(lengths, [wide, narrow], np.array([3, 2])) == 0.0  # enough wide pipelines: nothing to add
+
+
+def test_top_sequences_bound_is_its_definition():
+    """max over k of min(pair_k, own_k), with own_k by exhaustive search over assignments of the k longest to
+    distinct pipelines and pair_k over every pair of them and every scheme that holds both: the binary
+    searches over k and thresholds find what the definition says."""
+    rng = np.random.default_rng(11)
+    for lengths, schemes in instances(40, 90):
+        keys = sorted({(s.tp, s.pp, s.max_len) for s in schemes})
+        kinds = [next(s for s in schemes if (s.tp, s.pp, s.max_len) == k) for k in keys]
+        counts = np.array([sum((s.tp, s.pp, s.max_len) == k for s in schemes) for k in keys])
+        transfer = np.array([float(rng.uniform(0, 800)) / (s.tp * s.pp) for s in kinds]) if rng.random() < 0.5 else None
+        t = np.zeros(len(kinds)) if transfer is None else transfer
+        ls = sorted((int(x) for x in lengths), reverse=True)
+        pipes = [g for g, n in enumerate(counts) for _ in range(n)]
+        want = 0.0
+        for k in range(2, min(len(ls), len(pipes) + 1) + 1):
+            own = min((max(end_to_end_s(t[pipes[j]], eq2(kinds[pipes[j]], [ls[i]])) for i, j in enumerate(p))
+                       for p in itertools.permutations(range(len(pipes)), k)
+                       if all(ls[i] <= kinds[pipes[j]].max_len for i, j in enumerate(p))), default=np.inf)
+            pair = min((end_to_end_s(t[g], eq2(s, [ls[k - 2], ls[k - 1]])) for g, s in enumerate(kinds)
+                        if ls[k - 2] <= s.max_len), default=np.inf)
+            want = max(want, min(own, pair))
+        assert top_sequences_bound(lengths, kinds, counts, transfer) == pytest.approx(want, rel=1e-12, abs=1e-12)
