@@ -97,13 +97,14 @@ def _dominated(schemes: Sequence[Scheme], transfer: np.ndarray) -> np.ndarray:
 
 
 def _instance(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfer: np.ndarray | None,
-              group: np.ndarray | None = None) -> _Instance:
+              group: np.ndarray | None = None, prune: bool = True) -> _Instance:
     """The MILP's data. Items are the distinct lengths, or with `group` (a label per sequence) groups of
     sequences costed at their mean and held to their longest: no longer a relaxation then, but a smaller
-    model with the same structure (planner/synthesis.py uses it to shape strategies, never as a bound)."""
+    model with the same structure (planner/synthesis.py uses it to shape strategies, never as a bound).
+    `prune=False` keeps dominated schemes (a given strategy's pipelines are what they are)."""
     t_all = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
     usable = np.array([s.gpus <= gpus for s in schemes])
-    keep = np.flatnonzero(usable & ~_dominated(schemes, np.where(usable, t_all, np.inf)))
+    keep = np.flatnonzero(usable & ~_dominated(schemes, np.where(usable, t_all, np.inf))) if prune else np.flatnonzero(usable)
     ks = [schemes[k] for k in keep]
     lengths = np.asarray(lengths, dtype=np.int64)
     a = np.array([s.time.a for s in ks])
@@ -131,12 +132,14 @@ def _instance(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfe
 
 
 def _probe(inst: _Instance, X: float, minimize: bool = False, max_nodes: int | None = None,
-           unknown_feasible: bool = False, time_limit_s: float | None = None, relax: bool = False) -> np.ndarray | None:
+           unknown_feasible: bool = False, time_limit_s: float | None = None, relax: bool = False,
+           most: np.ndarray | None = None) -> np.ndarray | None:
     """Pipeline counts per kept scheme meeting X within N GPUs (with `minimize`, the fewest GPUs), or None when
     none do. With `max_nodes` (deterministic) a search that ends at the limit without a solution counts as
     infeasible (None: fine for shaping strategies), or with `unknown_feasible` as feasible (all-zero counts:
     what the bound needs, since treating an unproven X as feasible can only lower it). `time_limit_s` (wall
-    seconds, so not deterministic: benchmarks only) ends a probe the same way."""
+    seconds, so not deterministic: benchmarks only) ends a probe the same way. `most`: at most this many
+    busy pipelines per kept scheme (a given strategy's)."""
     budget = inst.budget(X)
     ok = (inst.lengths[:, None] <= inst.max_len) & (inst.alone <= budget)
     ok &= (budget - inst.pp * inst.c > 0)
@@ -162,7 +165,7 @@ def _probe(inst: _Instance, X: float, minimize: bool = False, max_nodes: int | N
     lp.num_col_, lp.num_row_ = nx + nk, n_rows
     lp.col_cost_ = np.r_[np.zeros(nx), inst.g[used] * float(minimize)]
     lp.col_lower_ = np.zeros(nx + nk)
-    lp.col_upper_ = np.r_[inst.count[ii], np.floor(inst.gpus / inst.g[used])]
+    lp.col_upper_ = np.r_[inst.count[ii], np.floor(inst.gpus / inst.g[used]) if most is None else most[used]]
     lp.row_lower_ = np.r_[inst.count, np.full(3 * nk + 1, -highspy.kHighsInf)]
     lp.row_upper_ = np.r_[inst.count, np.zeros(3 * nk), float(inst.gpus)]
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
@@ -253,3 +256,15 @@ def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Sc
                                           time_limit_s=time_limit_s)
     counts = {int(inst.keep[k]): int(n) for k, n in enumerate(best) if n > 0}
     return BoundResult(latency_s=float(lo), pipelines=counts, feasible_s=float(hi), probes=probes)
+
+
+def strategy_meets(lengths: np.ndarray, schemes: Sequence[Scheme], counts: np.ndarray, X: float,
+                   transfer: np.ndarray | None = None) -> bool:
+    """Whether the relaxation above, for the given strategy (counts[k] pipelines of schemes[k]: at most that
+    many busy), is feasible at latency X (end to end with `transfer` per scheme). False proves every plan of
+    the strategy slower than X: the planner's pruning asks this of a candidate before dispatching it. One LP
+    (pipeline counts continuous, which only loosens it)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.float64)
+    inst = _instance(lengths, schemes, int(sum(s.gpus * n for s, n in zip(schemes, counts))), transfer, prune=False)
+    return _probe(inst, X, relax=True, most=counts[inst.keep]) is not None

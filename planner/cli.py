@@ -72,8 +72,10 @@ def propose(
                                              "(default: the profile's)"),
     tokens_per_iter: int | None = typer.Option(None, "--tokens-per-iter", help="nominal batch the expected cost is "
                                                "taken on (default: 4096 per GPU)"),
-    max_candidates: int = typer.Option(10, "--max-candidates", help="keep at most this many candidates, preferring the "
-                                       "L' ranges that most often hold an iteration's longest sequence (0: all)"),
+    max_candidates: int | None = typer.Option(None, "--max-candidates", help="keep at most this many candidates, "
+                                              "preferring the L' ranges that most often hold an iteration's longest "
+                                              "sequence (0: all; default: all while candidates x sequences per "
+                                              "iteration <= 1M, e.g. all at 64-1024 GPUs, 37 at 8192 GPUs / 25M tokens)"),
     json_out: bool = json_option("print the strategies file instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
@@ -100,7 +102,7 @@ def propose(
     ds = load_dataset(dataset, context_len)
     length = context_len or int(ds.lengths.max())
     strategies = run_propose(prof, ds, gpus, length, gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter,
-                             max_candidates=max_candidates or None, objective=objective)
+                             max_candidates=max_candidates, objective=objective)
     write_model(out, strategies)
     if json_out:
         typer.echo(model_json(strategies))

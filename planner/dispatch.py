@@ -143,6 +143,12 @@ def lower_bound(lengths: np.ndarray, assign: np.ndarray, schemes: list[Scheme]) 
     return np.where(L > 0, C + c * -(-L // ml) + ppm1 * (mx + c), 0.0)
 
 
+def _longest_first(lengths: np.ndarray) -> np.ndarray:
+    """The lengths sorted descending (as given when they already are: the planner sorts once per batch)."""
+    ls = np.asarray(lengths, dtype=np.int64)
+    return ls if not np.any(ls[1:] > ls[:-1]) else np.sort(ls)[::-1]
+
+
 def pigeonhole_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.ndarray,
                      transfer: np.ndarray | None = None) -> float:
     """A lower bound on every dispatch of `lengths` to counts[k] pipelines of schemes[k] (in the objective: with
@@ -153,7 +159,7 @@ def pigeonhole_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.ndar
     least m w(l_t) + c ceil(m l_t / MaxLen) + (pp-1)(w(l_t) + c) on the cheapest of those schemes. For each m
     only the first t matters (the bound falls with l_t). m = 1 is the sequence alone; m >= 2 is what decides
     candidates with few wide pipelines for many long sequences (two 32K documents on one pipeline)."""
-    ls = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    ls = _longest_first(lengths)
     ml = np.array([s.max_len for s in schemes], dtype=np.int64)
     a, b, c = (np.array([getattr(s.time, f) for s in schemes]) for f in "abc")
     ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
@@ -193,7 +199,7 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     K = min(len(lengths), int(counts.sum()) + 1, top)
     if K < 2 or G > 8:
         return 0.0
-    ls = np.sort(np.asarray(lengths, dtype=np.int64))[::-1][:K]
+    ls = _longest_first(lengths)[:K]
     ml = np.array([s.max_len for s in schemes], dtype=np.int64)
     a, b, c = (np.array([getattr(s.time, f) for s in schemes]) for f in "abc")
     ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
@@ -204,6 +210,8 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     alone = np.where(fits, end_to_end_s(t, (ppm1 + 1) * (w + c)), np.inf)
     pair = w[:-1] + w[1:] + c * np.ceil((l[:-1] + l[1:]) / ml) + ppm1 * (w[:-1] + c)
     pair = np.r_[np.inf, np.inf, np.where(fits[:-1], end_to_end_s(t, pair), np.inf).min(axis=1)]  # index k
+    if pair[2] <= alone[0].min():  # every min(pair_k, own_k) <= pair_2: nothing above the longest alone
+        return 0.0
     sets = np.arange(1 << G)
     cap = ((sets[:, None] >> np.arange(G)) & 1) @ counts
     bit = 1 << np.arange(G)

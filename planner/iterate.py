@@ -238,30 +238,35 @@ def canonical_pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batch
     return pipeline_time_from_mb(mb, scheme.pp)
 
 
-def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray) -> float:
+def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray, longest_first: np.ndarray | None = None) -> float:
     """A lower bound on every plan of the candidate for this batch, before any solving (inf if it cannot
-    hold the batch): each sequence runs whole on a pipeline that can hold it, costing at least
-    pp * (a l^2 + b l + c) there; the slowest pipeline is at least the mean of the cheapest work; and the
-    pipelines able to hold the long sequences hold several of them when there are more such sequences than
-    pipelines (dispatch.pigeonhole_bound), and the longest few either share a pipeline or each take one
-    (dispatch.top_sequences_bound). In the objective: the first and last through each scheme's
-    end-to-end map, the mean through the smallest transfer's (the slowest pipeline pays at least that)."""
+    hold the batch): the longest sequence runs whole on a pipeline that can hold it, costing at least
+    pp * (a l^2 + b l + c) there (no other sequence alone costs more: it is shorter and fits more schemes);
+    the slowest pipeline is at least the mean of the cheapest work; the pipelines able to hold the long
+    sequences hold several of them when there are more such sequences than pipelines
+    (dispatch.pigeonhole_bound), and the longest few either share a pipeline or each take one
+    (dispatch.top_sequences_bound). In the objective: through each scheme's end-to-end map, the mean
+    through the smallest transfer's (the slowest pipeline pays at least that). `longest_first`: the
+    lengths sorted descending, when the caller has them (one sort per batch for all candidates)."""
     from hydraplan.dispatch import pigeonhole_bound, top_sequences_bound
 
+    ls = np.sort(lengths)[::-1] if longest_first is None else longest_first
     uniq, counts, t_uniq = cand.kinds
     a, b, c = (np.array([getattr(s.time, f) for s in uniq]) for f in "abc")
     pp = np.array([s.pp for s in uniq], dtype=np.float64)
-    ok = lengths[:, None] <= np.array([s.max_len for s in uniq])[None, :]
-    if not ok.any(axis=1).all():
+    ml = np.array([s.max_len for s in uniq])
+    top = float(ls[0])
+    fits = top <= ml
+    if not fits.any():
         return float("inf")
+    alone_s = pp * ((a * top + b) * top + c)
+    alone = float(np.where(fits, alone_s if t_uniq is None else end_to_end_s(t_uniq, alone_s), np.inf).min())
     l = lengths.astype(np.float64)[:, None]
     w = (a * l + b) * l
-    mean_work = np.where(ok, w, np.inf).min(axis=1).sum() / len(cand.schemes)
-    crowded = max(pigeonhole_bound(lengths, uniq, counts, t_uniq), top_sequences_bound(lengths, uniq, counts, t_uniq))
+    mean_work = np.where(lengths[:, None] <= ml, w, np.inf).min(axis=1).sum() / len(cand.schemes)
     if t_uniq is not None:
-        alone = np.where(ok, end_to_end_s(t_uniq, pp * (w + c)), np.inf).min(axis=1).max()
-        return float(max(alone, end_to_end_s(float(t_uniq.min()), mean_work), crowded))
-    alone = np.where(ok, pp * (w + c), np.inf).min(axis=1).max()
+        mean_work = end_to_end_s(float(t_uniq.min()), mean_work)
+    crowded = max(pigeonhole_bound(ls, uniq, counts, t_uniq), top_sequences_bound(ls, uniq, counts, t_uniq))
     return float(max(alone, mean_work, crowded))
 
 
@@ -349,6 +354,22 @@ def _single_micro_batches(cand: ResolvedCandidate, lengths: np.ndarray, assign: 
     return {int(j): members[cuts[j]:cuts[j + 1]] for j in np.flatnonzero(easy)}
 
 
+def relaxation_bound(cand: ResolvedCandidate, lengths: np.ndarray, best: tuple[float, int] | None, k: int) -> float | None:
+    """X, proven below every plan of candidate k, when that is enough to rule it out against the best (estimate,
+    index) so far (loses_to's rule), else None: the LP relaxation of the candidate's dispatch and packing
+    (hydraplan.bound.strategy_meets) is infeasible at X. One LP, asked only of candidates the cheap bounds
+    left, before their dispatch: in iterations without a dominant long document (the loads balanced) the
+    candidates' dispatches are what planning costs, and their relaxations are within a few percent of them."""
+    from hydraplan.bound import strategy_meets
+
+    if best is None:
+        return None
+    est, idx = best
+    X = est * (1 - PRUNE_RTOL if k > idx else 1 + PRUNE_RTOL)
+    uniq, counts, t = cand.kinds
+    return None if strategy_meets(lengths, uniq, counts, X, t) else X
+
+
 def loses_to(best: tuple[float, int] | None, k: int) -> Callable[[float], bool]:
     """Whether a lower bound rules candidate k out against the best (estimate, index) so far. Ties go to
     the lower index; PRUNE_RTOL absorbs rounding between bound and estimate, so pruning changes the choice
@@ -382,18 +403,15 @@ def with_sync(plan: Plan, profile: Profile) -> Plan:
 def build_plan(
     batch: SeqBatch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], profile_name: str, gpus: int,
 ) -> Plan:
-    """The plan of the winning candidate. Built from the planner's own values, so its many small models (25K
-    sequences and thousands of pipelines at 8192 GPUs) are constructed without validation."""
-    ids, lengths = batch.ids.tolist(), batch.lengths.tolist()
+    ids, lengths = batch.ids.tolist(), batch.lengths.tolist()  # plain ints: 25K sequences at 8192 GPUs
     docs = [None] * len(ids) if batch.docs is None else batch.docs.tolist()
     sampled = [None] * len(ids) if batch.sampled is None else [
         None if k == batch.iteration else k for k in batch.sampled.tolist()]
-    seqs = [BatchSeq.model_construct(id=i, length=l, doc=d, sampled_iteration=s)
-            for i, l, d, s in zip(ids, lengths, docs, sampled, strict=True)]
+    seqs = [BatchSeq(id=i, length=l, doc=d, sampled_iteration=s) for i, l, d, s in zip(ids, lengths, docs, sampled, strict=True)]
     plan_pipes = [
-        PlanPipeline.model_construct(
+        PlanPipeline(
             tp=spec.tp, pp=spec.pp, cp=spec.cp, ranks=list(spec.ranks or []),
-            micro_batches=[MicroBatch.model_construct(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
+            micro_batches=[MicroBatch(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
             estimate_s=sol.estimate_s,
         )
         for spec, sol in zip(cand.specs, pipelines, strict=True)
@@ -507,7 +525,8 @@ class Planner:
         self.check_feasible(b)
         t0 = perf_counter()
         seed = solver_seed(self.seed, b.iteration)
-        bounds = [candidate_bound(c, b.lengths) for c in self.candidates]
+        ordered = np.sort(b.lengths)[::-1]
+        bounds = [candidate_bound(c, b.lengths, ordered) for c in self.candidates]
         order = sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k))
         sols: list[CandidateSolution] = [None] * len(bounds)  # type: ignore[list-item]
         best: tuple[float, int] | None = None
@@ -517,6 +536,10 @@ class Planner:
             loses = loses_to(best, k) if self.prune else None
             if loses is not None and loses(bounds[k]) and np.isfinite(bounds[k]):
                 sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=bounds[k], pruned=True), None)
+                continue
+            relaxed = relaxation_bound(cand, b.lengths, best, k) if loses is not None and np.isfinite(bounds[k]) else None
+            if relaxed is not None:
+                sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bounds[k], relaxed), pruned=True), None)
                 continue
             sols[k] = solve_candidate(cand, b.lengths, method=self.dispatch, seed=seed, loses=loses,
                                       dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs,

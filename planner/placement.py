@@ -36,19 +36,20 @@ def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int
     for i in todo:
         g = pipelines[i].gpus
         out[i] = nodes.whole(g) if g >= gpus_per_node else nodes.within_one(g)
-    return [p.model_copy(update={"ranks": r}) for p, r in zip(pipelines, out, strict=True)]
+    return [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=r) for p, r in zip(pipelines, out, strict=True)]
 
 
 class _Nodes:
-    """Free ranks per node (ascending). Free counts only shrink, so the first node that can take g ranks
-    never moves left: a cursor per g makes placing thousands of pipelines (8192 GPUs) linear in the
-    nodes, not pipelines x nodes."""
+    """Free ranks per node (ascending). Free counts only shrink, so the first node that can take g ranks,
+    or start a run of whole free nodes for g, never moves left: a cursor per g makes placing thousands of
+    pipelines (8192 GPUs) linear in the nodes, not pipelines x nodes."""
 
     def __init__(self, taken: list[bool], gpus_per_node: int):
         gpus = len(taken)
         self.size = [min(gpus_per_node, gpus - n) for n in range(0, gpus, gpus_per_node)]
         self.free = [[r for r in range(n, n + sz) if not taken[r]] for n, sz in zip(range(0, gpus, gpus_per_node), self.size)]
         self.first_fit: dict[int, int] = {}  # g -> no node before this one has g free ranks
+        self.first_run: dict[int, int] = {}  # g -> no run of whole free nodes for g starts before this node
 
     def _take(self, node: int, g: int) -> list[int]:
         ranks, self.free[node] = self.free[node][:g], self.free[node][g:]
@@ -56,14 +57,16 @@ class _Nodes:
 
     def whole(self, g: int) -> list[int]:
         """g ranks from a run of consecutive entirely free nodes, starting at a node boundary."""
-        run_start, run = 0, 0
-        for n, (free, size) in enumerate(zip(self.free, self.size)):
-            if len(free) != size:
+        run_start, run = self.first_run.get(g, 0), 0
+        for n in range(run_start, len(self.free)):
+            if len(self.free[n]) != self.size[n]:
                 run_start, run = n + 1, 0
                 continue
-            run += size
+            run += self.size[n]
             if run >= g:
+                self.first_run[g] = run_start
                 return self._take_run(run_start, n, g)
+        self.first_run[g] = len(self.free)
         return self.lowest(g)
 
     def _take_run(self, first: int, last: int, g: int) -> list[int]:

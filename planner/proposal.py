@@ -67,7 +67,10 @@ __all__ = ["CellCosts", "IntegerSolution", "RelaxedSolution", "build_cells", "so
 
 LENGTH_STEP = 128
 TOKENS_PER_GPU = 4096
-MAX_CANDIDATES = 10
+# Every iteration bounds every candidate before solving the promising ones (planner/iterate.py), O(sequences)
+# work per candidate: by default candidates are kept while candidates x expected sequences per iteration stays
+# within this (every candidate up to ~4000 sequences per iteration, the 37 most useful at 8192 GPUs / 25M tokens)
+CANDIDATE_SEQUENCES = 1_000_000
 
 
 class _HasHistogram(Protocol):
@@ -534,15 +537,16 @@ class _Entry:
 
 def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gpus: int, context_len: int,
             gpus_per_node: int | None = None, tokens_per_iter: int | None = None,
-            max_candidates: int | None = MAX_CANDIDATES, objective: str = "end-to-end") -> Strategies:
+            max_candidates: int | None = None, objective: str = "end-to-end") -> Strategies:
     """Candidate strategies for `gpus` GPUs: the rounded relaxed optimum for every L' <= context_len,
     the integer optimum of Eq. (4) for L, and the best homogeneous strategy; ranks placed. Latencies are
     end to end (the profile's sync model) or, with objective "propagation" or no sync model, propagation.
 
-    Every candidate is solved on every iteration, so when the union over L' is larger than
-    max_candidates (None or 0: keep all) only the relaxed optima most likely to be needed are kept: those
-    whose L' range most often holds an iteration's longest sequence (p_longest, for a nominal batch of
-    independently drawn sequences). The integer optimum and the homogeneous fallback are always kept."""
+    Every candidate is bounded on every iteration, so when the union over L' is larger than max_candidates
+    (0: keep all; None: as many as CANDIDATE_SEQUENCES allows for the nominal batch) only the relaxed optima
+    most likely to be needed are kept: those whose L' range most often holds an iteration's longest sequence
+    (p_longest, for a nominal batch of independently drawn sequences). The integer optimum and the
+    homogeneous fallback are always kept."""
     view = for_gpus(profile, gpus)
     longest = max(view.schemes, key=lambda s: (s.max_len, -s.gpus))
     if context_len > longest.max_len:
@@ -550,6 +554,8 @@ def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gp
                         f"it; the longest supported length is {longest.max_len} ({longest.label})")
     if context_len < 1:
         raise UserError(f"--context-len must be positive (got {context_len})")
+    if max_candidates is not None and max_candidates < 0:
+        raise UserError(f"--max-candidates must be 0 (keep all) or a positive count (got {max_candidates})")
     if tokens_per_iter is not None and tokens_per_iter < 1:
         raise UserError(f"--tokens-per-iter must be positive (got {tokens_per_iter})")
     tokens_per_iter = tokens_per_iter or TOKENS_PER_GPU * gpus
@@ -600,6 +606,9 @@ def propose(profile: Profile, lengths_or_dataset: np.ndarray | _HasHistogram, gp
         e.p_longest = float(p_top[sorted(e.cells)].sum())
     kept = [e for e in entries.values() if e.sources != ["relaxed-dp"]]
     rest = sorted((e for e in entries.values() if e.sources == ["relaxed-dp"]), key=lambda e: (-e.p_longest, e.hi))
+    if max_candidates is None:
+        per_iteration = tokens_per_iter * counts.sum() / float((values * counts).sum())
+        max_candidates = max(1, int(CANDIDATE_SEQUENCES / per_iteration))
     if max_candidates:
         rest = rest[: max(0, max_candidates - len(kept))]
     ordered = sorted(kept + rest, key=lambda e: (e.hi, e.lo, e.latency, e.counts))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import tiny_profile, write_run_inputs
 
+from hydraplan.iterate import PRUNE_RTOL
 from hydraplan.schema import Scheme, Strategies, Summary
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
@@ -130,9 +131,9 @@ def test_summary_scores_the_megatron_baseline_on_the_same_batches(inputs):
     static = next(c for c in Strategies.model_validate_json((out / "strategies.json").read_text()).candidates
                   if c.name == "static")
     assert [f"<{p.tp},{p.pp},{p.cp}>" for p in static.pipelines] == [best] * 2
-    for it in summary.iterations:
+    for it in summary.iterations:  # a pruned one: up to pruning's tie tolerance (a tie goes to the earlier candidate)
         solve = next(c for c in it.candidates if c.name == "static")
-        assert it.estimate_s <= (solve.bound_s if solve.pruned else solve.estimate_s) * (1 + 1e-12)
+        assert it.estimate_s <= (solve.bound_s if solve.pruned else solve.estimate_s) * (1 + PRUNE_RTOL)
 
 
 def test_no_candidate_holds_a_sequence_exits_2_naming_the_length(inputs):

@@ -229,7 +229,7 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
     prof = mid_profile()
     gpus, L = 32, 30000
     lengths = wiki_like(1)
-    s = propose(prof, lengths, gpus, L, max_candidates=None)
+    s = propose(prof, lengths, gpus, L, max_candidates=0)
     view = {p.key: p for p in for_gpus(prof, gpus).schemes}
     assert [c.name for c in s.candidates] == [f"S{i}" for i in range(len(s.candidates))]
     for c in s.candidates:
@@ -264,7 +264,7 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
 
 def test_max_candidates_keeps_integer_and_homogeneous():
     prof, lengths = mid_profile(), wiki_like(2)
-    full = propose(prof, lengths, 32, 30000, max_candidates=None)
+    full = propose(prof, lengths, 32, 30000, max_candidates=0)
     few = propose(prof, lengths, 32, 30000, max_candidates=3)
     assert len(full.candidates) > 3 >= len(few.candidates)
     assert {"integer-dp", "homogeneous"} <= {src for c in few.candidates for src in c.sources}
