@@ -215,7 +215,8 @@ def pack(
         typer.echo(model_json(summary))
         return
     its = summary.iterations
-    chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")})
+    order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
+    chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")}, key=lambda n: (order.get(n, len(order)), n))
     made = f", {summary.synthesized_iterations} made for their batch" if summary.synthesized_iterations else ""
     e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
     console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "

@@ -107,19 +107,25 @@ def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], 
                   gpus_per_node: int) -> list[PipelineSpec]:
     """Ranks for `specs`, reusing the rank lists of `known` pipelines of the same scheme where they are still
     free (in the order given: earlier ones are preferred); the rest placed node-aware around them."""
-    pool: dict[tuple[int, int, int], list[tuple[int, ...]]] = {}
+    pool: dict[tuple[int, int, int], dict[tuple[int, ...], None]] = {}  # insertion-ordered sets
     for p in known:
         if p.ranks is not None:
-            lst = pool.setdefault(p.key, [])
-            if tuple(p.ranks) not in lst:
-                lst.append(tuple(p.ranks))
+            pool.setdefault(p.key, {})[tuple(p.ranks)] = None
+    lists = {k: list(v) for k, v in pool.items()}
+    at = dict.fromkeys(lists, 0)  # a rank list found taken stays taken: each scheme's scan only moves on
     taken: set[int] = set()
     out = []
     for p in specs:
-        pick = next((r for r in pool.get(p.key, []) if taken.isdisjoint(r)), None)
+        pick, lst = None, lists.get(p.key, [])
+        while at.get(p.key, 0) < len(lst):
+            r = lst[at[p.key]]
+            at[p.key] += 1
+            if taken.isdisjoint(r):
+                pick = r
+                break
         if pick is not None:
             taken.update(pick)
-        out.append(p.model_copy(update={"ranks": None if pick is None else list(pick)}))
+        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
     return place_ranks(out, gpus, gpus_per_node)
 
 
