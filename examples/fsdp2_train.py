@@ -34,6 +34,7 @@ from hydraplan.errors import UserError
 from hydraplan.fileio import write_model
 from hydraplan.loader import PackedBatch, PlanLoader
 from hydraplan.runtime.batches import IGNORE
+from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.model import StageModule, get_config, init_full, load_full, param_specs
 from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
 
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except UserError as e:  # bad input: one line, exit 2
         print(f"fsdp2_train: {e}", file=sys.stderr)
         sys.exit(2)
+    exit_process(code)  # after destroy_process_group: see hydraplan.runtime.groups

@@ -299,4 +299,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hydraplan.runtime.groups import exit_process
+
+    exit_process(main())

@@ -12,6 +12,7 @@ from helpers import init_gloo
 
 from hydraplan.runtime import hf
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.replay import Replayer
 
@@ -38,3 +39,4 @@ def replay_gradients(rank: int, world: int, port: int, folder: str, plans: list,
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
+    exit_process(0)

@@ -12,6 +12,7 @@ from helpers import init_gloo
 
 from hydraplan.runtime import lnk, replay
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.model import ModelConfig
 from hydraplan.runtime.replay import Replayer
 
@@ -69,3 +70,4 @@ def record(rank: int, world: int, port: int, plans: list, overlap: bool, out: st
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
+    exit_process(0)

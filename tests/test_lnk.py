@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
 from hydraplan.runtime import lnk
+from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.lnk import Role, plan_link
 
 
@@ -274,6 +275,7 @@ def _worker(rank: int, world: int, port: int) -> None:
             torch.testing.assert_close(pushed[off:off + len(rs)], rs, rtol=0, atol=1e-12)
     finally:
         dist.destroy_process_group()
+    exit_process(0)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
 from hydraplan.runtime.batches import IGNORE, TokenData
+from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.model import (
     CONFIGS,
     StageModule,
@@ -130,6 +131,7 @@ def _tp_worker(rank: int, world: int, port: int) -> None:
                 torch.testing.assert_close(p.grad, tp_slice(rp.grad, specs[i], world, rank), rtol=0, atol=1e-12)
     finally:
         dist.destroy_process_group()
+    exit_process(0)
 
 
 @pytest.mark.slow
