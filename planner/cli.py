@@ -453,6 +453,8 @@ def profile_cmd(
                                      "shared or oversubscribed CPU's wall time measures the other processes)"),
     warmup: int = typer.Option(1, "--warmup", help="unrecorded runs before the measured ones"),
     repeats: int = typer.Option(3, "--repeats", help="measured runs per point; the median is kept"),
+    launches: int = typer.Option(1, "--launches", help="separate runtime jobs per measurement, the median over them kept "
+                                 "(a shared CPU runs one process ~20% faster or slower than another)"),
     json_out: bool = json_option("print the fit (or the --check rows) as JSON"),
 ) -> None:
     """Measure T(l,P) and MaxLen in the runtime on this machine and write a profile ("source": "measured"),
@@ -484,8 +486,8 @@ def profile_cmd(
     clock = clock or ("wall" if device == "cuda" else "cpu")
     if clock not in ("cpu", "wall") or (clock == "cpu" and device == "cuda"):
         raise UserError(f"--clock must be wall, or cpu on --device cpu (got {clock!r} on {device})")
-    if warmup < 0 or repeats < 1:
-        raise UserError(f"--warmup must be >= 0 and --repeats >= 1 (got {warmup} and {repeats})")
+    if warmup < 0 or repeats < 1 or launches < 1:
+        raise UserError(f"--warmup must be >= 0, --repeats and --launches >= 1 (got {warmup}, {repeats} and {launches})")
     if check is not None:
         from hydraplan.costmodel import load_profile
 
@@ -493,7 +495,7 @@ def profile_cmd(
             raise UserError("--check needs --profile (the profile whose estimates are checked)")
         prof = load_profile(profile_name)
         rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
-                                    warmup=warmup, repeats=repeats)
+                                    warmup=warmup, repeats=repeats, launches=launches)
         summary = measure.check_summary(rows)
         if json_out:
             typer.echo(json.dumps({"profile": prof.name, **summary, "iterations": [measure.check_row_json(r) for r in rows]},
@@ -539,7 +541,7 @@ def profile_cmd(
     with console.status("measuring") as status:
         prof, fits = measure.measure_profile(out.stem, model, device, todo, memory_gib * 2**30, gpus_per_node=gpus,
                                              clock=clock, dtype=dtype, warmup=warmup, repeats=repeats,
-                                             progress=lambda s: status.update(f"measuring {s} in the runtime"))
+                                             launches=launches, progress=lambda s: status.update(f"measuring {s} in the runtime"))
     write_model(out, prof)
     if json_out:
         typer.echo(json.dumps({"schemes": [{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len,

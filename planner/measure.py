@@ -215,10 +215,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def median_points(launches: Sequence[list[dict]]) -> list[dict]:
+    """Timing points of several launches of one scheme's measurement combined: per grid point (by its lengths;
+    the grid follows MaxLen, which the first launch fixed) the median of the launches' medians, and every run."""
+    out = []
+    for p in launches[0]:
+        same = [q for pts in launches for q in pts if q["lengths"] == p["lengths"]]
+        out.append({"lengths": p["lengths"], "seconds": float(np.median([q["seconds"] for q in same])),
+                    "runs": [r for q in same for r in q["runs"]], "launches": len(same)})
+    return out
+
+
 def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
                     *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
-                    timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
-    """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured"."""
+                    launches: int = 1, timeout_s: float = 600.0,
+                    progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
+    """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured". Each scheme is
+    measured in `launches` separate runtime jobs (median_points): on a shared CPU one process's own speed
+    varies by about 20% against another's, which a median within one process cannot see."""
     from hydraplan.runtime.model import get_config
 
     cfg = get_config(model)
@@ -230,9 +244,11 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
     for tp, pp, cp in schemes:
         if progress is not None:
             progress(f"<{tp},{pp},{cp}>")
-        raw = run_runtime(["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--model", model, "--dtype", dtype,
-                           "--clock", clock, "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node),
-                           "--warmup", str(warmup), "--repeats", str(repeats)], tp * pp * cp, device, timeout_s)
+        args = ["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--model", model, "--dtype", dtype, "--clock", clock,
+                "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node), "--warmup", str(warmup),
+                "--repeats", str(repeats)]
+        raws = [run_runtime(args, tp * pp * cp, device, timeout_s) for _ in range(launches)]
+        raw = {**raws[0], "points": median_points([r["points"] for r in raws])}
         fit = fit_points([(p["lengths"], p["seconds"]) for p in raw["points"]])
         fits.append(fit)
         max_len = int(raw["max_len"])
@@ -252,8 +268,9 @@ def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[
         model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
                         params=model_params(model)),
         schemes=out, reference_gpus=gpus_per_node, source="measured", network=network,
-        notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: 1F1B latency of pp identical micro-batches / "
-                       f"(2*pp - 1), median of {repeats} runs after {warmup} warm-up, one thread per rank; "
+        notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: replayed training steps (run_plan's), 1F1B "
+                       f"latency of pp identical micro-batches / (2*pp - 1), median of {repeats} runs after {warmup} "
+                       f"warm-up in each of {launches} launches, median over the launches, one thread per rank; "
                        "a, b, c fitted on single "
                        "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
                        "packings alone)",
@@ -444,8 +461,9 @@ def check_row_json(r: CheckRow) -> dict:
 
 
 def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
-                warmup: int = 1, repeats: int = 3, timeout_s: float = 600.0) -> list[CheckRow]:
-    """Replay every plan of a run as whole training iterations and compare with the profile's estimates."""
+                warmup: int = 1, repeats: int = 3, launches: int = 1, timeout_s: float = 600.0) -> list[CheckRow]:
+    """Replay every plan of a run as whole training iterations and compare with the profile's estimates; with
+    `launches`, in that many separate runtime jobs, each phase the median over them (as measure_profile)."""
     from hydraplan.runtime.plans import load_plans
 
     loaded = load_plans(plan_dir, None)
@@ -455,10 +473,22 @@ def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clo
         if p.gpus != ranks:
             raise UserError(f"{source}: field gpus: {p.gpus}, but the run's first plan has {ranks} (--check replays "
                             "one run on one set of ranks)")
-    measured = run_runtime(["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock,
-                            "--warmup", str(warmup),
-                            "--repeats", str(repeats)], ranks, device, timeout_s)
-    return compare(plans, measured, profile)
+    args = ["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock, "--warmup", str(warmup),
+            "--repeats", str(repeats)]
+    return compare(plans, median_check([run_runtime(args, ranks, device, timeout_s) for _ in range(launches)]), profile)
+
+
+def median_check(launches: Sequence[dict]) -> dict:
+    """runtime/profile.py --check results of several launches: per plan, each phase's median over them."""
+    out = []
+    for k, first in enumerate(launches[0]["plans"]):
+        same = [m["plans"][k] for m in launches]
+        phases = {f: float(np.median([m[f] for m in same])) for f in first if isinstance(first[f], (int, float))
+                  and f != "iteration"}
+        pipes = [{"seconds": float(np.median([m["pipelines"][j]["seconds"] for m in same]))}
+                 for j in range(len(first["pipelines"]))]
+        out.append({**first, **phases, "pipelines": pipes, "runs": [r for m in same for r in m["runs"]]})
+    return {"plans": out}
 
 
 def rank_memory_bytes(scheme: Scheme, stage: int, gpus: int, tokens: int) -> float | None:

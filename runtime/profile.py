@@ -7,12 +7,13 @@ it; it writes JSON).
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
 (one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
 
-How time is measured. Pipelines run through the Seq1F1B executor (runtime/seq1f1b.py; K = 1 is
-1F1B) with real TP all-reduces, CP K/V gathers (per-sequence shards, or the plan's) and p2p. Its
-attention works per document (hydraplan.runtime.seq1f1b.cached_attention: sum of l^2, like the GPU varlen
-kernels; attention.py's CPU fallback masks the whole micro-batch, which costs (sum of l)^2 and breaks
-the cost model's premise). Two clocks:
-- wall (GPUs, dedicated machines): each run sits between two barriers and is timed with perf_counter;
+How time is measured. Each point is a training step of the runtime (Replayer.step, as run_plan and --check
+run it: layer groups pulled ahead of use, gradients accumulated in fp32 and pushed per layer group, so T(l)
+carries that per-action work too) of one pipeline of the scheme over all ranks, its micro-batches through
+the Seq1F1B executor (runtime/seq1f1b.py; K = 1 is 1F1B) with real TP all-reduces, CP K/V gathers
+(per-sequence shards) and p2p. Its attention works per document (sum of l^2, like the GPU varlen kernels).
+Two clocks:
+- wall (GPUs, dedicated machines): the step's propagation between barriers, minus its waits on pulls;
 - cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
   stage's action takes the longest of its TP and CP ranks, and the run's latency is the critical path of the
   executed schedule over those durations (hydraplan.pipeline.simulate, no p2p latency). On a CPU shared
@@ -66,11 +67,9 @@ from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
-from hydraplan.runtime.pipeline_exec import StageComm
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.runtime.seq1f1b import run_seq1f1b
-from hydraplan.schema import BatchSeq, Estimate, Plan, PlanPipeline
+from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
@@ -115,29 +114,16 @@ def _init(timeout: timedelta) -> torch.device:
     return device
 
 
-def timed_pipeline(module: StageModule, mbs: list[PackedBatch], splits: list[list[int]], comm: StageComm,
-                   args: argparse.Namespace, device: torch.device, cp: CPShards | None) -> list[float]:
-    """Latency of `repeats` runs of one pipeline (after `warmup`), the same list on every rank of the job
-    (collective: ranks outside the pipeline pass comm=None and module=None)."""
+def replayed_pipeline(replayer: Replayer, plan: Plan, args: argparse.Namespace) -> list[float]:
+    """Propagation of `plan`'s one pipeline as run_plan replays it (Replayer.step: layer groups pulled ahead, fp32
+    gradient accumulation, per-layer push: the per-action work `--check` and training pay too), `repeats` runs
+    after `warmup`, the same list on every rank (collective). Clock "cpu": the critical path over thread CPU
+    seconds per action; "wall": the step's propagation minus its waits on pulls (LNK is the sync model's)."""
     out = []
     for i in range(args.warmup + args.repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        cpu = None
-        if comm is not None:
-            module.zero_grad(set_to_none=True)
-            _, stage = run_seq1f1b(module, mbs, splits, comm, 1.0, cp)
-            cpu = (comm.stage, comm.pp, stage.cpu_s)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        wall = time.perf_counter() - t0
-        if args.clock == "cpu":
-            got: list = [None] * dist.get_world_size()
-            dist.all_gather_object(got, cpu)
-            wall = critical_path([g for g in got if g is not None])
+        ph = iteration_phases(replayer, plan, args.clock)
         if i >= args.warmup:
-            out.append(wall)
+            out.append(ph.per_pipeline[0] if args.clock == "cpu" else ph.propagate_s - ph.pull_wait_s)
     return out
 
 
@@ -247,11 +233,17 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     dist.all_gather_object(mems, mem)
     max_len = scheme_max_len(mems, args.capacity_bytes)
 
-    comm = StageComm(stage, pp, role.prev, role.next, cfg.hidden, dtype, device)
+    del module
+    replayer = Replayer(cfg, data, dtype, 0, 1e-3, device, timedelta(seconds=args.timeout_s))
+    replayer.record_actions = True
     points = []
     for lengths in time_grid(max_len):
-        mbs = [_device_batch(_synthetic(data, lengths, 1000 * m), device) for m in range(pp)]
-        runs = timed_pipeline(module, mbs, [[0, sum(lengths)]] * pp, comm, args, device, shares(mbs))
+        n = len(lengths)
+        batch = [BatchSeq(id=m * n + i, length=x) for m in range(pp) for i, x in enumerate(lengths)]
+        pipe = PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=list(range(world)), estimate_s=0.0,
+                            micro_batches=[MicroBatch(seqs=list(range(m * n, (m + 1) * n))) for m in range(pp)])
+        plan = layout.model_copy(update={"batch": batch, "pipelines": [pipe]})
+        runs = replayed_pipeline(replayer, plan, args)
         points.append({"lengths": lengths, "seconds": statistics.median(runs) / (2 * pp - 1), "runs": runs})
     if rank != 0:
         return None
@@ -280,6 +272,7 @@ class Phases(NamedTuple):
     peer_wait_s: float
     iteration_s: float
     per_pipeline: list[float]
+    pull_wait_s: float = 0.0  # of propagate_s, waits on pulls
 
 
 def _barrier_timed(fn, device: torch.device):
@@ -317,7 +310,8 @@ def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
         prop = stats.propagate_s
         per = [prop] * len(plan.pipelines)
         whole = stats.iteration_s
-    return Phases(stats.pull_s, prop, stats.push_s, stats.step_s, stats.exposed_s, stats.peer_wait_s, whole, per)
+    return Phases(stats.pull_s, prop, stats.push_s, stats.step_s, stats.exposed_s, stats.peer_wait_s, whole, per,
+                  stats.pull_wait_s)
 
 
 def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:

@@ -43,8 +43,9 @@ class StepStats:
     step_s: the AdamW step on the owner shard; exposed_s: time the compute thread was blocked on a pull or
     push exchange after every rank had posted it (communication not hidden); peer_wait_s: time it was blocked
     before that (a slower pipeline or stage: imbalance, not communication); pack_s: its packing/unpacking
-    copies; iteration_s: the whole step. hidden_s = pull_s + push_s - exposed_s - peer_wait_s is the
-    in-flight time the rank did not wait for."""
+    copies; iteration_s: the whole step; pull_wait_s: the part of propagate_s spent waiting on pulls (exposed or
+    on a peer; none without overlap, where every pull completes before the propagation).
+    hidden_s = pull_s + push_s - exposed_s - peer_wait_s is the in-flight time the rank did not wait for."""
 
     loss: float
     pull_s: float
@@ -55,6 +56,7 @@ class StepStats:
     peer_wait_s: float = 0.0
     pack_s: float = 0.0
     iteration_s: float = 0.0
+    pull_wait_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -135,7 +137,9 @@ class Replayer:
         last_post = torch.tensor([clock.posts[key] for key in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(last_post, op=dist.ReduceOp.MAX)
         exposed, peer = clock.split_waits(dict(zip(keys, last_post.tolist())))
-        phases = [clock.busy_s("pull"), t2 - t1, clock.busy_s("push"), t4 - t3, exposed, peer, clock.pack_s, t4 - t0]
+        pull_wait = sum(end - t for kind, _, t, end in clock.waits if kind == "pull") if self.overlap else 0.0
+        phases = [clock.busy_s("pull"), t2 - t1, clock.busy_s("push"), t4 - t3, exposed, peer, clock.pack_s, t4 - t0,
+                  pull_wait]
         stats = torch.tensor(phases if s.role is not None else [0.0] * len(phases), dtype=torch.float64, device=self.device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         loss = loss.to(self.device)

@@ -423,3 +423,23 @@ def test_profile_check_rejects_a_run_of_mixed_gpu_counts(tmp_path):
     res = runner.invoke(app, ["profile", "--check", str(run), "--profile", "cpu-tiny"])
     assert isinstance(res.exception, UserError)
     assert "iter_000001.json: field gpus: 4" in str(res.exception) and "\n" not in str(res.exception)
+
+
+def test_launches_combine_by_their_median():
+    """Each grid point (matched by its lengths) takes the median of the launches' medians and keeps every run;
+    a --check phase likewise per plan, the plan number untouched."""
+    from hydraplan.measure import median_check, median_points
+
+    a = [{"lengths": [64], "seconds": 1.0, "runs": [1.0]}, {"lengths": [16] * 4, "seconds": 5.0, "runs": [5.0]}]
+    b = [{"lengths": [16] * 4, "seconds": 3.0, "runs": [3.0]}, {"lengths": [64], "seconds": 2.0, "runs": [2.0]}]
+    c = [{"lengths": [64], "seconds": 9.0, "runs": [9.0, 8.0]}]
+    got = median_points([a, b, c])
+    assert [p["lengths"] for p in got] == [[64], [16] * 4]
+    assert [p["seconds"] for p in got] == [2.0, 4.0] and [p["launches"] for p in got] == [3, 2]
+    assert sorted(got[0]["runs"]) == [1.0, 2.0, 8.0, 9.0]
+    plan = lambda it, s, p: {"source": "x", "iteration": 7, "iteration_s": it, "step_s": s,  # noqa: E731
+                             "pipelines": [{"seconds": p}], "runs": [it]}
+    m = median_check([{"plans": [plan(1.0, 0.1, 0.5)]}, {"plans": [plan(3.0, 0.3, 0.9)]}, {"plans": [plan(2.0, 0.2, 0.7)]}])
+    (row,) = m["plans"]
+    assert (row["iteration"], row["iteration_s"], row["step_s"], row["pipelines"][0]["seconds"]) == (7, 2.0, 0.2, 0.7)
+    assert sorted(row["runs"]) == [1.0, 2.0, 3.0]
