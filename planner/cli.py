@@ -494,8 +494,9 @@ def profile_cmd(
         if profile_name is None:
             raise UserError("--check needs --profile (the profile whose estimates are checked)")
         prof = load_profile(profile_name)
-        rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
-                                    warmup=warmup, repeats=repeats, launches=launches)
+        with console.status("replaying whole iterations"), cliopts.Heartbeat(lambda: f"replaying {check} in the runtime"):
+            rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
+                                        warmup=warmup, repeats=repeats, launches=launches)
         summary = measure.check_summary(rows)
         if json_out:
             typer.echo(json.dumps({"profile": prof.name, **summary, "iterations": [measure.check_row_json(r) for r in rows]},
@@ -538,10 +539,16 @@ def profile_cmd(
             raise UserError(f"--schemes: <{t},{p},{c}>: {why}")
         if t * p * c > gpus:
             raise UserError(f"--schemes: <{t},{p},{c}> needs {t * p * c} ranks but --gpus is {gpus}")
-    with console.status("measuring") as status:
+    where = ["measuring"]
+
+    def step(what: str) -> None:
+        where[0] = f"measuring {what} in the runtime"
+        status.update(where[0])
+
+    with console.status(where[0]) as status, cliopts.Heartbeat(lambda: where[0]):
         prof, fits = measure.measure_profile(out.stem, model, device, todo, memory_gib * 2**30, gpus_per_node=gpus,
                                              clock=clock, dtype=dtype, warmup=warmup, repeats=repeats,
-                                             launches=launches, progress=lambda s: status.update(f"measuring {s} in the runtime"))
+                                             launches=launches, progress=step)
     write_model(out, prof)
     if json_out:
         typer.echo(json.dumps({"schemes": [{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len,
@@ -556,7 +563,7 @@ def profile_cmd(
         packed = "-" if f.packed_worst_rel_err is None else f"{f.packed_worst_rel_err:.1%}"
         table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",
                       f"{f.r2:.4f}", f"{f.worst_rel_err:.1%}", packed)
-    console.print(table)
+    (console if console.is_terminal else Console(width=120)).print(table)  # 9 columns: not 80 in logs
     net = prof.network
     console.print(f"LNK pull/push: {net.intra_node_GBps:.3g} GB/s per rank within the node (inter-node set equal: one "
                   f"node measured); model.params {prof.model.params:,}")
@@ -690,6 +697,9 @@ def profiles_generate(
         return
     for path in paths:
         console.print(f"wrote {path}")
+
+
+cliopts.reflow_help(app, profiles_app, dataset_app)
 
 
 def main() -> None:

@@ -157,6 +157,18 @@ def run(command: Callable[[], Any]) -> None:
         sys.exit(2)
 
 
+def reflow_help(*apps: typer.Typer) -> None:
+    """Join each help paragraph's source lines: typer's rich help keeps a docstring's line breaks, so a
+    paragraph wrapped at 110 columns in the source would break mid-sentence on an 80-column terminal."""
+    import inspect
+
+    for app in apps:
+        for info in app.registered_commands:
+            doc = info.help or (info.callback.__doc__ if info.callback else None)
+            if doc:
+                info.help = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
 def version_callback(value: bool) -> None:
     if value:
         from importlib.metadata import version

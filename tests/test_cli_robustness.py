@@ -118,6 +118,9 @@ def test_version_short_help_and_flags_without_a_type():
         h = hp(*cmd, "-h", env={"COLUMNS": "200"})
         assert h.returncode == 0 and "--json" in h.stdout, (cmd, h.stdout)
         assert "<bool>" not in h.stdout, (cmd, h.stdout)
+    # a help paragraph wraps at the terminal, not at its docstring's source line breaks
+    h = hp("profile", "-h", env={"COLUMNS": "200"})
+    assert "critical path of the executed schedule over each action's thread CPU time" in h.stdout, h.stdout
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -345,7 +346,7 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     fit = fit_micro_batches([p["lengths"] for p in s.measured_points], [p["seconds"] for p in s.measured_points])
     assert (s.time.a, s.time.b, s.time.c) == pytest.approx((fit.a, fit.b, fit.c))
     assert single[-1][1] > single[0][1]  # (a itself may fit to 0 on a loaded machine: timings, not a contract)
-    printed = json.loads(res.output)
+    printed = json.loads(res.stdout)
     assert printed["schemes"][0]["scheme"] == "<1,1,1>" and printed["schemes"][0]["max_len"] == s.max_len
     # network: LNK pull/push of <1,1> on 4 ranks, fitted to one bandwidth; params: the tiny config's count
     from hydraplan.measure import model_params
@@ -397,9 +398,13 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
              with_cp(plan_of(2, [(2, [0, 1, 2, 3], [[30, 14], [20]], [[0, 20, 44], [0, 8, 20]])], first_id=20, gpus=4))]
     for p in plans:
         write_model(run / f"iter_{p.iteration:06d}.json", p)
-    res = runner.invoke(app, ["profile", "--check", str(run), "--profile", str(tmp_path / "p.json"), "--repeats", "1", "--json"])
-    assert res.exit_code == 0, res.output
-    got = json.loads(res.output)
+    # as a logged job runs it: stderr no terminal, so a progress line names what is being replayed
+    res = subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "profile", "--check", str(run), "--profile",
+                          str(tmp_path / "p.json"), "--repeats", "1", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "HYDRAPLAN_PROGRESS_EVERY_S": "0.5"}, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert f"replaying {run} in the runtime" in res.stderr
+    got = json.loads(res.stdout)
     rows = got["iterations"]
     assert [r["iteration"] for r in rows] == [0, 1, 2] and [len(r["pipelines"]) for r in rows] == [2, 1, 1]
     lengths = [{s.id: s.length for s in p.batch} for p in plans]
