@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from hydraplan.highs import run_mip
 from hydraplan.schema import Scheme
 
 REL_TOL = 1e-3  # bisection stops when the bracket is this tight (relative)
@@ -184,7 +185,7 @@ def _probe(inst: _Instance, X: float, minimize: bool = False, max_nodes: int | N
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
     h.passModel(lp)
-    h.run()
+    h.run() if relax else run_mip(h)
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
         return None

@@ -347,6 +347,8 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: fl
     nonnegative, so at the optimum w is the max of those x and the cost telescopes to kv(max end on x)."""
     import highspy
 
+    from hydraplan.highs import run_mip
+
     T, d = len(p.tasks), p.d
     docs: dict[int, list[int]] = {}
     for t, (doc, _, e, _) in enumerate(p.tasks):
@@ -427,7 +429,7 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: fl
     warm.col_value = sol.tolist()
     warm.value_valid = True
     h.setSolution(warm)
-    h.run()
+    run_mip(h)
     status = h.getModelStatus()
     if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
         return None

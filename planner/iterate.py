@@ -512,6 +512,25 @@ class Planner:
         if int(batch.lengths.max()) > self.max_len:
             raise infeasible_error(batch, self.candidates)
 
+    def prune_or_solve(self, cand: ResolvedCandidate, k: int, lengths: np.ndarray, bound: float,
+                       best: tuple[float, int] | None, seed: int, share: float
+                       ) -> tuple[CandidateSolution, tuple[float, int] | None]:
+        """Candidate k (its cheap lower `bound` given) ruled out by that bound, then by its LP relaxation, or
+        dispatched and packed (abandoned as soon as a partial bound loses); returns its solution and the new
+        best (score, index)."""
+        loses = loses_to(best, k) if self.prune else None
+        if loses is not None and loses(bound) and np.isfinite(bound):
+            return CandidateSolution(CandidateSolve(name=cand.name, bound_s=bound, pruned=True), None), best
+        relaxed = relaxation_bound(cand, lengths, best, k) if loses is not None and np.isfinite(bound) else None
+        if relaxed is not None:
+            return CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bound, relaxed), pruned=True), None), best
+        sol = solve_candidate(cand, lengths, method=self.dispatch, seed=seed, loses=loses,
+                              dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs, pack_budget_s=share)
+        est = self._score(cand, sol)
+        if est is not None and (best is None or (est, k) < best):
+            best = (est, k)
+        return sol, best
+
     def solve(self, batch: Any, iteration: int = 0) -> IterationResult:
         """Plan one batch with every candidate; the lowest estimate in the objective wins (ties: earlier
         candidate): the end-to-end iteration_s, or with objective "propagation" the canonical propagation_s.
@@ -532,21 +551,7 @@ class Planner:
         best: tuple[float, int] | None = None
         share = self.pack_budget_s / len(self.candidates)
         for k in order:
-            cand = self.candidates[k]
-            loses = loses_to(best, k) if self.prune else None
-            if loses is not None and loses(bounds[k]) and np.isfinite(bounds[k]):
-                sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=bounds[k], pruned=True), None)
-                continue
-            relaxed = relaxation_bound(cand, b.lengths, best, k) if loses is not None and np.isfinite(bounds[k]) else None
-            if relaxed is not None:
-                sols[k] = CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bounds[k], relaxed), pruned=True), None)
-                continue
-            sols[k] = solve_candidate(cand, b.lengths, method=self.dispatch, seed=seed, loses=loses,
-                                      dispatch_kwargs=self.dispatch_kwargs, pack_kwargs=self.pack_kwargs,
-                                      pack_budget_s=share)
-            est = self._score(cand, sols[k])
-            if est is not None and (best is None or (est, k) < best):
-                best = (est, k)
+            sols[k], best = self.prune_or_solve(self.candidates[k], k, b.lengths, bounds[k], best, seed, share)
         cad_plan = self._solve_cad(b) if self.cad else None
         if best is None and cad_plan is None:
             raise infeasible_error(b, self.candidates)

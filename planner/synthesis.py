@@ -193,7 +193,7 @@ def solve_synthesized(planner, lengths: np.ndarray, seed: int, best: tuple[float
     (indexed after the candidates) and the new best. Shaped and scored in the planner's objective (end to end:
     each scheme's transfer enters the MILP), pruned against the candidates' best exactly like a candidate;
     ties keep the candidate."""
-    from hydraplan.iterate import ResolvedCandidate, loses_to, solve_candidate
+    from hydraplan.iterate import ResolvedCandidate, candidate_bound
     from hydraplan.sync import objective_transfer_s
 
     schemes = list(planner.view.schemes)
@@ -205,19 +205,15 @@ def solve_synthesized(planner, lengths: np.ndarray, seed: int, best: tuple[float
     prefer = sorted({index[s.key] for c in planner.candidates for s in c.schemes if s.key in index})
     known = [p for c in planner.candidates for p in c.specs]
     out, sols = [], []
+    ordered = np.sort(lengths)[::-1]
     for j, counts in enumerate(synthesize(lengths, schemes, planner.gpus, upper=best[0], transfer=transfer,
                                           prefer=prefer)):
         specs = place_reusing(specs_of(counts, schemes), known, planner.gpus, planner.view.gpu.gpus_per_node)
         k = len(planner.candidates) + j
         cand = ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
                                  tuple(float(transfer[index[p.key]]) for p in specs))
-        sol = solve_candidate(cand, lengths, method=planner.dispatch, seed=seed,
-                              loses=loses_to(best, k) if planner.prune else None,
-                              dispatch_kwargs=planner.dispatch_kwargs, pack_kwargs=planner.pack_kwargs,
-                              pack_budget_s=pack_budget_s)
-        est = planner._score(cand, sol)
-        if est is not None and (est, k) < best:
-            best = (est, k)
+        sol, best = planner.prune_or_solve(cand, k, lengths, candidate_bound(cand, lengths, ordered), best, seed,
+                                           pack_budget_s)
         out.append(cand)
         sols.append(sol)
     return out, sols, best

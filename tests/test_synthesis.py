@@ -4,7 +4,10 @@ than the candidates alone, and it reuses rank lists (process groups) already in 
 import numpy as np
 from helpers import tiny_profile
 
+from hydraplan.costmodel import load_profile
+from hydraplan.datasets import load_dataset, sample_iterations
 from hydraplan.iterate import Planner
+from hydraplan.proposal import propose
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
 from hydraplan.synthesis import place_reusing, process_groups, synthesize
 
@@ -61,3 +64,23 @@ def test_synthesis_by_default_only_with_the_propagation_objective():
     assert not Planner(tiny_profile(), _strategies(), 8, objective="propagation", synthesize=False).synthesize
     assert Planner(tiny_profile(), _strategies(), 8, synthesize=True).synthesize
     assert not any(e2e.solve(lengths, it).plan.synthesized for it in range(4))
+
+
+
+def test_pruning_synthesized_strategies_before_dispatch_keeps_the_plan():
+    """Strategies made for the batch face the candidates' bounds (cheap, then the LP relaxation) before their
+    dispatch; the plan is the one solving every strategy to the end gives (h100-llama2-7b, 16 GPUs, four
+    wikipedia batches of 50K tokens, four proposed candidates)."""
+    profile = load_profile("h100-llama2-7b")
+    ds = load_dataset("builtin:wikipedia", 32768)
+    strategies = propose(profile, ds, 16, 32768, tokens_per_iter=50_000, max_candidates=4)
+    pruned = Planner(profile, strategies, 16, context_len=32768, synthesize=True)
+    full = Planner(profile, strategies, 16, context_len=32768, synthesize=True, prune=False)
+    before_dispatch = 0
+    for batch in sample_iterations(ds, 50_000, 4, 0):
+        a, b = pruned.solve(batch), full.solve(batch)
+        assert (a.plan.strategy, a.plan.estimate.propagation_s) == (b.plan.strategy, b.plan.estimate.propagation_s)
+        made = [c for c in a.summary.candidates if c.name.startswith("batch:")]
+        before_dispatch += sum(c.pruned and not c.dispatch_solver for c in made)
+        assert not any(c.pruned for c in b.summary.candidates)
+    assert before_dispatch > 0  # some strategies made for a batch never reached their dispatch

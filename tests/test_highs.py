@@ -1,0 +1,31 @@
+"""run_mip keeps a solver's C-level prints off stdout and loses nothing printed around it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import ctypes
+    from hydraplan.highs import run_mip
+
+    LIBC = ctypes.CDLL(None)
+
+    class PrintingSolver:  # stands in for highspy.Highs: run() prints with C stdio, as HiGHS 1.12's MIP does
+        def run(self):
+            LIBC.printf(b"stray solver line\\n")
+
+    print("python before")  # in Python's buffer when the solver starts
+    LIBC.printf(b"c before\\n")  # in the C buffer
+    run_mip(PrintingSolver())
+    print("python after")
+    LIBC.printf(b"c after\\n")
+""")
+
+
+def test_the_solvers_c_print_is_dropped_and_stdout_keeps_everything_else():
+    # stdout a pipe and no PYTHONUNBUFFERED: both Python's and C's stdout fully buffered, as in a user's `> file`
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True).stdout
+    assert "stray solver line" not in out
+    assert "python before" in out and "c before" in out and "python after" in out and "c after" in out
