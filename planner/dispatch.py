@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,16 +124,19 @@ def _loads(C: np.ndarray, L: np.ndarray, Mx: np.ndarray, P: _Pipes) -> np.ndarra
     return np.where(L > 0, C + P.c * nv + P.ppm1 * (Mx + P.c), 0.0)
 
 
+def scheme_arrays(schemes: Sequence[Scheme]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """a, b, c, pp - 1 and MaxLen per scheme, for the vectorized Eq. (2) forms."""
+    a, b, c = (np.array([getattr(s.time, f) for s in schemes], dtype=np.float64) for f in "abc")
+    ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
+    return a, b, c, ppm1, np.array([s.max_len for s in schemes], dtype=np.int64)
+
+
 def lower_bound(lengths: np.ndarray, assign: np.ndarray, schemes: list[Scheme]) -> np.ndarray:
     """Eq. (2) lower bound of every pipeline (in `schemes` order) under an assignment."""
     lengths = np.asarray(lengths, dtype=np.int64)
     assign = np.asarray(assign, dtype=np.int64)
     D = len(schemes)
-    a = np.array([s.time.a for s in schemes])
-    b = np.array([s.time.b for s in schemes])
-    c = np.array([s.time.c for s in schemes])
-    ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
-    ml = np.array([s.max_len for s in schemes], dtype=np.int64)
+    a, b, c, ppm1, ml = scheme_arrays(schemes)
     lf = lengths.astype(np.float64)
     w = (a[assign] * lf + b[assign]) * lf
     C = np.bincount(assign, weights=w, minlength=D)
@@ -160,9 +164,7 @@ def pigeonhole_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.ndar
     only the first t matters (the bound falls with l_t). m = 1 is the sequence alone; m >= 2 is what decides
     candidates with few wide pipelines for many long sequences (two 32K documents on one pipeline)."""
     ls = _longest_first(lengths)
-    ml = np.array([s.max_len for s in schemes], dtype=np.int64)
-    a, b, c = (np.array([getattr(s.time, f) for s in schemes]) for f in "abc")
-    ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
+    a, b, c, ppm1, ml = scheme_arrays(schemes)
     t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
     counts = np.asarray(counts, dtype=np.int64)
     levels = np.unique(ml)[::-1]
@@ -200,9 +202,7 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     if K < 2 or G > 8:
         return 0.0
     ls = _longest_first(lengths)[:K]
-    ml = np.array([s.max_len for s in schemes], dtype=np.int64)
-    a, b, c = (np.array([getattr(s.time, f) for s in schemes]) for f in "abc")
-    ppm1 = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
+    a, b, c, ppm1, ml = scheme_arrays(schemes)
     t = np.zeros(G) if transfer is None else np.asarray(transfer, dtype=np.float64)
     l = ls.astype(np.float64)[:, None]
     w = (a * l + b) * l

@@ -134,11 +134,13 @@ class ResolvedCandidate:
     def kinds(self) -> tuple[list[Scheme], np.ndarray, np.ndarray | None]:
         """The distinct (scheme, transfer) pairs, how many pipelines have each, and their transfers."""
         t = self.transfer if self.transfer_s is not None else (0.0,) * len(self.schemes)
-        first: dict[tuple, int] = {}
-        idx = np.array([first.setdefault((s.key, tk), len(first)) for s, tk in zip(self.schemes, t, strict=True)])
-        pick = [self.schemes[int(np.argmax(idx == k))] for k in range(len(first))]
-        counts = np.bincount(idx, minlength=len(first))
-        return pick, counts, None if self.transfer_s is None else np.array([k[1] for k in first])
+        first: dict[tuple, Scheme] = {}
+        counts: dict[tuple, int] = {}
+        for s, tk in zip(self.schemes, t, strict=True):
+            first.setdefault((s.key, tk), s)
+            counts[(s.key, tk)] = counts.get((s.key, tk), 0) + 1
+        return (list(first.values()), np.array(list(counts.values())),
+                None if self.transfer_s is None else np.array([k[1] for k in first]))
 
     def objective(self, propagation: np.ndarray | float, pipelines: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Pipelines' propagation times (or lower bounds on them) in the objective: unchanged without a
@@ -248,13 +250,12 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray, longest_first:
     (dispatch.top_sequences_bound). In the objective: through each scheme's end-to-end map, the mean
     through the smallest transfer's (the slowest pipeline pays at least that). `longest_first`: the
     lengths sorted descending, when the caller has them (one sort per batch for all candidates)."""
-    from hydraplan.dispatch import pigeonhole_bound, top_sequences_bound
+    from hydraplan.dispatch import pigeonhole_bound, scheme_arrays, top_sequences_bound
 
     ls = np.sort(lengths)[::-1] if longest_first is None else longest_first
     uniq, counts, t_uniq = cand.kinds
-    a, b, c = (np.array([getattr(s.time, f) for s in uniq]) for f in "abc")
-    pp = np.array([s.pp for s in uniq], dtype=np.float64)
-    ml = np.array([s.max_len for s in uniq])
+    a, b, c, ppm1, ml = scheme_arrays(uniq)
+    pp = ppm1 + 1
     top = float(ls[0])
     fits = top <= ml
     if not fits.any():
@@ -559,7 +560,7 @@ class Planner:
         if self.synthesize and best is not None:
             from hydraplan.synthesis import solve_synthesized
 
-            extra, extra_sols, best = solve_synthesized(self, b.lengths, seed, best, share)
+            extra, extra_sols, best = solve_synthesized(self, b.lengths, ordered, seed, best, share)
             cands, sols = [*cands, *extra], [*sols, *extra_sols]
         cad_score = None
         if cad_plan is not None:

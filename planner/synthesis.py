@@ -111,18 +111,12 @@ def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], 
     for p in known:
         if p.ranks is not None:
             pool.setdefault(p.key, {})[tuple(p.ranks)] = None
-    lists = {k: list(v) for k, v in pool.items()}
-    at = dict.fromkeys(lists, 0)  # a rank list found taken stays taken: each scheme's scan only moves on
+    # a rank list found taken stays taken: each scheme's scan only moves on (one iterator per scheme)
+    scan = {k: iter(v) for k, v in pool.items()}
     taken: set[int] = set()
     out = []
     for p in specs:
-        pick, lst = None, lists.get(p.key, [])
-        while at.get(p.key, 0) < len(lst):
-            r = lst[at[p.key]]
-            at[p.key] += 1
-            if taken.isdisjoint(r):
-                pick = r
-                break
+        pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
         if pick is not None:
             taken.update(pick)
         out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
@@ -186,7 +180,7 @@ def worth_trying(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, best
     return best_s > (1 + SKIP_RTOL) * max(inst.floor(), inst.volume())  # volume: a valid floor end to end too
 
 
-def solve_synthesized(planner, lengths: np.ndarray, seed: int, best: tuple[float, int],
+def solve_synthesized(planner, lengths: np.ndarray, longest_first: np.ndarray, seed: int, best: tuple[float, int],
                       pack_budget_s: float) -> tuple[list, list, tuple[float, int]]:
     """Strategies made for this batch, placed, dispatched and packed after the planner's candidates (which set
     `best`, (score in the planner's objective, index)); returns them as resolved candidates, their solutions
@@ -205,14 +199,13 @@ def solve_synthesized(planner, lengths: np.ndarray, seed: int, best: tuple[float
     prefer = sorted({index[s.key] for c in planner.candidates for s in c.schemes if s.key in index})
     known = [p for c in planner.candidates for p in c.specs]
     out, sols = [], []
-    ordered = np.sort(lengths)[::-1]
     for j, counts in enumerate(synthesize(lengths, schemes, planner.gpus, upper=best[0], transfer=transfer,
                                           prefer=prefer)):
         specs = place_reusing(specs_of(counts, schemes), known, planner.gpus, planner.view.gpu.gpus_per_node)
         k = len(planner.candidates) + j
         cand = ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
                                  tuple(float(transfer[index[p.key]]) for p in specs))
-        sol, best = planner.prune_or_solve(cand, k, lengths, candidate_bound(cand, lengths, ordered), best, seed,
+        sol, best = planner.prune_or_solve(cand, k, lengths, candidate_bound(cand, lengths, longest_first), best, seed,
                                            pack_budget_s)
         out.append(cand)
         sols.append(sol)
