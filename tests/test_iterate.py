@@ -192,6 +192,45 @@ def test_candidate_bound_is_below_the_brute_force_optimum():
             assert candidate_bound(cand, one) == pytest.approx(brute_force(cand.schemes, one), rel=1e-12)
 
 
+def test_strategy_relaxation_admits_the_best_plan_and_rules_out_below():
+    """bound.strategy_meets, the LP that prunes a candidate before its dispatch: feasible at the brute-force
+    optimum of every candidate (so it never rules out a latency a plan reaches), and infeasible somewhere
+    below it (so it can rule candidates out)."""
+    from hydraplan.bound import strategy_meets
+
+    planner = Planner(tiny_profile(), strategies(), 4, prune=False)
+    rng = np.random.default_rng(13)
+    below = 0
+    for _ in range(6):
+        lengths = rng.integers(100, 4000, 5)
+        for cand in planner.candidates:
+            opt = brute_force(cand.schemes, lengths)
+            uniq, counts, _ = cand.kinds
+            assert strategy_meets(lengths, uniq, counts, opt * (1 + 1e-9))
+            below += not strategy_meets(lengths, uniq, counts, opt * 0.9)
+    assert below > 0
+
+
+def test_single_micro_batch_pipelines_are_found_without_search():
+    """pp = 1 pipelines whose tokens fit MaxLen (and empty ones) get their one micro-batch at once: exactly
+    their sequences, longest first then by position (pack's order); pp > 1 or over-full ones are left to pack."""
+    from hydraplan.iterate import _single_micro_batches
+
+    planner = Planner(tiny_profile(), strategies(), 4, prune=False)
+    rng = np.random.default_rng(21)
+    for _ in range(20):
+        cand = planner.candidates[int(rng.integers(len(planner.candidates)))]
+        lengths = rng.integers(1, 1500, int(rng.integers(1, 12)))
+        assign = rng.integers(0, len(cand.schemes), lengths.size)
+        got = _single_micro_batches(cand, lengths, assign)
+        for j, s in enumerate(cand.schemes):
+            mine = [i for i in range(lengths.size) if assign[i] == j]
+            easy = not mine or (s.pp == 1 and lengths[mine].sum() <= s.max_len)
+            assert (j in got) == easy
+            if easy:
+                assert got[j].tolist() == sorted(mine, key=lambda i: (-lengths[i], i))
+
+
 def test_candidate_that_cannot_hold_a_sequence_is_skipped():
     # 3000 tokens fit <2,1,1> and <1,2,1> (4096) but not "only-small" (2048)
     s = Strategies(candidates=[

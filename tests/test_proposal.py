@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hydraplan import proposal
 from hydraplan.costmodel import for_gpus, seq_cost
 from hydraplan.errors import UserError
 from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
@@ -260,6 +261,19 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
     # the integer DP's optimum for L is never slower than the homogeneous fallback
     integer = next(c for c in s.candidates if "integer-dp" in c.sources)
     assert integer.expected_s_per_token <= homo[0].expected_s_per_token * (1 + 1e-9)
+
+
+def test_by_default_candidates_are_kept_by_the_sequences_an_iteration_bounds(monkeypatch):
+    """No --max-candidates: as many as CANDIDATE_SEQUENCES / (expected sequences per iteration), so every
+    iteration's bounding work (O(sequences) per candidate) stays the same whatever the batch size."""
+    prof, lengths = mid_profile(), wiki_like(2)
+    full = propose(prof, lengths, 32, 30000, max_candidates=0)
+    per_iteration = 200_000 / np.minimum(lengths, 30000).mean()
+    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 3 * per_iteration + 1)  # room for three candidates
+    assert propose(prof, lengths, 32, 30000, tokens_per_iter=200_000) == \
+        propose(prof, lengths, 32, 30000, tokens_per_iter=200_000, max_candidates=3)
+    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 10**9)
+    assert len(propose(prof, lengths, 32, 30000).candidates) == len(full.candidates) > 3
 
 
 def test_max_candidates_keeps_integer_and_homogeneous():
