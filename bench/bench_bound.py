@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.bound import any_strategy_bound
-from hydraplan.costmodel import bundled_profiles, for_gpus, load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import Planner
-from hydraplan.proposal import propose
-from hydraplan.sync import has_sync_model, iteration_estimate, transfer_s
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.sync import has_sync_model, iteration_estimate, transfer_s
+from hydraplan.engine.planner import Planner
+from hydraplan.solve.bound import any_strategy_bound
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import bundled_profiles, load_profile
 
 RESULTS = Path(__file__).parent / "results" / "bound.json"
 CONTEXT = 32768

@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from hydraplan.compare import CompareOptions, run_compare
-from hydraplan.errors import UserError
-from hydraplan.paths import ROOT
+from hydraplan.core.errors import UserError
+from hydraplan.methods.compare import CompareOptions, run_compare
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "cad.json"
 METHODS = ("wlb-nodelay", "hydraplan", "cad", "hydraplan-cad")

@@ -26,10 +26,10 @@ from collections import Counter
 
 import numpy as np
 
-from hydraplan.compare import CompareOptions, run_compare
-from hydraplan.paths import ROOT
-from hydraplan.report import write_report
+from hydraplan.app.report import write_report
+from hydraplan.methods.compare import CompareOptions, run_compare
 from hydraplan.schema import CompareResult
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "compare.json"
 FIGURES = ROOT / "bench" / "results" / "compare"

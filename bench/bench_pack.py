@@ -23,13 +23,15 @@ from pathlib import Path
 import highspy
 import numpy as np
 
-from hydraplan.compare import homo_candidate, run_megatron
-from hydraplan.costmodel import for_gpus, load_profile, seq_cost
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import PackOptions, Planner, candidate_bound, run_pack
-from hydraplan.proposal import propose, strategy_label
+from hydraplan.app.validate import validate_path
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cost import seq_cost
+from hydraplan.engine.planner import PackOptions, Planner, candidate_bound, run_pack
+from hydraplan.methods.compare import homo_candidate, run_megatron
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies
-from hydraplan.validate import validate_path
+from hydraplan.solve.proposal import propose, strategy_label
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 RESULTS = Path(__file__).parent / "results" / "pack.json"
 PROFILE = "h100-llama2-7b"

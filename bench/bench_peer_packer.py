@@ -14,9 +14,9 @@ import time
 import binpacking
 import numpy as np
 
-from hydraplan.baselines import ffd
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.paths import ROOT
+from hydraplan.methods.baselines import ffd
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "peer_packer.json"
 BUDGET, ITERS, SEED = 200_000, 200, 0

@@ -30,18 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hydraplan import measure
-from hydraplan.cli import CPU_MEMORY_GIB
-from hydraplan.datasets import load_dataset
-from hydraplan.fileio import write_model
-from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.app import measure
+from hydraplan.app.cli import CPU_MEMORY_GIB
+from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
 from hydraplan.runtime.profile import critical_path
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, run_in_process, split_views
 from hydraplan.schema import BatchSeq
-from hydraplan.seqsplit import computation_splits
+from hydraplan.solve.seqsplit import computation_splits
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.fileio import write_model
 
 RESULTS = Path(__file__).parent / "results" / "profile.json"
 P, M, TOKENS = 4, 8, 1024

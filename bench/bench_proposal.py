@@ -9,10 +9,19 @@ import json
 import os
 import time
 
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.datasets import load_dataset
-from hydraplan.paths import ROOT
-from hydraplan.proposal import TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.core.cluster import for_gpus
+from hydraplan.solve.proposal import (
+    TOKENS_PER_GPU,
+    best_homogeneous,
+    build_cells,
+    propose,
+    round_relaxed,
+    solve_integer,
+    solve_relaxed,
+)
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 RESULTS = ROOT / "bench" / "results" / "proposal.json"
 PROFILE, DATASET, CONTEXT = "h100-llama2-7b", "builtin:wikipedia", 32768

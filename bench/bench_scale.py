@@ -42,7 +42,7 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     try:
         clock = _Clock()
-        from hydraplan.iterate import PackOptions, run_pack
+        from hydraplan.engine.planner import PackOptions, run_pack
 
         summary = run_pack(PackOptions(profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=gpus,
                                        tokens_per_iter=tokens, iterations=iterations, out=out / "run",

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan import packing
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.dispatch import Infeasible, dispatch
-from hydraplan.packing import pack
-from hydraplan.proposal import propose
+from hydraplan.core.cluster import for_gpus
+from hydraplan.solve import packing
+from hydraplan.solve.dispatch import Infeasible, dispatch
+from hydraplan.solve.packing import pack
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 RESULTS = Path(__file__).parent / "results" / "solvers.json"
 PROFILE = "h100-llama2-7b"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from hydraplan.datasets import Dataset, load_dataset
+from hydraplan.core.schema import Plan
 from hydraplan.runtime.batches import PackedBatch, TokenData, rank_pipeline
-from hydraplan.schema import Plan
+from hydraplan.store.datasets import Dataset, load_dataset
 
 __all__ = ["PackedBatch", "PlanLoader"]
 

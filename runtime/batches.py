@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hydraplan.errors import UserError
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import BatchSeq, Plan, PlanPipeline
 from hydraplan.runtime.attention import Windows, documents
-from hydraplan.schema import BatchSeq, Plan, PlanPipeline
 
 if TYPE_CHECKING:
-    from hydraplan.datasets import Dataset
     from hydraplan.runtime.context_parallel import CPContext
+    from hydraplan.store.datasets import Dataset
 
 IGNORE = -100
 """Label of a position with no next token (the last token of a document that ends inside the plan's length)."""

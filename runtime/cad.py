@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hydraplan.core.schema import CADStep, Plan
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch, TokenData
-from hydraplan.schema import CADStep, Plan
 
 
 class _Exchange(torch.autograd.Function):

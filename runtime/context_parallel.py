@@ -33,10 +33,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.cpshard import shard_per_sequence
+from hydraplan.core.schema import CPShard
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import PackedBatch
-from hydraplan.schema import CPShard
+from hydraplan.solve.cpshard import shard_per_sequence
 
 Ranges = list[list[tuple[int, int]]]
 

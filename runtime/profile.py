@@ -58,9 +58,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.errors import UserError
-from hydraplan.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
-from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.app.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
+from hydraplan.core.errors import UserError
+from hydraplan.core.schedules import schedule_seq1f1b, simulate
+from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
@@ -69,7 +70,6 @@ from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_confi
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs

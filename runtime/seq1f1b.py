@@ -34,14 +34,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hydraplan.errors import UserError
-from hydraplan.pipeline import Action, schedule_seq1f1b
+from hydraplan.core.errors import UserError
+from hydraplan.core.schedules import Action, schedule_seq1f1b
+from hydraplan.core.schema import Plan
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import PackedBatch
 from hydraplan.runtime.context_parallel import CPShards, attend_gathered, gather_kv
 from hydraplan.runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
 from hydraplan.runtime.pipeline_exec import StageComm
-from hydraplan.schema import Plan
 
 
 # ------------------------------------------------------------------------------------------ splits

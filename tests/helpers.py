@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.fileio import model_json, write_model
 from hydraplan.schema import (
     BatchSeq,
     Estimate,
@@ -21,6 +20,7 @@ from hydraplan.schema import (
     Strategies,
     TimeCoeffs,
 )
+from hydraplan.store.fileio import model_json, write_model
 
 
 def tiny_profile() -> Profile:

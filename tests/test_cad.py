@@ -8,9 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan import cad
-from hydraplan.costmodel import for_gpus, load_profile
+from hydraplan.core.cluster import for_gpus
 from hydraplan.schema import Network, Scheme, TimeCoeffs
+from hydraplan.solve import cad
+from hydraplan.store.profiles import load_profile
 
 
 def _profile(gpn: int = 8):

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from test_run_plan import _replay_verified
 
-from hydraplan.cad import best_cad, cad_plan, plan_cad
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.errors import UserError
-from hydraplan.iterate import as_batch
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.errors import UserError
+from hydraplan.engine.planner import as_batch
 from hydraplan.runtime.model import CONFIGS
 from hydraplan.runtime.plans import check_plan
 from hydraplan.schema import CADPiece, CADSection, CADStep, CADTask, Plan
+from hydraplan.solve.cad import best_cad, cad_plan, plan_cad
+from hydraplan.store.profiles import load_profile
 
 TINY = CONFIGS["tiny"]
 
@@ -82,7 +83,7 @@ def test_cad_plans_train_exactly_like_one_process(tmp_path):
 
 
 def test_best_cad_on_the_tiny_profile_is_valid():
-    from hydraplan.validate import check_plan as validate_plan
+    from hydraplan.app.validate import check_plan as validate_plan
 
     prof = load_profile("cpu-tiny")
     b = as_batch(np.array([60, 9, 25, 6, 17, 3, 30, 12]))

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan import baselines as bl
-from hydraplan import compare as cp
-from hydraplan.costmodel import model_flops
-from hydraplan.report import write_report
+from hydraplan.app.report import write_report
+from hydraplan.core.cost import model_flops
+from hydraplan.methods import baselines as bl
+from hydraplan.methods import compare as cp
 from hydraplan.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
 
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")

@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan import baselines as bl
-from hydraplan import compare as cp
+from hydraplan.core.sync import iteration_estimate
+from hydraplan.methods import baselines as bl
+from hydraplan.methods import compare as cp
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Profile, Scheme, TimeCoeffs
-from hydraplan.sync import iteration_estimate
 from tests.test_compare import run_of, scheme
 
 

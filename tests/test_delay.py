@@ -11,17 +11,11 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from hydraplan.delay import (
-    DelayRule,
-    hydraplan_rule,
-    outlier_delay,
-    stream_batches,
-    wlb_rule,
-)
-from hydraplan.errors import UserError
-from hydraplan.iterate import PackOptions, run_pack
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.core.errors import UserError
+from hydraplan.engine.planner import PackOptions, run_pack
 from hydraplan.schema import Plan, Strategies, Summary
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay, stream_batches, wlb_rule
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 

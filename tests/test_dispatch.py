@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import seq_cost, seq_time
-from hydraplan.dispatch import Infeasible, dispatch, lower_bound
-from hydraplan.packing import pack
+from hydraplan.core.cost import seq_cost, seq_time
 from hydraplan.schema import Scheme, TimeCoeffs
+from hydraplan.solve.dispatch import Infeasible, dispatch, lower_bound
+from hydraplan.solve.packing import pack
 
 
 def scheme(tp=1, pp=1, a=1e-3, b=1.0, c=20.0, max_len=1000):
@@ -119,7 +119,7 @@ def alg1_reference(lengths, schemes, order):
 
 
 def test_vectorized_greedy_is_algorithm_1():
-    from hydraplan import dispatch as d
+    from hydraplan.solve import dispatch as d
 
     rng = np.random.default_rng(1)
     pool = [scheme(), scheme(tp=2, pp=2, a=5e-4, b=0.5, c=10.0, max_len=1500),
@@ -139,7 +139,7 @@ def test_vectorized_greedy_is_algorithm_1():
 
 
 def test_ilp_reaches_brute_force_from_a_poor_hint():
-    from hydraplan import dispatch as d
+    from hydraplan.solve import dispatch as d
 
     for lengths, schemes in instances(15, seed=5):
         P = d._Pipes.of(schemes)

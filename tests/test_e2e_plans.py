@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan.fileio import model_json, write_model
-from hydraplan.iterate import PackOptions, Planner, run_pack
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.engine.planner import PackOptions, Planner, run_pack
 from hydraplan.schema import ModelInfo, Network, Strategies
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.store.fileio import model_json, write_model
 from tests.helpers import tiny_profile
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
@@ -100,7 +100,7 @@ def pack(tmp_path: Path, objective: str, profile_file: Path, data: Path, name: s
 
 
 def test_propagation_objective_plans_as_without_a_sync_model_and_resume_needs_the_same_objective(tmp_path):
-    from hydraplan.errors import UserError
+    from hydraplan.core.errors import UserError
 
     rng = np.random.default_rng(0)
     data = tmp_path / "lengths.txt"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 
-from hydraplan.paths import ROOT
+from hydraplan.store.paths import ROOT
 
 EXAMPLE = ROOT / "plans" / "example"
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))

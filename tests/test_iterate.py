@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from hydraplan import packing
-from hydraplan.costmodel import pipeline_time
-from hydraplan.errors import UserError
-from hydraplan.fileio import model_json
-from hydraplan.iterate import (
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.core.cost import pipeline_time
+from hydraplan.core.errors import UserError
+from hydraplan.engine.planner import (
     PackOptions,
     Planner,
     ResolvedCandidate,
@@ -33,7 +32,8 @@ from hydraplan.schema import (
     Strategies,
     TimeCoeffs,
 )
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.solve import packing
+from hydraplan.store.fileio import model_json
 
 
 def strategies(ranks: bool = True) -> Strategies:
@@ -196,7 +196,7 @@ def test_strategy_relaxation_admits_the_best_plan_and_rules_out_below():
     """bound.strategy_meets, the LP that prunes a candidate before its dispatch: feasible at the brute-force
     optimum of every candidate (so it never rules out a latency a plan reaches), and infeasible somewhere
     below it (so it can rule candidates out)."""
-    from hydraplan.bound import strategy_meets
+    from hydraplan.solve.bound import strategy_meets
 
     planner = Planner(tiny_profile(), strategies(), 4, prune=False)
     rng = np.random.default_rng(13)
@@ -214,7 +214,7 @@ def test_strategy_relaxation_admits_the_best_plan_and_rules_out_below():
 def test_single_micro_batch_pipelines_are_found_without_search():
     """pp = 1 pipelines whose tokens fit MaxLen (and empty ones) get their one micro-batch at once: exactly
     their sequences, longest first then by position (pack's order); pp > 1 or over-full ones are left to pack."""
-    from hydraplan.iterate import _single_micro_batches
+    from hydraplan.engine.planner import _single_micro_batches
 
     planner = Planner(tiny_profile(), strategies(), 4, prune=False)
     rng = np.random.default_rng(21)

@@ -13,15 +13,15 @@ import torch
 from helpers import free_port
 
 from hydraplan import Planner
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.errors import UserError
-from hydraplan.fileio import load_model, write_model
+from hydraplan.core.errors import UserError
 from hydraplan.loader import PlanLoader
-from hydraplan.paths import ROOT
 from hydraplan.runtime.batches import IGNORE
 from hydraplan.runtime.model import StageModule, get_config, init_full, load_full, param_specs
 from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.fileio import load_model, write_model
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
 VOCAB = get_config("tiny").vocab

@@ -17,11 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hydraplan.cli import app
-from hydraplan.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_model
-from hydraplan.measure import (
+from hydraplan.app.cli import app
+from hydraplan.app.measure import (
     LENGTH_QUANTUM,
     PACKED_DOCS,
     StageMemory,
@@ -38,7 +35,11 @@ from hydraplan.measure import (
     stage_max_len,
     time_grid,
 )
-from hydraplan.pipeline import fb_split, schedule_seq1f1b, simulate
+from hydraplan.core.cost import pipeline_time
+from hydraplan.core.errors import UserError
+from hydraplan.core.fit import fit_micro_batches, fit_time_coeffs
+from hydraplan.core.schedules import fb_split, schedule_seq1f1b, simulate
+from hydraplan.core.sync import has_sync_model
 from hydraplan.runtime.profile import critical_path
 from hydraplan.schema import (
     BatchSeq,
@@ -53,7 +54,8 @@ from hydraplan.schema import (
     Scheme,
     TimeCoeffs,
 )
-from hydraplan.sync import has_sync_model
+from hydraplan.store.fileio import write_model
+from hydraplan.store.profiles import load_profile
 
 runner = CliRunner()
 
@@ -177,7 +179,7 @@ def test_network_slices_count_bytes_as_sync_transfer_does():
     sizes, secs = network_slices(1000, samples)
     assert sizes == [2000.0, 2000.0, 500.0, 500.0] and secs == [0.02, 0.03, 0.01, 0.011]
     # a profile with the fitted bandwidth predicts those transfers through hydraplan.sync
-    from hydraplan.sync import transfer_s
+    from hydraplan.core.sync import transfer_s
 
     prof = tiny_profile().model_copy(update={"network": Network(intra_node_GBps=2e-4, inter_node_GBps=2e-4)})
     prof.model.params = 1000
@@ -349,7 +351,7 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     printed = json.loads(res.stdout)
     assert printed["schemes"][0]["scheme"] == "<1,1,1>" and printed["schemes"][0]["max_len"] == s.max_len
     # network: LNK pull/push of <1,1> on 4 ranks, fitted to one bandwidth; params: the tiny config's count
-    from hydraplan.measure import model_params
+    from hydraplan.app.measure import model_params
 
     assert has_sync_model(prof) and prof.model.params == model_params("tiny") == printed["params"]
     assert prof.network.intra_node_GBps > 0 and prof.network.inter_node_GBps == prof.network.intra_node_GBps
@@ -373,8 +375,8 @@ def test_profile_measures_a_context_parallel_scheme(tmp_path):
 
 def with_cp(plan: Plan) -> Plan:
     """Its one pipeline at cp=2 with per-document CP shards, as `pack --cp-shard` records them."""
-    from hydraplan.cpshard import shard_per_document
     from hydraplan.schema import CPShard
+    from hydraplan.solve.cpshard import shard_per_document
 
     p = plan.pipelines[0]
     p.cp = 2
@@ -433,7 +435,7 @@ def test_profile_check_rejects_a_run_of_mixed_gpu_counts(tmp_path):
 def test_launches_combine_by_their_median():
     """Each grid point (matched by its lengths) takes the median of the launches' medians and keeps every run;
     a --check phase likewise per plan, the plan number untouched."""
-    from hydraplan.measure import median_check, median_points
+    from hydraplan.app.measure import median_check, median_points
 
     a = [{"lengths": [64], "seconds": 1.0, "runs": [1.0]}, {"lengths": [16] * 4, "seconds": 5.0, "runs": [5.0]}]
     b = [{"lengths": [16] * 4, "seconds": 3.0, "runs": [3.0]}, {"lengths": [64], "seconds": 2.0, "runs": [2.0]}]

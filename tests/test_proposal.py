@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan import proposal
-from hydraplan.costmodel import for_gpus, seq_cost
-from hydraplan.errors import UserError
-from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cost import seq_cost
+from hydraplan.core.errors import UserError
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+from hydraplan.solve import proposal
+from hydraplan.solve.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
 
 STEP = 128
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
@@ -286,7 +287,7 @@ def test_max_candidates_keeps_integer_and_homogeneous():
 
 
 def test_propose_is_deterministic_and_ranks_are_placed():
-    from hydraplan.fileio import model_json
+    from hydraplan.store.fileio import model_json
 
     prof, lengths = mid_profile(), wiki_like(3)
     a = propose(prof, lengths, 24, 30000, gpus_per_node=4)

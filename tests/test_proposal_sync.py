@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset
-from hydraplan.fileio import model_json
-from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.solve.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.fileio import model_json
+from hydraplan.store.profiles import load_profile
 from tests.test_proposal import cells_of, interval_latency, interval_terms, partitions, small_instance
 
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from hydraplan.costmodel import load_profile
-from hydraplan.paths import ROOT
 from hydraplan.schema import Plan, Profile, Strategies
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 MODELS = {"hydraplan.profile/v1": Profile, "hydraplan.strategies/v1": Strategies, "hydraplan.plan/v1": Plan}
 DOCS = ["README.md", "docs/formats.md"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hydraplan.costmodel import load_profile
-from hydraplan.sync import effective_bandwidth_GBps, exposed_s, iteration_estimate, transfer_s
+from hydraplan.core.sync import effective_bandwidth_GBps, exposed_s, iteration_estimate, transfer_s
+from hydraplan.store.profiles import load_profile
 from tests.helpers import tiny_profile
 
 

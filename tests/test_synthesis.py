@@ -4,12 +4,12 @@ than the candidates alone, and it reuses rank lists (process groups) already in 
 import numpy as np
 from helpers import tiny_profile
 
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import Planner
-from hydraplan.proposal import propose
+from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
-from hydraplan.synthesis import place_reusing, process_groups, synthesize
+from hydraplan.solve.proposal import propose
+from hydraplan.solve.synthesis import place_reusing, process_groups, synthesize
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 
 def _strategies() -> Strategies:

@@ -1,0 +1,512 @@
+"""Measured profiles, the planner side of `hydraplan profile`: the measuring grid, MaxLen from measured
+memory, the T(l) fit and its quality, the LNK bandwidth fit (`network`), the profile file, and --check
+(the end-to-end estimate against measured whole iterations, propagation and sync apart). The measuring
+itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
+
+Network. LNK pull and push of homogeneous layouts at the real slice sizes are fitted to the one bandwidth
+with which hydraplan.sync.transfer_s reproduces them (the end-to-end model of docs/formats.md has no latency term, so at
+these sizes latency is folded into it). One node is measured; inter_node_GBps is set equal to it.
+
+Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
+of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
+on all of them (costmodel.fit_micro_batches, NNLS on relative error): plans are made of packed
+micro-batches, and a packing of the same total as a single sequence separates the quadratic from the
+linear term. The worst error on the packings alone tests the premise that a packed micro-batch costs
+sum(a*l_i^2 + b*l_i) + c (a backend attending across documents would cost a*(sum l_i)^2).
+
+MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B pipeline holds pp - r
+micro-batches at its peak: pp - r - 1 of them as saved activations act_r(l) = q*l^2 + p*l (q: attention
+kernels that materialize scores, ~0 with FlashAttention) and one in its backward, whose peak peak_r(l)
+(saved activations plus the backward's working set, read from the allocator's statistics) is fitted the
+same way plus a constant (buffers a backward allocates whatever the length); with fixed bytes F_r the
+scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity on every stage.
+A measured profile carries no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hydraplan.core.cost import pipeline_time, util_len
+from hydraplan.core.errors import UserError
+from hydraplan.core.fit import fit_micro_batches
+from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.core.sync import WIRE_BYTES_PER_PARAM, transfer_s
+
+MEMORY_LENGTHS = (128, 512, 1024, 2048)
+TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
+PACKED_DOCS = 4
+LENGTH_QUANTUM = 16
+# Run as a module of the installed package, so it works from a wheel as well as from a checkout.
+MODULE = "hydraplan.runtime.profile"
+
+
+# ------------------------------------------------------------------------------------ memory, grid
+@dataclass(frozen=True)
+class StageMemory:
+    """One rank's memory measurement: fixed bytes, micro-batches stashed at the 1F1B peak, and the
+    activation bytes of one micro-batch at each length."""
+
+    stage: int
+    fixed_bytes: float
+    stash: int
+    lengths: list[int]
+    act_bytes: list[float]  # saved for backward by one micro-batch's forward
+    peak_bytes: list[float]  # most bytes one micro-batch's forward + backward adds at once (saved + working set)
+
+
+def activation_fit(lengths: Sequence[int], act_bytes: Sequence[float]) -> tuple[float, float]:
+    """(q, p) of act(l) = q*l^2 + p*l, least squares with both nonnegative."""
+    l = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(act_bytes, dtype=np.float64)
+    (q, p), *_ = np.linalg.lstsq(np.column_stack([l * l, l]), y, rcond=None)
+    if q < 0:
+        q, p = 0.0, float(l @ y / (l @ l))
+    elif p < 0:
+        q, p = float((l * l) @ y / ((l * l) @ (l * l))), 0.0
+    return float(q), float(p)
+
+
+def peak_fit(lengths: Sequence[int], peak_bytes: Sequence[float]) -> tuple[float, float, float]:
+    """(q, p, r) of peak(l) = q*l^2 + p*l + r, least squares with all three nonnegative (exact NNLS: the best
+    of the 8 active sets). r is what a backward allocates whatever the length (its working buffers)."""
+    l = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(peak_bytes, dtype=np.float64)
+    cols = np.column_stack([l * l, l, np.ones_like(l)])
+    best, best_res = np.zeros(3), float(y @ y)
+    for mask in range(1, 8):
+        use = [k for k in range(3) if mask >> k & 1]
+        coef, *_ = np.linalg.lstsq(cols[:, use], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        res = float(np.sum((cols[:, use] @ coef - y) ** 2))
+        if res < best_res:
+            best, best_res = np.zeros(3), res
+            best[use] = coef
+    return float(best[0]), float(best[1]), float(best[2])
+
+
+def stage_max_len(m: StageMemory, capacity_bytes: float) -> int:
+    """Largest l with fixed + (stash - 1) * act(l) + peak(l) <= capacity: the stashed micro-batches' saved
+    activations, and the one in backward at its peak."""
+    qa, pa = activation_fit(m.lengths, m.act_bytes)
+    qp, pk, r = peak_fit(m.lengths, m.peak_bytes)
+    q, p = (m.stash - 1) * qa + qp, (m.stash - 1) * pa + pk
+    free = capacity_bytes - m.fixed_bytes - r
+    if free <= 0:
+        return 0
+    # root of q l^2 + p l = free in the form without cancellation (a fitted q of 1e-18 is q = 0 here)
+    return int(2 * free / (p + math.sqrt(p * p + 4 * q * free)))
+
+
+def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:
+    """MaxLen of a scheme: the tightest stage, a multiple of LENGTH_QUANTUM."""
+    ml = min(stage_max_len(m, capacity_bytes) for m in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
+    if ml < PACKED_DOCS * LENGTH_QUANTUM:
+        raise UserError(f"--memory-gib: {capacity_bytes / 2**30:g} GiB leaves room for only {ml} tokens per micro-batch "
+                        f"(need at least {PACKED_DOCS * LENGTH_QUANTUM})")
+    return ml
+
+
+def time_grid(max_len: int) -> list[list[int]]:
+    """The timing grid of a scheme: single sequences at TIME_FRACTIONS of MaxLen, then the same totals
+    as PACKED_DOCS equal documents (deterministic for a MaxLen)."""
+    q = LENGTH_QUANTUM
+    totals = sorted({max(PACKED_DOCS * q, int(max_len * f) // q * q) for f in TIME_FRACTIONS})
+    return [[n] for n in totals] + [[n // PACKED_DOCS] * PACKED_DOCS for n in totals]
+
+
+# ------------------------------------------------------------------------------------------ fitting
+@dataclass(frozen=True)
+class SchemeFit:
+    """a, b, c fitted on every point; R^2 and worst relative error over them; worst relative error of the
+    packed points alone (None without any)."""
+
+    time: TimeCoeffs
+    r2: float
+    worst_rel_err: float
+    packed_worst_rel_err: float | None
+    points: int
+
+
+def fit_points(points: Sequence[tuple[Sequence[int], float]]) -> SchemeFit:
+    """Fit T(m) on the points (packed lengths, seconds)."""
+    if len({(sum(ls), len(ls)) for ls, _ in points}) < 3:
+        raise ValueError(f"need at least 3 distinct points to fit a, b, c (got {len(points)})")
+    fit = fit_micro_batches([ls for ls, _ in points], [s for _, s in points])
+    time = TimeCoeffs(a=fit.a, b=fit.b, c=fit.c)
+    packed = [(np.asarray(ls, dtype=np.float64), s) for ls, s in points if len(ls) > 1]
+    errs = [abs(float(((time.a * ls + time.b) * ls).sum()) + time.c - s) / s for ls, s in packed]
+    return SchemeFit(time, fit.r2, fit.worst_rel_err, max(errs) if errs else None, len(points))
+
+
+@dataclass(frozen=True)
+class BandwidthFit:
+    """The one bandwidth with which sync.transfer_s reproduces measured LNK times best (relative least
+    squares), and its worst relative error over them."""
+
+    GBps: float
+    worst_rel_err: float
+    points: int
+
+
+def fit_bandwidth(slice_bytes: Sequence[float], seconds: Sequence[float]) -> BandwidthFit:
+    """Fit t = bytes / bw (the end-to-end model of docs/formats.md has no latency term) on (slice bytes, seconds) pairs:
+    with r_i = bytes_i / t_i, minimizing sum((bytes_i / bw - t_i) / t_i)^2 gives 1/bw = sum(r) / sum(r^2).
+    At the real slice sizes a fixed latency is folded into bw, which is what the estimate then sees."""
+    b = np.asarray(slice_bytes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if len(b) == 0 or np.any(b <= 0) or np.any(t <= 0):
+        raise ValueError("need positive bytes and seconds to fit a bandwidth")
+    r = b / t
+    inv = float(r.sum() / (r * r).sum())  # seconds per byte
+    return BandwidthFit(1e-9 / inv, float(np.max(np.abs(b * inv - t) / t)), len(b))
+
+
+def network_slices(params: int, samples: Sequence[dict]) -> tuple[list[float], list[float]]:
+    """(bytes as sync.transfer_s counts them: WIRE_BYTES_PER_PARAM * params / (tp * pp), seconds) of every
+    measured pull and push; the wire may carry a wider dtype (fp32 on CPU), which the bandwidth absorbs."""
+    sizes, secs = [], []
+    for x in samples:
+        for key in ("pull_s", "push_s"):
+            sizes.append(WIRE_BYTES_PER_PARAM * params / (x["tp"] * x["pp"]))
+            secs.append(float(x[key]))
+    return sizes, secs
+
+
+# ------------------------------------------------------------------------------------------ running
+def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
+    """Run runtime/profile.py on `ranks` processes (torchrun when more than one), one thread each, and
+    return the JSON it writes. Its one-line errors become UserError."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        launcher = [sys.executable]
+        if ranks > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(_free_port())]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        cmd = [*launcher, "-m", MODULE, *args, "--out", str(out)]
+        try:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise UserError(f"runtime/profile.py {' '.join(args)}: no result after {timeout_s:g}s") from e
+        if res.returncode != 0 or not out.exists():
+            lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
+            why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
+            raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
+        return json.loads(out.read_text())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def median_points(launches: Sequence[list[dict]]) -> list[dict]:
+    """Timing points of several launches of one scheme's measurement combined: per grid point (by its lengths;
+    the grid follows MaxLen, which the first launch fixed) the median of the launches' medians, and every run."""
+    out = []
+    for p in launches[0]:
+        same = [q for pts in launches for q in pts if q["lengths"] == p["lengths"]]
+        out.append({"lengths": p["lengths"], "seconds": float(np.median([q["seconds"] for q in same])),
+                    "runs": [r for q in same for r in q["runs"]], "launches": len(same)})
+    return out
+
+
+def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
+                    *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
+                    launches: int = 1, timeout_s: float = 600.0,
+                    progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
+    """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured". Each scheme is
+    measured in `launches` separate runtime jobs (median_points): on a shared CPU one process's own speed
+    varies by about 20% against another's, which a median within one process cannot see."""
+    from hydraplan.runtime.model import get_config
+
+    cfg = get_config(model)
+    out, fits = [], []
+    if progress is not None:
+        progress("LNK pull/push")
+    network, _, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _ in schemes}),
+                                                 dtype=dtype, timeout_s=timeout_s)
+    for tp, pp, cp in schemes:
+        if progress is not None:
+            progress(f"<{tp},{pp},{cp}>")
+        args = ["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--model", model, "--dtype", dtype, "--clock", clock,
+                "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node), "--warmup", str(warmup),
+                "--repeats", str(repeats)]
+        raws = [run_runtime(args, tp * pp * cp, device, timeout_s) for _ in range(launches)]
+        raw = {**raws[0], "points": median_points([r["points"] for r in raws])}
+        fit = fit_points([(p["lengths"], p["seconds"]) for p in raw["points"]])
+        fits.append(fit)
+        max_len = int(raw["max_len"])
+        out.append(Scheme(tp=tp, pp=pp, cp=cp, max_len=max_len, util_len=util_len(fit.time, max_len), time=fit.time,
+                          fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
+                               "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
+                          measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
+                                            "act_bytes_per_token2": q, "act_bytes_per_token": p,
+                                            "peak_bytes_per_token2": q2, "peak_bytes_per_token": p2, "peak_bytes": r}
+                                           for m in raw["memory"]
+                                           for (q, p), (q2, p2, r) in [(activation_fit(m["lengths"], m["act_bytes"]),
+                                                                        peak_fit(m["lengths"], m["peak_bytes"]))]],
+                          measured_points=raw["points"]))
+    gpu = _device_name(device)
+    profile = Profile(
+        name=name, gpu=GPUInfo(name=gpu, memory_gib=capacity_bytes / 2**30, gpus_per_node=gpus_per_node),
+        model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
+                        params=model_params(model)),
+        schemes=out, reference_gpus=gpus_per_node, source="measured", network=network,
+        notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: replayed training steps (run_plan's), 1F1B "
+                       f"latency of pp identical micro-batches / (2*pp - 1), median of {repeats} runs after {warmup} "
+                       f"warm-up in each of {launches} launches, median over the launches, one thread per rank; "
+                       "a, b, c fitted on single "
+                       "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
+                       "packings alone)",
+               "max_len": f"largest l with fixed + (pp - stage - 1) * act(l) + peak(l) <= {capacity_bytes / 2**30:g} GiB "
+                          "on every stage; act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward, peak(l) "
+                          "to the most heap bytes one micro-batch's forward and backward add at once, plus a constant "
+                          "(measured_memory)",
+               "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
+               "network": net_note,
+               "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
+    return profile, fits
+
+
+def model_params(model: str) -> int:
+    """Phi of a runtime model config: what LNK pulls and pushes."""
+    from hydraplan.runtime.model import get_config, param_specs
+
+    return sum(s.numel for s in param_specs(get_config(model)))
+
+
+NETWORK_REPEATS = 15
+
+
+def measure_network(model: str, device: str, ranks: int, slices: Sequence[tuple[int, int]], *, dtype: str = "fp32",
+                    warmup: int = 2, repeats: int = NETWORK_REPEATS,
+                    timeout_s: float = 600.0) -> tuple[Network, BandwidthFit, str]:
+    """LNK pull/push of homogeneous <tp, pp> layouts over `ranks` ranks of this node, timed in the runtime
+    (runtime/profile.py --network), fitted to one bandwidth. `hydraplan profile` runs one node, so
+    inter_node_GBps is set to the intra-node figure; a job within one node (N <= gpus_per_node) never uses
+    it (sync.effective_bandwidth_GBps weighs it by 1 - G/N = 0)."""
+    todo = [(tp, pp) for tp, pp in slices if ranks % (tp * pp) == 0] or [(1, 1)]
+    args = ["--model", model, "--dtype", dtype, "--warmup", str(warmup), "--repeats", str(repeats)]
+    for tp, pp in todo:
+        args += ["--network", f"{tp},{pp}"]
+    raw = run_runtime(args, ranks, device, timeout_s)
+    fit = fit_bandwidth(*network_slices(raw["params"], raw["samples"]))
+    backend = "NCCL" if device == "cuda" else "gloo"
+    times = ", ".join(f"<{x['tp']},{x['pp']}> pull {x['pull_s'] * 1e3:.2f} ms push {x['push_s'] * 1e3:.2f} ms"
+                      for x in raw["samples"])
+    note = (f"intra_node_GBps: runtime/lnk.py pull and push on {ranks} {backend} ranks of one node ({dtype} on the wire), "
+            f"homogeneous layouts {times} (wall time between barriers, median of {repeats} after {warmup} warm-up); "
+            f"one bandwidth fitted to those times as sync.transfer_s counts bytes (2 per parameter / (tp*pp)), "
+            f"worst error {fit.worst_rel_err:.0%} (latency folded in at these slice sizes). inter_node_GBps: "
+            "no second node was measured, so it is set to the intra-node figure; a job within one node never uses it")
+    return Network(intra_node_GBps=fit.GBps, inter_node_GBps=fit.GBps), fit, note
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return "CPU (gloo)"
+
+
+# -------------------------------------------------------------------------------------------- check
+@dataclass(frozen=True)
+class CheckRow:
+    """One iteration: estimated propagation + exposed sync (= iteration_s) against the measured whole iteration
+    of the runtime's own step (LNK pull/push overlapped with compute). Measured sync is everything outside
+    propagation (exposed pull/push waits, waits on slower ranks, the optimizer step). Errors are signed and
+    relative to the measured whole iteration, so propagation_err + sync_err = err."""
+
+    iteration: int
+    strategy: str
+    estimate_propagation_s: float  # of the pipeline attaining iteration_s
+    estimate_sync_s: float
+    pull_s: float  # time the pull had an exchange in flight (hidden or not)
+    propagate_s: float  # the slowest pipeline
+    push_s: float
+    step_s: float
+    exposed_s: float  # compute blocked on a pull/push after every rank posted it
+    iteration_s: float  # measured whole iteration
+    estimate_from: str  # "plan" (its estimate.iteration_s/sync_s) or "profile" (sync.iteration_estimate)
+    transfer_s: float  # sync.transfer_s of the plan's slowest-moving busy pipeline: one pull or push, unhidden
+    no_overlap_s: float  # max over busy pipelines of propagation + pull + push: the estimate if LNK hid nothing
+    pipelines: list[tuple[str, float, float]]  # (scheme label, estimated, measured propagation) per pipeline
+
+    @property
+    def estimate_s(self) -> float:
+        return self.estimate_propagation_s + self.estimate_sync_s
+
+    @property
+    def sync_s(self) -> float:
+        """Measured time outside propagation: exposed LNK, waits on slower ranks, the optimizer step."""
+        return self.iteration_s - self.propagate_s
+
+    @property
+    def measured_s(self) -> float:
+        return self.iteration_s
+
+    @property
+    def err(self) -> float:
+        return (self.estimate_s - self.measured_s) / self.measured_s
+
+    @property
+    def rel_err(self) -> float:
+        return abs(self.err)
+
+    @property
+    def propagation_err(self) -> float:
+        return (self.estimate_propagation_s - self.propagate_s) / self.measured_s
+
+    @property
+    def sync_err(self) -> float:
+        return (self.estimate_sync_s - self.sync_s) / self.measured_s
+
+
+def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[int, int]) -> float:
+    """Estimated propagation of one plan pipeline under the profile: the Seq1F1B schedule simulated with
+    split times when the plan carries splits, else the canonical 1F1B estimate."""
+    mbs = [np.array([lengths_by_id[s] for s in mb.seqs], dtype=np.int64) for mb in pipe.micro_batches]
+    if not pipe.micro_batches or pipe.micro_batches[0].splits is None:
+        return pipeline_time(scheme, mbs)
+    from hydraplan.solve.seqsplit import SplitPlan, cumulative_cost, seq1f1b_estimate
+
+    t = scheme.time
+    plans = [SplitPlan(np.asarray(mb.splits), np.diff(cumulative_cost(ls, t.a, t.b, np.asarray(mb.splits))))
+             for mb, ls in zip(pipe.micro_batches, mbs)]
+    return seq1f1b_estimate(scheme, plans)[0]
+
+
+def plan_estimate(plan: Plan, profile: Profile, estimates: Sequence[float]) -> tuple[float, float, str]:
+    """(propagation, exposed sync) of the pipeline attaining the plan's end-to-end estimate: the plan's own
+    estimate.iteration_s/sync_s when it carries them for this profile, else sync.iteration_estimate over
+    the pipelines' estimates under `profile`."""
+    from hydraplan.core.sync import iteration_estimate
+
+    e = plan.estimate
+    if plan.profile == profile.name and e.iteration_s is not None and e.sync_s is not None:
+        return e.iteration_s - e.sync_s, e.sync_s, "plan"
+    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], estimates)
+    return est.iteration_s - est.sync_s, est.sync_s, "profile"
+
+
+def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[CheckRow]:
+    """Estimated against measured whole iterations per plan; `measured` is the JSON of runtime/profile.py
+    --check for the same plans."""
+    rows = []
+    for plan, got in zip(plans, measured["plans"], strict=True):
+        lengths = {s.id: s.length for s in plan.batch}
+        pipes = []
+        for i, (pipe, m) in enumerate(zip(plan.pipelines, got["pipelines"], strict=True)):
+            scheme = profile.scheme(pipe.tp, pipe.pp, pipe.cp)
+            if scheme is None:
+                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
+                                f"is not in profile {profile.name}")
+            pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
+        prop, sync, source = plan_estimate(plan, profile, [p[1] for p in pipes])
+        busy = [(transfer_s(profile, p.tp, p.pp, plan.gpus), e) for p, (_, e, _) in zip(plan.pipelines, pipes) if p.micro_batches]
+        rows.append(CheckRow(plan.iteration, plan.strategy, prop, sync, float(got["pull_s"]), float(got["propagate_s"]),
+                             float(got["push_s"]), float(got["step_s"]), float(got["exposed_s"]), float(got["iteration_s"]),
+                             source, max((t for t, _ in busy), default=0.0),
+                             max((e + 2 * t for t, e in busy), default=0.0), pipes))
+    return rows
+
+
+def check_summary(rows: Sequence[CheckRow]) -> dict:
+    """Mean and worst whole-iteration error, the mean signed propagation and sync errors (shares of the
+    measured iteration), and the mean error of an estimate that assumes LNK hides nothing. (Pull and push
+    overlap compute, so their in-flight times are not transfer times; `hydraplan profile` measures the network
+    figure itself.)"""
+    errs = [r.rel_err for r in rows]
+    worst = max(range(len(rows)), key=lambda i: errs[i])
+    return {"mean_rel_err": float(np.mean(errs)), "worst_rel_err": errs[worst], "worst_iteration": rows[worst].iteration,
+            "mean_rel_err_no_overlap": float(np.mean([abs(r.no_overlap_s - r.measured_s) / r.measured_s for r in rows])),
+            "mean_propagation_err": float(np.mean([r.propagation_err for r in rows])),
+            "mean_sync_err": float(np.mean([r.sync_err for r in rows]))}
+
+
+def describe_pipelines(r: CheckRow) -> str:
+    """e.g. "4x<1,1,1>" or "1x<2,1,1>+2x<1,1,1>", in plan order."""
+    counts: dict[str, int] = {}
+    for label, _, _ in r.pipelines:
+        counts[label] = counts.get(label, 0) + 1
+    return "+".join(f"{n}x{k}" for k, n in counts.items())
+
+
+def check_row_json(r: CheckRow) -> dict:
+    return {"iteration": r.iteration, "strategy": r.strategy, "estimate_from": r.estimate_from,
+            "estimate_s": r.estimate_s, "estimate_propagation_s": r.estimate_propagation_s,
+            "estimate_sync_s": r.estimate_sync_s, "measured_s": r.measured_s, "pull_s": r.pull_s,
+            "propagate_s": r.propagate_s, "push_s": r.push_s, "step_s": r.step_s, "exposed_s": r.exposed_s,
+            "sync_s": r.sync_s,
+            "estimate_transfer_s": r.transfer_s, "no_overlap_s": r.no_overlap_s, "err": r.err, "rel_err": r.rel_err,
+            "propagation_err": r.propagation_err, "sync_err": r.sync_err,
+            "pipelines": [{"scheme": s, "estimate_s": e, "measured_s": m} for s, e, m in r.pipelines]}
+
+
+def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
+                warmup: int = 1, repeats: int = 3, launches: int = 1, timeout_s: float = 600.0) -> list[CheckRow]:
+    """Replay every plan of a run as whole training iterations and compare with the profile's estimates; with
+    `launches`, in that many separate runtime jobs, each phase the median over them (as measure_profile)."""
+    from hydraplan.runtime.plans import load_plans
+
+    loaded = load_plans(plan_dir, None)
+    plans = [p for _, p in loaded]
+    ranks = plans[0].gpus
+    for source, p in loaded:
+        if p.gpus != ranks:
+            raise UserError(f"{source}: field gpus: {p.gpus}, but the run's first plan has {ranks} (--check replays "
+                            "one run on one set of ranks)")
+    args = ["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock, "--warmup", str(warmup),
+            "--repeats", str(repeats)]
+    return compare(plans, median_check([run_runtime(args, ranks, device, timeout_s) for _ in range(launches)]), profile)
+
+
+def median_check(launches: Sequence[dict]) -> dict:
+    """runtime/profile.py --check results of several launches: per plan, each phase's median over them."""
+    out = []
+    for k, first in enumerate(launches[0]["plans"]):
+        same = [m["plans"][k] for m in launches]
+        phases = {f: float(np.median([m[f] for m in same])) for f in first if isinstance(first[f], (int, float))
+                  and f != "iteration"}
+        pipes = [{"seconds": float(np.median([m["pipelines"][j]["seconds"] for m in same]))}
+                 for j in range(len(first["pipelines"]))]
+        out.append({**first, **phases, "pipelines": pipes, "runs": [r for m in same for r in m["runs"]]})
+    return {"plans": out}
+
+
+def rank_memory_bytes(scheme: Scheme, stage: int, gpus: int, tokens: int) -> float | None:
+    """The profile's memory model for one rank of `scheme` on `stage` whose largest micro-batch has `tokens`:
+    a measured profile's fixed + stash * act(tokens) of that stage (measured_memory), an analytic one's
+    sharded / gpus + local + act_bytes_per_token * tokens (its worst stage). None: the profile has neither."""
+    measured = getattr(scheme, "measured_memory", None)
+    if measured:
+        m = next((e for e in measured if e["stage"] == stage), None)
+        if m is None:
+            return None
+        act = m["act_bytes_per_token2"] * tokens**2 + m["act_bytes_per_token"] * tokens
+        if "peak_bytes_per_token" not in m:  # profiles measured before the peak: all stashed micro-batches alike
+            return m["fixed_bytes"] + m["stash"] * act
+        peak = m["peak_bytes_per_token2"] * tokens**2 + m["peak_bytes_per_token"] * tokens + m["peak_bytes"]
+        return m["fixed_bytes"] + (m["stash"] - 1) * act + peak
+    if scheme.memory is not None:
+        mem = scheme.memory
+        return mem.sharded_bytes / gpus + mem.local_bytes + mem.act_bytes_per_token * tokens
+    return None

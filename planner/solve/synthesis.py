@@ -1,0 +1,212 @@
+"""Per-batch strategy synthesis: integer strategies shaped by the any-strategy MILP (planner/bound.py) for
+the batch at hand, which `Planner.solve` dispatches and packs next to the proposed candidates.
+
+LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate
+list only saves solver time. The bound's MILP already picks integer pipeline counts n_P that can carry the
+batch within a latency X; a strategy with those pipelines (leftover GPUs given to the narrowest scheme it
+uses) is the natural candidate for this batch. To keep it fast the MILP runs on grouped sequences: the
+longest SINGLE sequences alone (where integrality bites), the rest in length groups GROUP_RATIO wide,
+costed at their mean; the bisection stops at SYNTH_REL_TOL, starting from the best candidate's estimate.
+The pipeline counts at the least feasible X and at a few slacker X (SLACK: more room for the integral
+dispatch) give the strategies, deduplicated.
+
+Rank placement reuses rank sets already in use for the same scheme (`place_reusing`), because every new
+TP or CP group is a process-group creation on NCCL; `process_groups` lists the groups a plan needs, the
+way runtime/groups.py creates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from hydraplan.core.schema import PipelineSpec, Plan, Scheme, Strategies
+from hydraplan.solve.bound import _instance, _probe, least_feasible
+from hydraplan.solve.placement import place_ranks
+
+SINGLE = 12  # longest sequences that are items of their own
+GROUP_RATIO = 1.25  # the other sequences are grouped by length in geometric bins this wide
+SYNTH_REL_TOL = 0.01
+SLACK = (0.0, 0.03, 0.08)
+MAX_NODES = 50  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
+TOP = 2  # per group of sequences, schemes kept by each of two rankings
+
+
+def _groups(lengths: np.ndarray) -> np.ndarray:
+    """A group label per sequence: the SINGLE longest alone, the rest by geometric length bin."""
+    order = np.argsort(-lengths, kind="stable")
+    label = np.floor(np.log(np.maximum(lengths, 1)) / np.log(GROUP_RATIO)).astype(np.int64)
+    label[order[:SINGLE]] = -1 - np.arange(min(SINGLE, len(lengths)))
+    return label
+
+
+def _fill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> dict[int, int]:
+    """Leftover GPUs become pipelines of the narrowest scheme the strategy uses, then of the narrowest scheme
+    at all: an idle pipeline costs nothing, and dispatch moves short sequences to it."""
+    counts = dict(counts)
+    left = gpus - sum(schemes[k].gpus * n for k, n in counts.items())
+    for pool in (sorted(counts), range(len(schemes))):
+        fits = [k for k in pool if schemes[k].gpus <= left]
+        if not fits:
+            continue
+        k = min(fits, key=lambda k: (schemes[k].gpus, k))
+        counts[k] = counts.get(k, 0) + left // schemes[k].gpus
+        left -= schemes[k].gpus * (left // schemes[k].gpus)
+    return counts
+
+
+def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfer: np.ndarray,
+               prefer: Iterable[int]) -> list[int]:
+    """The schemes worth a variable: `prefer` (the candidates'), and per group of sequences the TOP cheapest in
+    GPU-seconds and the TOP fastest alone (pp * T(l) + 2 t), among those that hold it."""
+    label = _groups(lengths)
+    _, first = np.unique(label, return_index=True)
+    l = lengths[first].astype(np.float64)[:, None]
+    ok = (l <= np.array([s.max_len for s in schemes])) & (np.array([s.gpus for s in schemes]) <= gpus)
+    T = np.array([[s.time.a, s.time.b, s.time.c, s.gpus, s.pp] for s in schemes]).T
+    t_l = (T[0] * l + T[1]) * l + T[2]
+    keep = set(prefer)
+    for cost in (T[3] * t_l, T[4] * t_l + 2 * transfer):
+        ranked = np.argsort(np.where(ok, cost, np.inf), axis=1, kind="stable")[:, :TOP]
+        keep.update(int(k) for k in ranked[np.take_along_axis(ok, ranked, 1)])
+    return sorted(keep)
+
+
+def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upper: float | None = None,
+               transfer: np.ndarray | Sequence[float] | None = None, prefer: Iterable[int] = ()) -> list[dict[int, int]]:
+    """Strategies for this batch as {scheme index: pipelines}, best-shaped first. `transfer` (seconds per
+    scheme, planner/sync.py) shapes them for the end-to-end estimate; `upper` is a latency some plan reaches;
+    `prefer` lists schemes to offer the MILP besides the shortlist (the candidates')."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return []
+    t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    short = _shortlist(lengths, schemes, gpus, t, prefer)
+    sub = [schemes[k] for k in short]
+    inst = _instance(lengths, sub, gpus, t[short], group=_groups(lengths))
+    _, hi, _, _ = least_feasible(inst, upper, SYNTH_REL_TOL, MAX_NODES)
+    out: list[dict[int, int]] = []
+    for slack in SLACK:
+        n = _probe(inst, hi * (1 + slack), minimize=True, max_nodes=MAX_NODES)
+        if n is None:
+            continue
+        counts = _fill({short[int(inst.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
+        if counts not in out:
+            out.append(counts)
+    return out
+
+
+def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[PipelineSpec]:
+    """Pipelines widest first (the order proposals use), ranks not yet placed."""
+    keys = sorted(counts, key=lambda k: (-schemes[k].gpus, schemes[k].key))
+    return [PipelineSpec(tp=schemes[k].tp, pp=schemes[k].pp, cp=schemes[k].cp) for k in keys for _ in range(counts[k])]
+
+
+def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], gpus: int,
+                  gpus_per_node: int) -> list[PipelineSpec]:
+    """Ranks for `specs`, reusing the rank lists of `known` pipelines of the same scheme where they are still
+    free (in the order given: earlier ones are preferred); the rest placed node-aware around them."""
+    pool: dict[tuple[int, int, int], dict[tuple[int, ...], None]] = {}  # insertion-ordered sets
+    for p in known:
+        if p.ranks is not None:
+            pool.setdefault(p.key, {})[tuple(p.ranks)] = None
+    # a rank list found taken stays taken: each scheme's scan only moves on (one iterator per scheme)
+    scan = {k: iter(v) for k, v in pool.items()}
+    taken: set[int] = set()
+    out = []
+    for p in specs:
+        pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
+        if pick is not None:
+            taken.update(pick)
+        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
+    return place_ranks(out, gpus, gpus_per_node)
+
+
+def process_groups(pipelines: Iterable[PipelineSpec]) -> set[tuple[int, ...]]:
+    """The TP and CP groups (more than one rank) the runtime creates for these pipelines (runtime/groups.py)."""
+    out: set[tuple[int, ...]] = set()
+    for p in pipelines:
+        ranks = list(p.ranks or [])
+        for s in range(p.pp):
+            stage = ranks[s * p.tp * p.cp:(s + 1) * p.tp * p.cp]
+            out.update(g for g in (tuple(stage[c * p.tp:(c + 1) * p.tp]) for c in range(p.cp)) if len(g) > 1)
+            out.update(g for g in (tuple(stage[t::p.tp]) for t in range(p.tp)) if len(g) > 1)
+    return out
+
+
+
+class GroupLedger:
+    """The run's process groups in iteration order, and the rank lists already in use per scheme.
+
+    `pack` re-places each synthesized plan's ranks in the parent, in iteration order, preferring the rank
+    lists of the candidates and of earlier plans (ranks never change an estimate), so the run's output does
+    not depend on the worker count and a strategy seen before creates no group."""
+
+    def __init__(self, strategies: Strategies, gpus: int, gpus_per_node: int):
+        self.known: list[PipelineSpec] = [p for c in strategies.candidates for p in c.pipelines]
+        self.groups: set[tuple[int, ...]] = set()
+        self.gpus, self.gpus_per_node = gpus, gpus_per_node
+
+    @property
+    def created(self) -> int:
+        return len(self.groups)
+
+    def record(self, plan: Plan, place: bool = True) -> bool:
+        """Count the plan's groups (re-placing its ranks first if it is synthesized and `place`); returns
+        whether it is synthesized."""
+        specs = [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=p.ranks) for p in plan.pipelines]
+        if plan.synthesized and place:
+            bare = [s.model_copy(update={"ranks": None}) for s in specs]
+            specs = place_reusing(bare, self.known, self.gpus, self.gpus_per_node)
+            for p, s in zip(plan.pipelines, specs, strict=True):
+                p.ranks = list(s.ranks or [])
+        if plan.synthesized:
+            seen = {(p.key, tuple(p.ranks or ())) for p in self.known}
+            self.known += [s for s in specs if (s.key, tuple(s.ranks or ())) not in seen]
+        self.groups |= process_groups(specs)
+        return bool(plan.synthesized)
+
+
+SKIP_RTOL = 0.01  # no synthesis when the best candidate is already this close to the cheap any-strategy floor
+NAME = "batch:"  # synthesized strategies are named batch:0, batch:1, ... in a plan and its summary
+
+
+def worth_trying(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, best_s: float,
+                 transfer: np.ndarray | None = None) -> bool:
+    """Whether a strategy made for the batch could beat `best_s` by more than SKIP_RTOL: the MILP's closed-form
+    floor (a sequence alone, the GPU-seconds over N) already proves it cannot on some batches."""
+    inst = _instance(np.asarray(lengths, dtype=np.int64), schemes, gpus, transfer)
+    return best_s > (1 + SKIP_RTOL) * max(inst.floor(), inst.volume())  # volume: a valid floor end to end too
+
+
+def solve_synthesized(planner, lengths: np.ndarray, longest_first: np.ndarray, seed: int, best: tuple[float, int],
+                      pack_budget_s: float) -> tuple[list, list, tuple[float, int]]:
+    """Strategies made for this batch, placed, dispatched and packed after the planner's candidates (which set
+    `best`, (score in the planner's objective, index)); returns them as resolved candidates, their solutions
+    (indexed after the candidates) and the new best. Shaped and scored in the planner's objective (end to end:
+    each scheme's transfer enters the MILP), pruned against the candidates' best exactly like a candidate;
+    ties keep the candidate."""
+    from hydraplan.core.sync import objective_transfer_s
+    from hydraplan.engine.planner import ResolvedCandidate, candidate_bound
+
+    schemes = list(planner.view.schemes)
+    transfer = objective_transfer_s(planner.profile, np.array([s.tp for s in schemes]), np.array([s.pp for s in schemes]),
+                                    planner.gpus, planner.objective)
+    if not worth_trying(lengths, schemes, planner.gpus, best[0], transfer):
+        return [], [], best
+    index = {s.key: k for k, s in enumerate(schemes)}
+    prefer = sorted({index[s.key] for c in planner.candidates for s in c.schemes if s.key in index})
+    known = [p for c in planner.candidates for p in c.specs]
+    out, sols = [], []
+    for j, counts in enumerate(synthesize(lengths, schemes, planner.gpus, upper=best[0], transfer=transfer,
+                                          prefer=prefer)):
+        specs = place_reusing(specs_of(counts, schemes), known, planner.gpus, planner.view.gpu.gpus_per_node)
+        k = len(planner.candidates) + j
+        cand = ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
+                                 tuple(float(transfer[index[p.key]]) for p in specs))
+        sol, best = planner.prune_or_solve(cand, k, lengths, candidate_bound(cand, lengths, longest_first), best, seed,
+                                           pack_budget_s)
+        out.append(cand)
+        sols.append(sol)
+    return out, sols, best
