@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from hydraplan.core.errors import UserError
-from hydraplan.methods.compare import CompareOptions, run_compare
+from hydraplan.methods.compare import CompareConfig, run_compare
 from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "cad.json"
@@ -37,7 +37,7 @@ TARGET = ("h100-llama2-7b", "builtin:prolong", 32768, 200_000)
 def run_config(profile: str, dataset: str, context: int, tokens: int) -> dict:
     t0 = time.perf_counter()
     try:
-        out = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
+        out = run_compare(CompareConfig(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
                                          iterations=ITERS[tokens], seed=SEED, context_len=context, methods=METHODS))
     except UserError as e:
         return {"profile": profile, "dataset": dataset, "context_len": context, "tokens_per_iter": tokens,

@@ -27,7 +27,7 @@ from collections import Counter
 import numpy as np
 
 from hydraplan.app.report import write_report
-from hydraplan.methods.compare import CompareOptions, run_compare
+from hydraplan.methods.compare import CompareConfig, run_compare
 from hydraplan.schema import CompareResult
 from hydraplan.store.paths import ROOT
 
@@ -50,7 +50,7 @@ def folder(profile: str, dataset: str, tokens: int, objective: str):
 
 def run(profile: str, dataset: str, tokens: int, objective: str) -> None:
     t0 = time.perf_counter()
-    outcome = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
+    outcome = run_compare(CompareConfig(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
                                          iterations=ITERS[tokens], seed=SEED, context_len=CONTEXT, objective=objective))
     out = folder(profile, dataset, tokens, objective)
     write_report(outcome, out)

@@ -23,11 +23,15 @@ from pathlib import Path
 import highspy
 import numpy as np
 
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
 from hydraplan.app.validate import validate_path
-from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import seq_cost
-from hydraplan.engine.planner import PackOptions, Planner, candidate_bound, run_pack
-from hydraplan.methods.compare import homo_candidate, run_megatron
+from hydraplan.engine.candidate import candidate_bound
+from hydraplan.engine.planner import Planner
+from hydraplan.methods.compare import run_megatron
+from hydraplan.methods.hydra import homo_candidate
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies
 from hydraplan.solve.proposal import propose, strategy_label
 from hydraplan.store.datasets import load_dataset, sample_iterations
@@ -160,7 +164,7 @@ def pool_throughput(gpus: int, tokens: int, iterations: int, workers: int) -> di
     out = Path(tempfile.mkdtemp(prefix="bench_pack_"))
     try:
         t0 = time.perf_counter()
-        run_pack(PackOptions(profile=PROFILE, dataset="builtin:wikipedia", gpus=gpus, tokens_per_iter=tokens,
+        run_pack(PackConfig(profile=PROFILE, dataset="builtin:wikipedia", gpus=gpus, tokens_per_iter=tokens,
                              iterations=iterations, out=out, context_len=CONTEXT, workers=workers))
         wall = time.perf_counter() - t0
         ok = validate_path(out, load_profile(PROFILE)).ok
@@ -173,7 +177,6 @@ def pool_throughput(gpus: int, tokens: int, iterations: int, workers: int) -> di
 def quality(dataset: str, iterations: int, ilp_iterations: int) -> dict:
     gpus, tokens = 64, 200_000
     profile = load_profile(PROFILE)
-    view = for_gpus(profile, gpus)
     ds, batches = batches_of(dataset, tokens, iterations)
     strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens, objective="propagation")
     greedy = Planner(profile, strategies, gpus, context_len=CONTEXT, prune=False,  # every candidate's estimate
@@ -195,7 +198,7 @@ def quality(dataset: str, iterations: int, ilp_iterations: int) -> dict:
                  if ic.estimate_s is not None and ic.dispatch_optimal]
 
     # the static baseline, and the same scheme as one more candidate of ours (dispatch + packing on it)
-    scheme, static_plans = run_megatron([b.lengths for b in batches], view, gpus, CONTEXT)
+    scheme, static_plans = run_megatron([b.lengths for b in batches], Cluster.of(profile, gpus, "propagation"), CONTEXT)
     static = np.array([p.estimate_s for p in static_plans])
     homo = Strategies(candidates=[homo_candidate(scheme, gpus)])
     homo_est = np.array([Planner(profile, homo, gpus, objective="propagation").solve(b).summary.estimate_s

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hydraplan.app import measure
-from hydraplan.app.cli import CPU_MEMORY_GIB
+from hydraplan.app.cmd_profile import CPU_MEMORY_GIB
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData

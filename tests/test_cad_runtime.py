@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_run_plan import _replay_verified
 
+from hydraplan.core.batch import as_batch
 from hydraplan.core.cluster import for_gpus
 from hydraplan.core.errors import UserError
-from hydraplan.engine.planner import as_batch
 from hydraplan.runtime.model import CONFIGS
 from hydraplan.runtime.plans import check_plan
 from hydraplan.schema import CADPiece, CADSection, CADStep, CADTask, Plan

@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
 from hydraplan.app.validate import check_plan, validate_path
-from hydraplan.engine.planner import PackOptions, Planner, run_pack
+from hydraplan.engine.planner import Planner
 from hydraplan.schema import ModelInfo, Network, Strategies
 from hydraplan.store.fileio import model_json, write_model
 from tests.helpers import tiny_profile
@@ -95,7 +97,7 @@ def test_cli_rejects_a_wrong_sync_s_naming_file_field_and_value(tmp_path):
 
 
 def pack(tmp_path: Path, objective: str, profile_file: Path, data: Path, name: str, resume: bool = False):
-    return run_pack(PackOptions(profile=str(profile_file), dataset=str(data), gpus=4, tokens_per_iter=6000,
+    return run_pack(PackConfig(profile=str(profile_file), dataset=str(data), gpus=4, tokens_per_iter=6000,
                                 iterations=3, out=tmp_path / name, workers=1, objective=objective, resume=resume))
 
 

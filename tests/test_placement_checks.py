@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from helpers import write_run_inputs
 
-from hydraplan.app.validate import split_groups
 from hydraplan.schema import Strategies
+from hydraplan.solve.placement import split_groups
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 

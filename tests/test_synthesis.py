@@ -6,8 +6,9 @@ from helpers import tiny_profile
 
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
+from hydraplan.solve.placement import place_reusing, process_groups
 from hydraplan.solve.proposal import propose
-from hydraplan.solve.synthesis import place_reusing, process_groups, synthesize
+from hydraplan.solve.synthesis import synthesize
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 

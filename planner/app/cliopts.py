@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
 
 from hydraplan.core.errors import UserError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+console = Console()
+err_console = Console(stderr=True)
 PROGRESS_EVERY_S = float(os.environ.get("HYDRAPLAN_PROGRESS_EVERY_S", "10"))
 
 

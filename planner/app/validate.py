@@ -8,23 +8,24 @@ Unreadable input (missing file, bad JSON, schema mismatch) is a UserError, i.e. 
 from __future__ import annotations
 
 import math
-import re
-from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hydraplan.core.cluster import for_gpus
-from hydraplan.core.cost import pipeline_time_from_mb, seq_cost
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan, PlanPipeline, Profile, Scheme, Strategies, Summary
-from hydraplan.core.sync import has_sync_model, iteration_estimate
+from hydraplan.core.sync import has_sync_model
+from hydraplan.engine.strategies import short_candidates
+from hydraplan.solve.placement import check_ranks, split_groups
 from hydraplan.store.fileio import load_model
+from hydraplan.store.run import PLAN_FILE, STRATEGIES_FILE, SUMMARY_FILE, plan_files
 
 REL_TOL = 1e-6
-PLAN_FILE = re.compile(r"^iter_(\d+)\.json$")
 
 
 @dataclass(frozen=True)
@@ -63,70 +64,6 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
-def check_ranks(ranks_per_pipeline: Sequence[Sequence[int]], gpus: int) -> list[tuple[int, str]]:
-    """(pipeline index, problem) for ranks out of [0, gpus) or shared between/within pipelines."""
-    problems: list[tuple[int, str]] = []
-    owner: dict[int, int] = {}
-    for p, ranks in enumerate(ranks_per_pipeline):
-        bad = sorted({r for r in ranks if not 0 <= r < gpus})
-        if bad:
-            problems.append((p, f"ranks {bad} out of range [0, {gpus})"))
-        for r, n in sorted(Counter(ranks).items()):
-            if n > 1:
-                problems.append((p, f"rank {r} listed {n} times"))
-        for r in sorted(set(ranks)):
-            if r in owner and owner[r] != p:
-                problems.append((p, f"rank {r} also used by pipeline {owner[r]}"))
-            owner.setdefault(r, p)
-    return problems
-
-
-def split_groups(ranks: Sequence[int], tp: int, pp: int, cp: int, gpus_per_node: int) -> list[str]:
-    """TP and CP groups of one pipeline (ranks[(s*cp + c)*tp + t], docs/formats.md) that cross a node boundary
-    although they could sit in one node: their collectives then run on the inter-node network every
-    layer, which the profile's times do not model. A TP group wider than a node, or a CP group whose
-    stage block (tp*cp ranks) is, must span nodes and is not reported."""
-    if len(ranks) != tp * pp * cp or gpus_per_node < 1:
-        return []
-    out = []
-
-    def check(kind: str, s: int, group: list[int]) -> None:
-        nodes = sorted({r // gpus_per_node for r in group})
-        if len(nodes) > 1:
-            out.append(f"stage {s} {kind} group on ranks {group} spans nodes {nodes} ({gpus_per_node} GPUs per node)")
-
-    for s in range(pp):
-        if tp > 1 and tp <= gpus_per_node:
-            for c in range(cp):
-                check("TP", s, list(ranks[(s * cp + c) * tp:(s * cp + c + 1) * tp]))
-        if cp > 1 and tp * cp <= gpus_per_node:
-            for t in range(tp):
-                check("CP", s, [ranks[(s * cp + c) * tp + t] for c in range(cp)])
-    return out
-
-
-def short_candidates(strategies: Strategies, profile: Profile) -> list[tuple[int, str]]:
-    """(candidate index, message) for candidates whose largest MaxLen is below the run's context length:
-    they can never plan an iteration that holds a sequence of that length. Proposed candidates meant for
-    shorter iterations (their optimal_for range ends within their MaxLen) are not reported."""
-    if strategies.context_len is None or strategies.gpus is None:
-        return []
-    try:
-        schemes = {s.key: s for s in for_gpus(profile, strategies.gpus).schemes}
-    except UserError:
-        return []
-    out = []
-    for i, cand in enumerate(strategies.candidates):
-        lens = [schemes[p.key].max_len for p in cand.pipelines if p.key in schemes]
-        longest = cand.max_len if cand.max_len is not None else max(lens, default=0)
-        if cand.optimal_for is not None and cand.optimal_for[1] <= longest:
-            continue  # proposed for shorter iterations (its L' range ends where it fits): by design
-        if longest < strategies.context_len:
-            out.append((i, f"candidate {cand.name} holds at most {longest} tokens, below the context length "
-                           f"{strategies.context_len}: it can only plan iterations without such a sequence"))
-    return out
-
-
 def _capacity(pipe: PlanPipeline, scheme: Scheme, bad: Callable[[str], None]) -> int:
     """Token capacity of a micro-batch: the scheme's MaxLen, raised by Seq1F1B when the pipeline (pp > 1)
     records K splits; a recorded seq1f1b_max_len must be the one K implies."""
@@ -141,98 +78,124 @@ def _capacity(pipe: PlanPipeline, scheme: Scheme, bad: Callable[[str], None]) ->
     return raised
 
 
-def check_plan(plan: Plan, profile: Profile, file: str = "<plan>", gpus_per_node: int | None = None) -> list[Violation]:
+class Views:
+    """The profile as seen by each job size the validated plans name (one Cluster per size, built once)."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._by_gpus: dict[int, Cluster | UserError] = {}
+
+    def of(self, gpus: int) -> Cluster | UserError:
+        if gpus not in self._by_gpus:
+            try:
+                self._by_gpus[gpus] = Cluster.of(self.profile, gpus)
+            except UserError as e:
+                self._by_gpus[gpus] = e
+        return self._by_gpus[gpus]
+
+
+def check_plan(plan: Plan, profile: Profile | Views, file: str = "<plan>", gpus_per_node: int | None = None) -> list[Violation]:
     """Every constraint of the plan contract, and the canonical estimates recomputed; TP/CP groups that
     span nodes are warnings (`split_groups`, node size default: the profile's)."""
+    views = profile if isinstance(profile, Views) else Views(profile)
     out: list[Violation] = []
-
-    def bad(kind: str, message: str, pipeline: int | None = None, mb: int | None = None) -> None:
-        out.append(Violation(file, kind, message, pipeline, mb))
-
-    if plan.profile != profile.name:
-        bad("profile", f"plan is for profile {plan.profile!r}, checked against {profile.name!r}")
-    try:
-        schemes = {s.key: s for s in for_gpus(profile, plan.gpus).schemes}
-    except UserError as e:
-        bad("scheme", str(e))
-        schemes = {}
-
-    lengths: dict[int, int] = {}
-    for s in plan.batch:
-        if s.id in lengths:
-            bad("batch", f"sequence id {s.id} listed twice in the batch")
-        lengths[s.id] = s.length
-        if s.sampled_iteration is not None and s.sampled_iteration > plan.iteration:
-            bad("batch", f"sequence id {s.id} is trained in iteration {plan.iteration} before it is sampled "
-                         f"(sampled_iteration {s.sampled_iteration})")
-
-    used = sum(p.tp * p.pp * p.cp for p in plan.pipelines)
-    if used > plan.gpus:
-        bad("gpus", f"pipelines use {used} GPUs, the plan has {plan.gpus}")
-    for p, pipe in enumerate(plan.pipelines):
-        if len(pipe.ranks) != pipe.tp * pipe.pp * pipe.cp:
-            bad("ranks", f"{len(pipe.ranks)} ranks for tp*pp*cp = {pipe.tp * pipe.pp * pipe.cp} GPUs", p)
-    for p, problem in check_ranks([pipe.ranks for pipe in plan.pipelines], plan.gpus):
-        bad("ranks", problem, p)
-    node = gpus_per_node or profile.gpu.gpus_per_node
-    for p, pipe in enumerate(plan.pipelines):
-        for problem in split_groups(pipe.ranks, pipe.tp, pipe.pp, pipe.cp, node):
-            out.append(Violation(file, "placement", problem, p, severity="warning"))
-
+    if plan.profile != views.profile.name:
+        out.append(Violation(file, "profile", f"plan is for profile {plan.profile!r}, checked against {views.profile.name!r}"))
+    cluster = views.of(plan.gpus)
+    if isinstance(cluster, UserError):
+        out.append(Violation(file, "scheme", str(cluster)))
+        cluster = None
+    lengths = _check_batch(plan, file, out)
+    _check_ranks(plan, file, gpus_per_node or views.profile.gpu.gpus_per_node, out)
     if plan.cad is not None:
-        out.extend(_check_cad(plan, profile, lengths, file))
+        out.extend(_check_cad(plan, cluster, lengths, file) if cluster is not None else [])
         return out
-
-    where: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    pipeline_estimates: list[float] = []
-    for p, pipe in enumerate(plan.pipelines):
-        scheme: Scheme | None = schemes.get(pipe.key)
-        label = f"<{pipe.tp},{pipe.pp},{pipe.cp}>"
-        if scheme is None:
-            bad("scheme", f"scheme {label} is not in profile {profile.name} for {plan.gpus} GPUs", p)
-        capacity = None if scheme is None else _capacity(pipe, scheme, lambda m: bad("seq1f1b", m, p))
-        mb_times: list[float] = []
-        for m, mb in enumerate(pipe.micro_batches):
-            known = [i for i in mb.seqs if i in lengths]
-            for i in mb.seqs:
-                where[i].append((p, m))
-                if i not in lengths:
-                    bad("coverage", f"sequence id {i} is not in the batch", p, m)
-            mb_lengths = np.array([lengths[i] for i in known], dtype=np.int64)
-            if scheme is not None:
-                tokens = int(mb_lengths.sum())
-                if tokens > capacity:
-                    bad("capacity", f"{tokens} tokens > max_len {capacity} of {label} at {plan.gpus} GPUs", p, m)
-                mb_times.append(float(seq_cost(scheme, mb_lengths).sum()) + scheme.time.c)
-        if scheme is None:
-            continue
-        expected = pipeline_time_from_mb(mb_times, scheme.pp)
-        pipeline_estimates.append(expected)
-        if not close(pipe.estimate_s, expected):
-            bad("estimate", f"estimate_s {pipe.estimate_s!r}, the canonical estimate is {expected!r}", p)
-
-    for i in lengths:
-        places = where.get(i, [])
-        if not places:
-            bad("coverage", f"sequence id {i} (length {lengths[i]}) is in no micro-batch")
-        elif len(places) > 1:
-            at = ", ".join(f"pipeline {p} micro-batch {m}" for p, m in places)
-            bad("coverage", f"sequence id {i} is in {len(places)} micro-batches ({at})", *places[1])
-
-    if len(pipeline_estimates) == len(plan.pipelines):
-        expected = max(pipeline_estimates, default=0.0)
+    estimates = _check_pipelines(plan, cluster, lengths, file, out)
+    if len(estimates) == len(plan.pipelines) and cluster is not None:
+        expected = max(estimates, default=0.0)
         if not close(plan.estimate.propagation_s, expected):
-            bad("estimate", f"propagation_s {plan.estimate.propagation_s!r}, the max over pipelines is {expected!r}")
-        out += check_sync(plan, profile, pipeline_estimates, file)
+            out.append(Violation(file, "estimate",
+                                 f"propagation_s {plan.estimate.propagation_s!r}, the max over pipelines is {expected!r}"))
+        out += check_sync(plan, cluster, estimates, file)
     return out
 
 
-def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str) -> list[Violation]:
+def _check_batch(plan: Plan, file: str, out: list[Violation]) -> dict[int, int]:
+    """Sequence ids unique, none trained before it is sampled; returns length by id."""
+    lengths: dict[int, int] = {}
+    for s in plan.batch:
+        if s.id in lengths:
+            out.append(Violation(file, "batch", f"sequence id {s.id} listed twice in the batch"))
+        lengths[s.id] = s.length
+        if s.sampled_iteration is not None and s.sampled_iteration > plan.iteration:
+            out.append(Violation(file, "batch", f"sequence id {s.id} is trained in iteration {plan.iteration} before it "
+                                                f"is sampled (sampled_iteration {s.sampled_iteration})"))
+    return lengths
+
+
+def _check_ranks(plan: Plan, file: str, gpus_per_node: int, out: list[Violation]) -> None:
+    used = sum(p.tp * p.pp * p.cp for p in plan.pipelines)
+    if used > plan.gpus:
+        out.append(Violation(file, "gpus", f"pipelines use {used} GPUs, the plan has {plan.gpus}"))
+    for p, pipe in enumerate(plan.pipelines):
+        if len(pipe.ranks) != pipe.tp * pipe.pp * pipe.cp:
+            out.append(Violation(file, "ranks", f"{len(pipe.ranks)} ranks for tp*pp*cp = {pipe.tp * pipe.pp * pipe.cp} GPUs", p))
+    for p, problem in check_ranks([pipe.ranks for pipe in plan.pipelines], plan.gpus):
+        out.append(Violation(file, "ranks", problem, p))
+    for p, pipe in enumerate(plan.pipelines):
+        for problem in split_groups(pipe.ranks, pipe.tp, pipe.pp, pipe.cp, gpus_per_node):
+            out.append(Violation(file, "placement", problem, p, severity="warning"))
+
+
+def _check_pipelines(plan: Plan, cluster: Cluster | None, lengths: dict[int, int], file: str,
+                     out: list[Violation]) -> list[float]:
+    """Schemes, capacities and every sequence in exactly one micro-batch; returns the recomputed canonical
+    estimate of each pipeline whose scheme is known."""
+    position = {i: k for k, i in enumerate(lengths)}
+    by_position = np.array(list(lengths.values()), dtype=np.int64)
+    where: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    estimates: list[float] = []
+    for p, pipe in enumerate(plan.pipelines):
+        scheme = None if cluster is None else cluster.scheme(pipe.key)
+        label = f"<{pipe.tp},{pipe.pp},{pipe.cp}>"
+        if scheme is None and cluster is not None:
+            out.append(Violation(file, "scheme", f"scheme {label} is not in profile {cluster.name} for {plan.gpus} GPUs", p))
+        groups = []
+        for m, mb in enumerate(pipe.micro_batches):
+            for i in mb.seqs:
+                where[i].append((p, m))
+                if i not in lengths:
+                    out.append(Violation(file, "coverage", f"sequence id {i} is not in the batch", p, m))
+            groups.append(np.array([position[i] for i in mb.seqs if i in position], dtype=np.int64))
+        if scheme is None:
+            continue
+        capacity = _capacity(pipe, scheme, lambda msg: out.append(Violation(file, "seq1f1b", msg, p)))
+        for m, g in enumerate(groups):
+            tokens = int(by_position[g].sum())
+            if tokens > capacity:
+                message = f"{tokens} tokens > max_len {capacity} of {label} at {plan.gpus} GPUs"
+                out.append(Violation(file, "capacity", message, p, m))
+        expected = pipeline_estimate(scheme, by_position, groups)
+        estimates.append(expected)
+        if not close(pipe.estimate_s, expected):
+            out.append(Violation(file, "estimate", f"estimate_s {pipe.estimate_s!r}, the canonical estimate is {expected!r}", p))
+    for i in lengths:
+        places = where.get(i, [])
+        if not places:
+            out.append(Violation(file, "coverage", f"sequence id {i} (length {lengths[i]}) is in no micro-batch"))
+        elif len(places) > 1:
+            at = ", ".join(f"pipeline {p} micro-batch {m}" for p, m in places)
+            out.append(Violation(file, "coverage", f"sequence id {i} is in {len(places)} micro-batches ({at})", *places[1]))
+    return estimates
+
+
+def check_sync(plan: Plan, cluster: Cluster, propagation: list[float], file: str) -> list[Violation]:
     """The docs/formats.md end-to-end fields recomputed from the pipelines' canonical estimates: required when the
     profile has a sync model, and checked whenever present (without a model the sync is 0)."""
     out: list[Violation] = []
-    required = has_sync_model(profile)
-    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], propagation)
+    required = has_sync_model(cluster.profile)
+    profile = cluster.profile
+    est = cluster.estimate([p.key for p in plan.pipelines], propagation)
     if not plan.pipelines:
         est = est._replace(iteration_s=plan.estimate.propagation_s)
 
@@ -251,17 +214,14 @@ def check_sync(plan: Plan, profile: Profile, propagation: list[float], file: str
     return out
 
 
-def _check_cad(plan: Plan, profile: Profile, lengths: dict[int, int], file: str) -> list[Violation]:
+def _check_cad(plan: Plan, cluster: Cluster, lengths: dict[int, int], file: str) -> list[Violation]:
     """A core-attention disaggregation plan (hydraplan.cad): pieces cover every sequence once, tasks cover
     every query once, replicas hold at most MaxLen tokens per step, and the CAD estimate recomputes."""
     from hydraplan.solve.cad import estimate
 
     assert plan.cad is not None
     out: list[Violation] = []
-    try:
-        view = for_gpus(profile, plan.gpus)
-    except UserError as e:
-        return [Violation(file, "scheme", str(e))]
+    view = cluster.view
     if len(plan.pipelines) != plan.cad.replicas:
         out.append(Violation(file, "cad", f"{len(plan.pipelines)} pipelines, cad.replicas is {plan.cad.replicas}"))
     seen = {pc.seq for step in plan.cad.steps for pc in step.pieces}
@@ -317,10 +277,6 @@ def check_summary(summary: Summary, plans: dict[int, Plan], file: str) -> list[V
     return out
 
 
-def plan_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if PLAN_FILE.match(p.name))
-
-
 def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None = None) -> ValidationReport:
     """Validate one plan file, or a run folder (its plans, and summary.json/strategies.json if present)."""
     path = Path(path)
@@ -330,9 +286,10 @@ def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None 
     if not files:
         raise UserError(f"{path}: no iter_NNNNNN.json plan files in this folder")
     report = ValidationReport()
+    views = Views(profile)
     strategies = None
-    if path.is_dir() and (path / "strategies.json").exists():
-        strategies = load_model(Strategies, path / "strategies.json")
+    if path.is_dir() and (path / STRATEGIES_FILE).exists():
+        strategies = load_model(Strategies, path / STRATEGIES_FILE)
     plans: dict[int, Plan] = {}
     for f in files:
         plan = load_model(Plan, f)
@@ -340,7 +297,7 @@ def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None 
         report.plans += 1
         report.pipelines += len(plan.pipelines)
         report.micro_batches += sum(len(p.micro_batches) for p in plan.pipelines)
-        report.violations += check_plan(plan, profile, name, gpus_per_node)
+        report.violations += check_plan(plan, views, name, gpus_per_node)
         number = PLAN_FILE.match(f.name)
         if number and int(number.group(1)) != plan.iteration:
             said = int(number.group(1))
@@ -348,12 +305,12 @@ def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None 
         if strategies is not None:
             report.violations += check_against_strategies(plan, strategies, name)
         plans[plan.iteration] = plan
-    if strategies is not None:  # the context: as given to the run, else the longest sequence it planned
-        longest = max((s.length for p in plans.values() for s in p.batch), default=0)
-        context = strategies.model_copy(update={"context_len": strategies.context_len or longest})
-        report.violations += [Violation(str(path / "strategies.json"), "context", message, severity="warning")
-                              for _, message in short_candidates(context, profile)]
-    if path.is_dir() and (path / "summary.json").exists():
-        summary = path / "summary.json"
+    if strategies is not None and strategies.gpus is not None and isinstance(cluster := views.of(strategies.gpus), Cluster):
+        longest = max((s.length for p in plans.values() for s in p.batch), default=0)  # the context: as given, else
+        context = strategies.model_copy(update={"context_len": strategies.context_len or longest})  # the longest planned
+        report.violations += [Violation(str(path / STRATEGIES_FILE), "context", message, severity="warning")
+                              for _, message in short_candidates(context, cluster)]
+    if path.is_dir() and (path / SUMMARY_FILE).exists():
+        summary = path / SUMMARY_FILE
         report.violations += check_summary(load_model(Summary, summary), plans, str(summary))
     return report

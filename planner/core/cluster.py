@@ -3,8 +3,16 @@ fp32 master weights and optimizer states are sharded over all N GPUs)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from hydraplan.core import sync
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Profile, Scheme, SchemeMemory
+from hydraplan.core.schema import PipelineSpec, Profile, Scheme, SchemeMemory
 
 
 # --------------------------------------------------------------------------------- profiles / MaxLen
@@ -44,3 +52,85 @@ def for_gpus(profile: Profile, gpus: int) -> Profile:
         smallest = f" (the smallest job it fits has {need} GPUs)" if need else ""
         raise UserError(f"profile {profile.name}: no scheme fits in {gpus} GPUs{smallest}")
     return profile.model_copy(update={"schemes": schemes})
+
+
+Objective = Literal["end-to-end", "propagation"]
+OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
+
+
+def default_synthesize(objective: str) -> bool:
+    """Per-batch strategy synthesis unless asked otherwise only with the propagation objective, where it wins
+    most iterations; end to end the candidates, proposed with their sync, rarely lose to it (docs/results.md)."""
+    return objective == "propagation"
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """One run's view of the cluster: a profile on `gpus` GPUs, scored in one objective. Built once per run
+    (`Cluster.of`) and passed whole, so the schemes for N GPUs, their transfer times and what a plan's score
+    is are derived in one place and no other module interprets the objective.
+
+    `objective` "end-to-end" (the default) ranks plans by iteration_s, propagation plus the exposed LNK
+    pull/push of docs/formats.md; "propagation" by the canonical propagation estimate alone (the paper's)."""
+
+    profile: Profile
+    gpus: int
+    objective: Objective
+    view: Profile = field(repr=False)
+
+    @classmethod
+    def of(cls, profile: Profile, gpus: int, objective: str = "end-to-end") -> Cluster:
+        if objective not in OBJECTIVES:
+            raise UserError(f"--objective must be end-to-end or propagation (got {objective!r})")
+        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.profile.gpu.gpus_per_node
+
+    @property
+    def schemes(self) -> list[Scheme]:
+        """The schemes that fit in the job, MaxLen for its size."""
+        return self.view.schemes
+
+    @functools.cached_property
+    def _by_key(self) -> dict[tuple[int, int, int], Scheme]:
+        return {s.key: s for s in self.view.schemes}
+
+    def scheme(self, key: tuple[int, int, int]) -> Scheme | None:
+        return self._by_key.get(tuple(key))  # type: ignore[arg-type]
+
+    @property
+    def end_to_end(self) -> bool:
+        return self.objective == "end-to-end"
+
+    @property
+    def synthesizes_by_default(self) -> bool:
+        return default_synthesize(self.objective)
+
+    def transfer_s(self, tp: int | np.ndarray, pp: int | np.ndarray) -> np.ndarray | float:
+        """Seconds of one direction (pull or push) for one GPU of a <tp, pp, *> pipeline (0 without a sync model)."""
+        return sync.transfer_s(self.profile, tp, pp, self.gpus)
+
+    def charged_s(self, tp: np.ndarray, pp: np.ndarray) -> np.ndarray:
+        """Per pipeline, the transfer the planner optimizes with: the sync model's end to end, zeros (every
+        end-to-end mapping the identity) with the propagation objective."""
+        tp, pp = np.asarray(tp, dtype=np.float64), np.asarray(pp, dtype=np.float64)
+        if not self.end_to_end:
+            return np.zeros(tp.shape)
+        return np.asarray(self.transfer_s(tp, pp), dtype=np.float64).reshape(tp.shape)
+
+    def charged_for(self, pipelines: Sequence[Scheme] | Sequence[PipelineSpec]) -> np.ndarray:
+        return self.charged_s(np.array([p.tp for p in pipelines]), np.array([p.pp for p in pipelines]))
+
+    def estimate(self, keys: Sequence[tuple[int, int, int]], propagation_s: Sequence[float]) -> sync.IterationEstimate:
+        """The end-to-end estimate of one plan: pipelines given by their (tp, pp, cp) and canonical times."""
+        return sync.iteration_estimate(self.profile, self.gpus, keys, propagation_s)
+
+    def score(self, propagation_s: float, iteration_s: float | None) -> float:
+        """A plan's number in the objective (iteration_s end to end when known, else propagation)."""
+        return iteration_s if self.end_to_end and iteration_s is not None else propagation_s

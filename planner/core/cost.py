@@ -40,6 +40,17 @@ def pipeline_time_from_mb(mb_times: Sequence[float] | np.ndarray, pp: int) -> fl
     return float(mb.sum() + (pp - 1) * mb.max())
 
 
+def micro_batch_times(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> np.ndarray:
+    """t(m) of micro-batches given as index arrays into `lengths`: the one computation the planner, the
+    baselines and `hydraplan validate` share, so they agree to the bit."""
+    return np.array([float(seq_cost(scheme, lengths[g]).sum()) + scheme.time.c for g in micro_batches], dtype=np.float64)
+
+
+def pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> float:
+    """The canonical estimate of a pipeline whose micro-batches are index arrays into `lengths`."""
+    return pipeline_time_from_mb(micro_batch_times(scheme, lengths, micro_batches), scheme.pp)
+
+
 def pipeline_time(scheme: Scheme, micro_batches: Iterable[Iterable[int]]) -> float:
     """Canonical latency of one pipeline running the given micro-batches (lists of lengths)."""
     return pipeline_time_from_mb([micro_batch_time(scheme, mb) for mb in micro_batches], scheme.pp)

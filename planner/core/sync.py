@@ -46,12 +46,21 @@ def transfer_s(profile: Profile, tp: int | np.ndarray, pp: int | np.ndarray, gpu
     return out if np.ndim(out) else float(out)
 
 
+def exposed_pull_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> np.ndarray:
+    """The part of the parameter pull the forward (FORWARD_SHARE of the propagation) cannot hide."""
+    return np.maximum(0.0, np.asarray(transfer, dtype=np.float64) - FORWARD_SHARE * np.asarray(propagation, dtype=np.float64))
+
+
+def exposed_push_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> np.ndarray:
+    """The part of the gradient push the backward (the rest of the propagation) cannot hide."""
+    t, p = np.asarray(transfer, dtype=np.float64), np.asarray(propagation, dtype=np.float64)
+    return np.maximum(0.0, t - (1.0 - FORWARD_SHARE) * p)
+
+
 def exposed_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> np.ndarray | float:
     """The part of a pipeline's pull and push its forward and backward cannot hide (0 for an idle pipeline)."""
-    t = np.asarray(transfer, dtype=np.float64)
     p = np.asarray(propagation, dtype=np.float64)
-    out = np.maximum(0.0, t - FORWARD_SHARE * p) + np.maximum(0.0, t - (1.0 - FORWARD_SHARE) * p)
-    out = np.where(p > 0, out, 0.0)
+    out = np.where(p > 0, exposed_pull_s(transfer, p) + exposed_push_s(transfer, p), 0.0)
     return out if out.ndim else float(out)
 
 

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hydraplan.core.cost import pipeline_time_from_mb, seq_cost
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import micro_batch_times, pipeline_time_from_mb, seq_cost
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import ModelInfo, Profile, Scheme
-from hydraplan.core.sync import FORWARD_SHARE, transfer_s
+from hydraplan.core.schema import ModelInfo, Scheme
+from hydraplan.core.sync import exposed_pull_s, exposed_push_s
 from hydraplan.solve.delay import outlier_delay, stream_batches, wlb_rule
 from hydraplan.solve.ffd import first_fit_bins
 
@@ -88,32 +89,32 @@ class IterationPlan:
 def run_pipeline(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> PipelineRun:
     """Score a pipeline with the canonical estimate (sum + (pp-1)*max of micro-batch times)."""
     mbs = tuple(np.asarray(mb, dtype=np.int64) for mb in micro_batches)
-    times = np.array([seq_cost(scheme, lengths[mb]).sum() + scheme.time.c for mb in mbs], dtype=np.float64)
+    times = micro_batch_times(scheme, lengths, mbs)
     return PipelineRun(scheme, mbs, times, pipeline_time_from_mb(times, scheme.pp))
 
 
-def plan_iteration_s(plan: IterationPlan, profile: Profile, gpus: int) -> float:
+def plan_iteration_s(plan: IterationPlan, cluster: Cluster) -> float:
     """The plan's end-to-end estimate (module docstring): its propagation estimate plus exposed sync."""
     phases = [ph for ph in plan.phases if ph.pipelines]
     total = plan.overhead_s
     for n, ph in enumerate(phases):
         prop = np.array([p.latency_s for p in ph.pipelines])
-        t = np.asarray(transfer_s(profile, np.array([p.scheme.tp for p in ph.pipelines]),
-                                  np.array([p.scheme.pp for p in ph.pipelines]), gpus), dtype=np.float64)
+        t = np.asarray(cluster.transfer_s(np.array([p.scheme.tp for p in ph.pipelines]),
+                                          np.array([p.scheme.pp for p in ph.pipelines])), dtype=np.float64)
         exposed = np.zeros_like(prop)
         if n == 0:
-            exposed += np.maximum(0.0, t - FORWARD_SHARE * prop)
+            exposed += exposed_pull_s(t, prop)
         if n == len(phases) - 1:
-            exposed += np.maximum(0.0, t - (1.0 - FORWARD_SHARE) * prop)
+            exposed += exposed_push_s(t, prop)
         total += float((prop + np.where(prop > 0, exposed, 0.0)).max())
     return total
 
 
-def objective_score(profile: Profile, gpus: int, objective: str) -> Callable[[IterationPlan], float]:
-    """What static choices are tuned on: the end-to-end estimate, or with "propagation" the propagation one."""
-    if objective == "propagation":
-        return lambda plan: plan.estimate_s
-    return lambda plan: plan_iteration_s(plan, profile, gpus)
+def objective_score(cluster: Cluster) -> Callable[[IterationPlan], float]:
+    """What static choices are tuned on: the plan's score in the cluster's objective."""
+    if cluster.end_to_end:
+        return lambda plan: plan_iteration_s(plan, cluster)
+    return lambda plan: plan.estimate_s
 
 
 def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
@@ -319,7 +320,7 @@ def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batc
         remap[kept] = np.arange(kept.size)
         trained = lens[kept]
         mb_idx = [remap[np.asarray(mb, dtype=np.int64)] for mb in mbs]
-        mb_times = np.array([seq_cost(scheme, trained[mb]).sum() + scheme.time.c for mb in mb_idx])
+        mb_times = micro_batch_times(scheme, trained, mb_idx)
         pipes = tuple(run_pipeline(scheme, trained, [mb_idx[k] for k in ks if mb_idx[k].size])
                       for ks in _snake(np.argsort(-mb_times, kind="stable"), d))
         label = f"{scheme.label}x{d}"

@@ -1,15 +1,10 @@
 """`hydraplan compare`: every method planned on the identical sampled batches, scored by one cost model.
 
-Methods: the baselines of hydraplan.baselines (megatron, hotspa, wlb-llm, flexsp; wlb-nodelay is wlb-llm
+Methods: the baselines of methods/baselines.py (megatron, hotspa, wlb-llm, flexsp; wlb-nodelay is wlb-llm
 without its outlier queues, isolating what the delay buys), hydraplan (propose + dispatch + pack with
-per-iteration strategy selection) and its Hydraulis Figure 16 ablations:
-(a) homo-maxlen: the static homogeneous scheme, Eq. 3 dispatch, max-length (FFD) packing;
-(b) homo-pack:   the same with Eq. 1 packing;
-(c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
-(d) hydraplan:   full dynamic selection among the candidates (plus the homogeneous one, so (d) <= (b)).
-hydraplan-delay is (d) on the batches after hydraplan's outlier delay (hydraplan.delay), to set against wlb-llm
-as hydraplan against wlb-nodelay. cad is core-attention disaggregation (hydraplan.cad, DistCA-style) and
-hydraplan-cad takes, per iteration, whichever of hydraplan's plan and the CAD plan is faster end to end.
+per-iteration strategy selection) and its Hydraulis Figure 16 ablations (methods/hydra.py), hydraplan-delay to
+set against wlb-llm as hydraplan against wlb-nodelay, cad (core-attention disaggregation, solve/cad, DistCA-style)
+and hydraplan-cad, which takes per iteration whichever of hydraplan's plan and the CAD plan scores lower.
 Static choices ("best scheme") are tuned on the compared batches themselves, the most favourable tuning
 a baseline can get, as Hydraulis does by enumerating the competitors' strategies.
 
@@ -29,14 +24,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cluster import Cluster, Objective
 from hydraplan.core.cost import model_flops
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import simulate_1f1b
-from hydraplan.core.schema import Candidate, CompareResult, MethodResult, PipelineSpec, Profile, Scheme, Strategies
-from hydraplan.core.sync import Objective, check_objective
+from hydraplan.core.schema import CompareResult, MethodResult, Profile, Scheme
 from hydraplan.methods import baselines as bl
+from hydraplan.methods.hydra import MethodRun, run_hydra, run_hydra_delay
+from hydraplan.solve.cad import choose, run_cad
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 
 HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
@@ -63,18 +62,22 @@ HOMO_NAME = "homo"
 HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
 
 
-@dataclass(frozen=True)
-class CompareOptions:
+class CompareConfig(BaseModel):
+    """`hydraplan compare`: built once (by the CLI or in Python), validated once (app.config.build for the CLI's
+    one-line errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     profile: str
     dataset: str
-    gpus: int
-    tokens_per_iter: int
-    iterations: int
-    seed: int = 0
-    context_len: int | None = None
-    methods: tuple[str, ...] = ALL_METHODS
-    wlb_queues: int = 2
-    switch_bandwidth_gbs: float = 50.0
+    gpus: PositiveInt
+    tokens_per_iter: PositiveInt
+    iterations: PositiveInt
+    seed: NonNegativeInt = 0
+    context_len: PositiveInt | None = None
+    methods: tuple[str, ...] | None = Field(None, description="None: every method")
+    wlb_queues: PositiveInt = 2
+    switch_bandwidth_gbs: PositiveFloat = 50.0
     objective: Objective = "end-to-end"
 
 
@@ -84,21 +87,12 @@ class CompareProgress(Protocol):
 
 
 @dataclass
-class MethodRun:
-    name: str
-    plans: list[bl.IterationPlan]
-    static: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    note: str = ""
-
-
-@dataclass
 class CompareOutcome:
     result: CompareResult
     runs: dict[str, MethodRun]
     batches: list[np.ndarray]
     dataset_lengths: np.ndarray
-    view: Profile = field(repr=False)
+    cluster: Cluster = field(repr=False)
 
 
 # -------------------------------------------------------------------------------------------- metrics
@@ -138,13 +132,13 @@ def busy_gpu_s(plan: bl.IterationPlan) -> float:
     return float(sum(p.scheme.gpus * p.mb_times.sum() for ph in plan.phases for p in ph.pipelines))
 
 
-def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flops: float,
-                      objective: Objective = "propagation") -> IterationMetrics:
+def iteration_metrics(plan: bl.IterationPlan, cluster: Cluster, peak_flops: float) -> IterationMetrics:
     """Idle GPU-seconds and MFU are over the iteration's time in the objective (exposed sync is idle time)."""
     est = plan.estimate_s
-    e2e = bl.plan_iteration_s(plan, view, gpus)
-    t = e2e if objective == "end-to-end" else est
-    flops = float(model_flops(view.model, plan.lengths).sum())
+    e2e = bl.plan_iteration_s(plan, cluster)
+    t = cluster.score(est, e2e)
+    gpus = cluster.gpus
+    flops = float(model_flops(cluster.profile.model, plan.lengths).sum())
     return IterationMetrics(
         estimate_s=est,
         iteration_s=e2e,
@@ -160,13 +154,14 @@ def iteration_metrics(plan: bl.IterationPlan, gpus: int, view: Profile, peak_flo
 Score = Callable[[bl.IterationPlan], float]
 
 
-def run_megatron(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, score: Score | None = None
+def run_megatron(batches: list[np.ndarray], cluster: Cluster, context_len: int, score: Score | None = None
                  ) -> tuple[Scheme, list[bl.IterationPlan]]:
-    return bl.best_static(bl.holding(view.schemes, context_len, gpus),
+    gpus = cluster.gpus
+    return bl.best_static(bl.holding(cluster.schemes, context_len, gpus),
                           lambda s: [bl.megatron(b, s, gpus, context_len) for b in batches], "megatron", score)
 
 
-def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, switch: bl.SwitchModel,
+def run_hotspa(batches: list[np.ndarray], cluster: Cluster, context_len: int, switch: bl.SwitchModel,
                score: Score | None = None) -> list[bl.IterationPlan]:
     """One homogeneous scheme per length range, chosen jointly with the switching cost: per range the
     HOTSPA_SHORTLIST fastest schemes on its sequences, plus those of the longest range and the fastest on
@@ -178,9 +173,10 @@ def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len:
     masks = [[(b > lo) & (b <= hi) for b in batches] for lo, hi in ranges]
     times: list[dict[tuple[int, int, int], float]] = []  # per range: scheme key -> total phase time
     phases: list[dict[tuple[int, int, int], list[bl.Phase]]] = []  # per range: scheme key -> phase per batch
-    by_key = {s.key: s for s in view.schemes}
+    gpus = cluster.gpus
+    by_key = {s.key: s for s in cluster.schemes}
     for (lo, hi), mask in zip(ranges, masks, strict=True):
-        cands = bl.holding(view.schemes, hi, gpus)
+        cands = bl.holding(cluster.schemes, hi, gpus)
         if not cands:
             raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
         phases.append({s.key: [bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi)
@@ -207,115 +203,28 @@ def run_hotspa(batches: list[np.ndarray], view: Profile, gpus: int, context_len:
     return [bl.hotspa(b, choice, gpus, switch) for b in batches]
 
 
-def run_wlb(batches: list[np.ndarray], view: Profile, gpus: int, context_len: int, tokens_per_iter: int,
+def run_wlb(batches: list[np.ndarray], cluster: Cluster, context_len: int, tokens_per_iter: int,
             queues: int, score: Score | None = None) -> list[bl.IterationPlan]:
     """Micro-batches per iteration as a fixed-length loader would make them (tokens / context length,
     rounded up to a multiple of the pipelines); outlier thresholds from wlb_thresholds."""
+    gpus = cluster.gpus
+
     def run(s: Scheme) -> list[bl.IterationPlan]:
         d = gpus // s.gpus
         per_pipe = max(1, -(-tokens_per_iter // (d * context_len)))
         thresholds = bl.wlb_thresholds(tokens_per_iter, d * per_pipe, queues)
         return bl.wlb_llm(batches, s, gpus, per_pipe, thresholds)
 
-    return bl.best_static(bl.holding(view.schemes, context_len, gpus), run, "wlb-llm", score)[1]
-
-
-def homo_candidate(scheme: Scheme, gpus: int) -> Candidate:
-    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp)
-    return Candidate(name=HOMO_NAME, pipelines=[spec] * (gpus // scheme.gpus))
-
-
-def _from_solution(name: str, schemes: Sequence[Scheme], lengths: np.ndarray, groups: Sequence[Sequence[np.ndarray]],
-                   gpus: int) -> bl.IterationPlan:
-    pipes = tuple(bl.run_pipeline(s, lengths, mbs) for s, mbs in zip(schemes, groups, strict=True))
-    used = sum(s.gpus for s in schemes)
-    return bl.IterationPlan(name, "", lengths, (bl.Phase(name, pipes, gpus - used),))
-
-
-def run_hydra(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
-              tokens_per_iter: int, seed: int, homo: Scheme, methods: Sequence[str], advance: Callable[[str], None],
-              objective: Objective = "end-to-end") -> dict[str, MethodRun]:
-    """Solve every candidate on every batch exactly as Planner.solve does (same per-iteration seed), then
-    read the ablations off the same solutions so they are comparable iteration by iteration. homo-maxlen
-    re-packs the homogeneous candidate's own dispatch with FFD, so (a) and (b) differ only in packing."""
-    from hydraplan.engine.planner import Planner, solve_candidate, solver_seed
-    from hydraplan.solve.proposal import propose, strategy_label
-
-    proposed = propose(profile, dataset, gpus, context_len, tokens_per_iter=tokens_per_iter, objective=objective)
-    strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, gpus)], context_len=context_len)
-    planner = Planner(profile, strategies, gpus, seed=seed, context_len=context_len, objective=objective)
-    score = bl.objective_score(profile, gpus, objective)
-    cands = planner.candidates
-    labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
-    per_cand: dict[str, list[bl.IterationPlan | None]] = {c.name: [] for c in cands}
-    homo_maxlen: list[bl.IterationPlan] = []
-    for it, lengths in enumerate(batches):
-        s = solver_seed(seed, it)
-        for c in cands:
-            sol = solve_candidate(c, lengths, method=planner.dispatch, seed=s,
-                                  dispatch_kwargs=planner.dispatch_kwargs, pack_kwargs=planner.pack_kwargs,
-                                  pack_budget_s=planner.pack_budget_s / len(cands))
-            if sol.pipelines is None:
-                per_cand[c.name].append(None)
-                continue
-            per_cand[c.name].append(_from_solution(c.name, c.schemes, lengths, [p.micro_batches for p in sol.pipelines], gpus))
-            if c.name == HOMO_NAME:
-                owned = [np.concatenate(p.micro_batches) if p.micro_batches else np.zeros(0, np.int64) for p in sol.pipelines]
-                groups = [[idx[b] for b in bl.ffd(lengths[idx], sch.max_len)] for idx, sch in zip(owned, c.schemes)]
-                homo_maxlen.append(_from_solution("homo-maxlen", c.schemes, lengths, groups, gpus))
-        advance("hydraplan")
-    complete = {name: [p for p in plans if p is not None] for name, plans in per_cand.items()
-                if all(p is not None for p in plans)}
-
-    def named(plans: list[bl.IterationPlan], method: str, strategy: str | None = None) -> list[bl.IterationPlan]:
-        return [bl.IterationPlan(method, strategy or p.method, p.lengths, p.phases) for p in plans]
-
-    homo_label = f"{homo.label}x{gpus // homo.gpus}"
-    runs = {
-        "homo-maxlen": MethodRun("homo-maxlen", named(homo_maxlen, "homo-maxlen", homo_label), homo_label),
-        "homo-pack": MethodRun("homo-pack", named(complete[HOMO_NAME], "homo-pack", homo_label), homo_label),
-    }
-    static = [c for c in cands if c.name != HOMO_NAME and c.name in complete and c.max_len >= context_len]
-    hetero = [c for c in static if len({s.key for s in c.schemes}) > 1] or static
-    if hetero:
-        best = min(hetero, key=lambda c: np.mean([score(p) for p in complete[c.name]]))
-        runs["hetero-static"] = MethodRun("hetero-static", named(complete[best.name], "hetero-static"), best.name)
-    dynamic = []
-    for it in range(len(batches)):
-        feasible = [(score(p), k, p) for k, c in enumerate(cands) if (p := per_cand[c.name][it]) is not None]
-        dynamic.append(min(feasible, key=lambda x: (x[0], x[1]))[2])
-    runs["hydraplan"] = MethodRun("hydraplan", named(dynamic, "hydraplan"), "dynamic")
-    for run in runs.values():
-        run.labels = {s: labels[s] for s in {p.strategy for p in run.plans} | {run.static} if s in labels}
-    return {k: v for k, v in runs.items() if k in methods}
-
-
-def run_hydra_delay(batches: list[np.ndarray], profile: Profile, dataset: object, gpus: int, context_len: int,
-                    tokens_per_iter: int, seed: int, homo: Scheme, advance: Callable[[str], None],
-                    objective: Objective = "end-to-end") -> MethodRun:
-    """hydraplan, planned exactly as run_hydra does, on the batches after hydraplan's outlier delay (drained
-    by the last iteration, so it trains exactly the sampled sequences)."""
-    from hydraplan.solve.delay import hydraplan_rule, outlier_delay, stream_batches
-
-    rule = hydraplan_rule(np.asarray(dataset.lengths), tokens_per_iter)  # type: ignore[attr-defined]
-    delayed = list(outlier_delay(stream_batches(batches), rule, len(batches)))
-    run = run_hydra([d.lengths for d in delayed], profile, dataset, gpus, context_len, tokens_per_iter, seed, homo,
-                    ("hydraplan",), advance, objective)["hydraplan"]
-    plans = [bl.IterationPlan("hydraplan-delay", p.strategy, p.lengths, p.phases, delayed_token_iters=d.delayed_token_iters)
-             for p, d in zip(run.plans, delayed, strict=True)]
-    note = (f"outliers: sequences longer than {rule.thresholds[0]} tokens (under one per iteration in the dataset); "
-            f"released together once they hold {rule.tokens} tokens, or after {rule.max_wait} iterations")
-    return MethodRun("hydraplan-delay", plans, run.static, run.labels, note)
+    return bl.best_static(bl.holding(cluster.schemes, context_len, gpus), run, "wlb-llm", score)[1]
 
 
 # -------------------------------------------------------------------------------------------- driver
-def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float,
-              objective: Objective = "propagation") -> MethodResult:
-    ms = [iteration_metrics(p, gpus, view, peak_flops, objective) for p in run.plans]
+def summarize(run: MethodRun, cluster: Cluster, peak_flops: float) -> MethodResult:
+    ms = [iteration_metrics(p, cluster, peak_flops) for p in run.plans]
     est = [m.estimate_s for m in ms]
     e2e = [m.iteration_s for m in ms]
     sync = [max(0.0, e - p) for e, p in zip(e2e, est, strict=True)]
-    timed = e2e if objective == "end-to-end" else est
+    timed = [cluster.score(p, e) for p, e in zip(est, e2e, strict=True)]
     out = MethodResult(
         description=DESCRIPTIONS[run.name],
         mean_estimate_s=float(np.mean(est)),
@@ -343,108 +252,136 @@ def summarize(run: MethodRun, gpus: int, view: Profile, peak_flops: float,
     return out
 
 
-def peak_flops_of(view: Profile) -> float:
-    if view.gpu.peak_tflops is None:
-        raise UserError(f"profile {view.name}: field gpu.peak_tflops: missing, needed to compute MFU")
-    return view.gpu.peak_tflops * 1e12
+def peak_flops_of(profile: Profile) -> float:
+    if profile.gpu.peak_tflops is None:
+        raise UserError(f"profile {profile.name}: field gpu.peak_tflops: missing, needed to compute MFU")
+    return profile.gpu.peak_tflops * 1e12
 
 
-def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -> CompareOutcome:
-    from hydraplan.store.datasets import load_dataset, sample_iterations
+@dataclass(frozen=True)
+class _Setup:
+    """What every method of one compare run shares: the cluster view, the batches, the static choices' score."""
 
-    unknown = [m for m in opts.methods if m not in ALL_METHODS]
+    config: CompareConfig
+    cluster: Cluster
+    dataset: Dataset
+    context_len: int
+    batches: list[np.ndarray]
+    score: Score
+
+
+def _setup(config: CompareConfig) -> _Setup:
+    methods = config.methods or ALL_METHODS
+    unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})")
-    if opts.iterations < 1 or opts.tokens_per_iter < 1:
-        raise UserError(f"--iterations and --tokens-per-iter must be positive (got {opts.iterations}, {opts.tokens_per_iter})")
-    check_objective(opts.objective)
-    profile = load_profile(opts.profile)
-    view = for_gpus(profile, opts.gpus)
-    dataset = load_dataset(opts.dataset, opts.context_len)
-    context_len = opts.context_len or int(dataset.lengths.max())
-    longest = max(s.max_len for s in view.schemes)
+    cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
+    dataset = load_dataset(config.dataset, config.context_len)
+    context_len = config.context_len or int(dataset.lengths.max())
+    longest = max(s.max_len for s in cluster.schemes)
     if context_len > longest:
-        raise UserError(f"--context-len {context_len}: no scheme of profile {profile.name} within {opts.gpus} GPUs "
+        raise UserError(f"--context-len {context_len}: no scheme of profile {cluster.name} within {config.gpus} GPUs "
                         f"holds it (the longest MaxLen is {longest}); pass a smaller --context-len")
     batches = [np.asarray(b.lengths, dtype=np.int64)
-               for b in sample_iterations(dataset, opts.tokens_per_iter, opts.iterations, opts.seed)]
-    peak = peak_flops_of(view)
-    methods = [m for m in ALL_METHODS if m in opts.methods]
+               for b in sample_iterations(dataset, config.tokens_per_iter, config.iterations, config.seed)]
+    return _Setup(config, cluster, dataset, context_len, batches, bl.objective_score(cluster))
+
+
+def _baseline_run(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
+    """One of BASELINE_METHODS on the batches; every one but flexsp keeps one strategy for every iteration."""
+    c, cluster = su.config, su.cluster
+    if m == "megatron":
+        run = MethodRun(m, mega, homo_label)
+    elif m == "hotspa":
+        switch = bl.SwitchModel(bl.model_param_bytes(cluster.profile.model), c.switch_bandwidth_gbs * 1e9)
+        run = MethodRun(m, run_hotspa(su.batches, cluster, su.context_len, switch, su.score))
+    elif m in ("wlb-llm", "wlb-nodelay"):
+        queues = c.wlb_queues if m == "wlb-llm" else 0
+        run = MethodRun(m, run_wlb(su.batches, cluster, su.context_len, c.tokens_per_iter, queues, su.score))
+    else:
+        try:
+            return MethodRun(m, [bl.flexsp(b, cluster.schemes, cluster.gpus, score=su.score) for b in su.batches])
+        except ValueError as e:
+            raise UserError(f"--methods flexsp: {e}") from None
+    run.static = run.static or run.plans[0].strategy
+    return run
+
+
+def run_compare(config: CompareConfig, progress: CompareProgress | None = None) -> CompareOutcome:
+    """Every chosen method on the same sampled batches, scored by one cost model (module docstring)."""
+    su = _setup(config)
+    methods = [m for m in ALL_METHODS if m in (config.methods or ALL_METHODS)]
     hydra = [m for m in methods if m in HYDRA_METHODS]
     if "hydraplan-cad" in methods and "hydraplan" not in hydra:  # the chooser needs hydraplan's plans
         hydra.append("hydraplan")
     solved = int(bool(set(hydra) - {"hydraplan-delay"})) + int("hydraplan-delay" in hydra)  # passes over the batches
-    total = len([m for m in methods if m not in HYDRA_METHODS]) + solved * opts.iterations + len(methods)
+    total = len([m for m in methods if m not in HYDRA_METHODS]) + solved * config.iterations + len(methods)
     if progress is not None:
         progress.start(total)
     tick = progress.advance if progress is not None else (lambda what: None)
 
-    score = bl.objective_score(profile, opts.gpus, opts.objective)
-    homo, mega = run_megatron(batches, view, opts.gpus, context_len, score)
+    homo, mega = run_megatron(su.batches, su.cluster, su.context_len, su.score)
+    homo_label = f"{homo.label}x{config.gpus // homo.gpus}"
     runs: dict[str, MethodRun] = {}
-    homo_label = f"{homo.label}x{opts.gpus // homo.gpus}"
-    for m in methods:
-        if m == "megatron":
-            runs[m] = MethodRun(m, mega, homo_label)
-        elif m == "hotspa":
-            switch = bl.SwitchModel(bl.model_param_bytes(view.model),
-                                    opts.switch_bandwidth_gbs * 1e9)
-            runs[m] = MethodRun(m, run_hotspa(batches, view, opts.gpus, context_len, switch, score))
-        elif m in ("wlb-llm", "wlb-nodelay"):
-            queues = opts.wlb_queues if m == "wlb-llm" else 0
-            runs[m] = MethodRun(m, run_wlb(batches, view, opts.gpus, context_len, opts.tokens_per_iter, queues, score))
-        elif m == "flexsp":
-            try:
-                runs[m] = MethodRun(m, [bl.flexsp(b, view.schemes, opts.gpus, score=score) for b in batches])
-            except ValueError as e:
-                raise UserError(f"--methods flexsp: {e}") from None
-        else:
-            continue
-        if m != "flexsp":  # the others keep one strategy for every iteration
-            runs[m].static = runs[m].static or runs[m].plans[0].strategy
+    for m in (m for m in methods if m in BASELINE_METHODS):
+        runs[m] = _baseline_run(m, su, homo_label, mega)
         tick(m)
-    if set(hydra) - {"hydraplan-delay"}:
-        runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo,
-                              hydra, tick, opts.objective))
-    if set(methods) & set(CAD_METHODS):
-        from hydraplan.solve.cad import choose, run_cad
-
-        cad_plans = run_cad(batches, profile, view, opts.gpus)
-        if "cad" in methods:
-            runs["cad"] = MethodRun("cad", cad_plans, "cad")
-            tick("cad")
-        if "hydraplan-cad" in methods:
-            runs["hydraplan-cad"] = MethodRun("hydraplan-cad", choose(score, runs["hydraplan"].plans, cad_plans),
-                                              "dynamic", runs["hydraplan"].labels)
-            tick("hydraplan-cad")
-    if "hydraplan-delay" in hydra:
-        runs["hydraplan-delay"] = run_hydra_delay(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter,
-                                                  opts.seed, homo, tick, opts.objective)
-    results: dict[str, MethodResult] = {}
+    runs.update(_hydra_runs(su, homo, hydra, methods, runs, tick))
+    results = {}
     for m in methods:
         if m in runs:
-            results[m] = summarize(runs[m], opts.gpus, view, peak, opts.objective)
+            results[m] = summarize(runs[m], su.cluster, peak_flops_of(su.cluster.profile))
         tick(f"metrics {m}")
-    if "megatron" in results:
-        base, base_e2e = results["megatron"].mean_estimate_s, results["megatron"].mean_iteration_s
-        for r in results.values():
-            r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
-            r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
-            r.speedup_vs_megatron = (r.end_to_end_speedup_vs_megatron if opts.objective == "end-to-end"
-                                     else r.propagation_speedup_vs_megatron)
+    _speedups(results, su.cluster)
     result = CompareResult(
-        profile=profile.name, dataset=dataset.name, gpus=opts.gpus, context_len=context_len,
-        tokens_per_iter=opts.tokens_per_iter, iterations=opts.iterations, seed=opts.seed, methods=results,
-        notes=_notes(runs, results, opts, context_len), objective=opts.objective,
+        profile=su.cluster.name, dataset=su.dataset.name, gpus=config.gpus, context_len=su.context_len,
+        tokens_per_iter=config.tokens_per_iter, iterations=config.iterations, seed=config.seed, methods=results,
+        notes=_notes(runs, results, config, su.cluster, su.context_len), objective=su.cluster.objective,
     )
-    return CompareOutcome(result, runs, batches, np.asarray(dataset.lengths), view)
+    return CompareOutcome(result, runs, su.batches, np.asarray(su.dataset.lengths), su.cluster)
+
+
+def _hydra_runs(su: _Setup, homo: Scheme, hydra: list[str], methods: list[str], runs: dict[str, MethodRun],
+                tick: Callable[[str], None]) -> dict[str, MethodRun]:
+    """hydraplan, its ablations, hydraplan-delay (one proposal for both) and the CAD methods."""
+    out: dict[str, MethodRun] = {}
+    proposed = None
+    if hydra:
+        proposed = propose(su.cluster.profile, su.dataset, su.cluster.gpus, su.context_len,
+                           tokens_per_iter=su.config.tokens_per_iter, objective=su.cluster.objective)
+    if set(hydra) - {"hydraplan-delay"}:
+        out.update(run_hydra(su.batches, su.cluster, proposed, su.context_len, su.config.seed, homo, hydra, tick))
+    if set(methods) & set(CAD_METHODS):
+        cad_plans = run_cad(su.batches, su.cluster.profile, su.cluster.view, su.cluster.gpus)
+        if "cad" in methods:
+            out["cad"] = MethodRun("cad", cad_plans, "cad")
+            tick("cad")
+        if "hydraplan-cad" in methods:
+            out["hydraplan-cad"] = MethodRun("hydraplan-cad", choose(su.score, out["hydraplan"].plans, cad_plans),
+                                             "dynamic", out["hydraplan"].labels)
+            tick("hydraplan-cad")
+    if "hydraplan-delay" in hydra:
+        out["hydraplan-delay"] = run_hydra_delay(su.batches, su.cluster, proposed, np.asarray(su.dataset.lengths),
+                                                 su.context_len, su.config.tokens_per_iter, su.config.seed, homo, tick)
+    return out
+
+
+def _speedups(results: dict[str, MethodResult], cluster: Cluster) -> None:
+    if "megatron" not in results:
+        return
+    base, base_e2e = results["megatron"].mean_estimate_s, results["megatron"].mean_iteration_s
+    for r in results.values():
+        r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
+        r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
+        r.speedup_vs_megatron = (r.end_to_end_speedup_vs_megatron if cluster.end_to_end
+                                 else r.propagation_speedup_vs_megatron)
 
 
 def most_common(items: Sequence[str]) -> str:
     return Counter(items).most_common(1)[0][0] if items else ""
 
 
-def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: CompareOptions,
+def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], config: CompareConfig, cluster: Cluster,
            context_len: int) -> dict[str, str]:
     notes = {m: f"static strategy {r.static}" + (f" = {r.labels[r.static]}" if r.static in r.labels else "")
              for m, r in runs.items() if r.static and r.static != "dynamic"}
@@ -456,13 +393,13 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], opts: C
         "for uniform micro-batches and pp = 1, and differs when micro-batch times vary under pp > 1; mean "
         "sim/closed - 1 per method: " + ", ".join(f"{m} {d:+.2%}" for m, d in diffs.items()))
     notes["objective"] = (
-        f"{opts.objective}: static choices and hydraplan minimize "
-        + ("the end-to-end estimate" if opts.objective == "end-to-end" else "the propagation estimate")
+        f"{cluster.objective}: static choices and hydraplan minimize "
+        + ("the end-to-end estimate" if cluster.end_to_end else "the propagation estimate")
         + "; end to end = propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
         "schemes (phases in sequence pull once before the first and push once after the last; HotSPa's switching "
         "on top); speedup_vs_megatron is in the objective")
     if "hotspa" in runs:
         notes["hotspa"] += (f"; switch cost per switch = (param_bytes/pp_old + param_bytes/pp_new) / "
-                           f"{opts.switch_bandwidth_gbs:g} GB/s, bf16 weights and gradients; ranges "
+                           f"{config.switch_bandwidth_gbs:g} GB/s, bf16 weights and gradients; ranges "
                            + ", ".join(f"({lo},{hi}]" for lo, hi in bl.hotspa_ranges(context_len)))
     return notes

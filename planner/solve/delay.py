@@ -25,7 +25,7 @@ homogeneous layout that `pack` and `compare` add to the proposal (h100-llama2-7b
 One level suffices because hydraplan's dispatcher places each outlier on a pipeline that holds it; WLB-LLM
 uses two so that each of its fixed micro-batches gets one outlier of similar size (`wlb_rule`).
 The figures above are propagation estimates. The rule itself needs no objective: the delayed batches are
-planned like any other, so under the default end-to-end objective (hydraplan.iterate) the release
+planned like any other, so under the default end-to-end objective (the engine) the release
 iterations' candidates, dispatch and selection minimize iteration time including exposed sync.
 """
 
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from hydraplan.core.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -50,27 +52,6 @@ class DelayRule:
     tokens: int | None = None
     take: int | None = None
     max_wait: int | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class DelayedBatch:
-    """The sequences trained in one iteration: its own non-outliers (stream order), then the released
-    outliers queue by queue, oldest first. `sampled` is the iteration each one was sampled in."""
-
-    iteration: int
-    ids: np.ndarray
-    lengths: np.ndarray
-    sampled: np.ndarray
-    docs: np.ndarray | None = None
-
-    @property
-    def delayed_token_iters(self) -> int:
-        return delayed_token_iters(self.lengths, self.sampled, self.iteration)
-
-
-def delayed_token_iters(lengths: np.ndarray, sampled: np.ndarray, iteration: int) -> int:
-    """Sum over the tokens trained in `iteration` of the iterations each waited since it was sampled."""
-    return int((np.asarray(lengths) * (iteration - np.asarray(sampled))).sum())
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,17 +82,17 @@ def _released(queue: _Seqs, rule: DelayRule, iteration: int, last: bool) -> int:
     return k
 
 
-def outlier_delay(batches: Iterable[Any], rule: DelayRule, iterations: int | None = None) -> Iterator[DelayedBatch]:
-    """Apply the queues to a stream of batches (anything with .ids and .lengths, optionally .docs; iteration
-    k is the k-th). With `iterations`, iteration `iterations - 1` drains every queue, so the run trains
+def outlier_delay(batches: Iterable[Batch], rule: DelayRule, iterations: int | None = None) -> Iterator[Batch]:
+    """Apply the queues to a stream of batches (iteration k is the k-th): each batch trained holds its own
+    non-outliers (stream order), then the released outliers queue by queue, oldest first, `sampled` saying the
+    iteration each one was sampled in. With `iterations`, iteration `iterations - 1` drains every queue, so the run trains
     exactly the sampled sequences. Lazy and deterministic: a resumed run replays the stream from the start."""
     limits = np.asarray(rule.thresholds, dtype=np.int64)
     queues: list[_Seqs] | None = None
     for it, batch in enumerate(batches):
         lengths = np.asarray(batch.lengths, dtype=np.int64)
-        docs = getattr(batch, "docs", None)
         fresh = _Seqs(np.asarray(batch.ids, dtype=np.int64), lengths, np.full(lengths.size, it, dtype=np.int64),
-                      None if docs is None else np.asarray(docs, dtype=np.int64))
+                      None if batch.docs is None else np.asarray(batch.docs, dtype=np.int64))
         if queues is None:
             queues = [fresh[:0] for _ in limits]
         level = np.searchsorted(limits, lengths, side="left") - 1
@@ -123,14 +104,15 @@ def outlier_delay(batches: Iterable[Any], rule: DelayRule, iterations: int | Non
             parts.append(queue[:k])
             queues[q] = queue[k:]
         out = _Seqs.concat(parts)
-        yield DelayedBatch(it, out.ids, out.lengths, out.sampled, out.docs)
+        yield Batch(iteration=it, ids=out.ids, lengths=out.lengths, docs=out.docs, sampled=out.sampled)
 
 
-def stream_batches(batches: Sequence[np.ndarray]) -> list[DelayedBatch]:
+def stream_batches(batches: Sequence[np.ndarray]) -> list[Batch]:
     """Plain per-iteration length arrays as a stream: ids are positions in the concatenated stream."""
     starts = np.cumsum([0, *(len(b) for b in batches)])
-    return [DelayedBatch(it, np.arange(starts[it], starts[it + 1], dtype=np.int64), np.asarray(b, dtype=np.int64),
-                         np.full(len(b), it, dtype=np.int64)) for it, b in enumerate(batches)]
+    return [Batch(iteration=it, ids=np.arange(starts[it], starts[it + 1], dtype=np.int64),
+                  lengths=np.asarray(b, dtype=np.int64), sampled=np.full(len(b), it, dtype=np.int64))
+            for it, b in enumerate(batches)]
 
 
 def hydraplan_rule(lengths: np.ndarray, tokens_per_iter: int) -> DelayRule:

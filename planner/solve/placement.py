@@ -10,7 +10,8 @@ lowest free ranks. Pipelines that already carry ranks (hand-written files) keep 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PipelineSpec
@@ -92,3 +93,77 @@ class _Nodes:
                 break
             ranks += self._take(n, g - len(ranks))
         return sorted(ranks)
+
+
+def check_ranks(ranks_per_pipeline: Sequence[Sequence[int]], gpus: int) -> list[tuple[int, str]]:
+    """(pipeline index, problem) for ranks out of [0, gpus) or shared between/within pipelines."""
+    problems: list[tuple[int, str]] = []
+    owner: dict[int, int] = {}
+    for p, ranks in enumerate(ranks_per_pipeline):
+        bad = sorted({r for r in ranks if not 0 <= r < gpus})
+        if bad:
+            problems.append((p, f"ranks {bad} out of range [0, {gpus})"))
+        for r, n in sorted(Counter(ranks).items()):
+            if n > 1:
+                problems.append((p, f"rank {r} listed {n} times"))
+        for r in sorted(set(ranks)):
+            if r in owner and owner[r] != p:
+                problems.append((p, f"rank {r} also used by pipeline {owner[r]}"))
+            owner.setdefault(r, p)
+    return problems
+
+
+def split_groups(ranks: Sequence[int], tp: int, pp: int, cp: int, gpus_per_node: int) -> list[str]:
+    """TP and CP groups of one pipeline (ranks[(s*cp + c)*tp + t], docs/formats.md) that cross a node boundary
+    although they could sit in one node: their collectives then run on the inter-node network every
+    layer, which the profile's times do not model. A TP group wider than a node, or a CP group whose
+    stage block (tp*cp ranks) is, must span nodes and is not reported."""
+    if len(ranks) != tp * pp * cp or gpus_per_node < 1:
+        return []
+    out = []
+
+    def check(kind: str, s: int, group: list[int]) -> None:
+        nodes = sorted({r // gpus_per_node for r in group})
+        if len(nodes) > 1:
+            out.append(f"stage {s} {kind} group on ranks {group} spans nodes {nodes} ({gpus_per_node} GPUs per node)")
+
+    for s in range(pp):
+        if tp > 1 and tp <= gpus_per_node:
+            for c in range(cp):
+                check("TP", s, list(ranks[(s * cp + c) * tp:(s * cp + c + 1) * tp]))
+        if cp > 1 and tp * cp <= gpus_per_node:
+            for t in range(tp):
+                check("CP", s, [ranks[(s * cp + c) * tp + t] for c in range(cp)])
+    return out
+
+
+def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], gpus: int,
+                  gpus_per_node: int) -> list[PipelineSpec]:
+    """Ranks for `specs`, reusing the rank lists of `known` pipelines of the same scheme where they are still
+    free (in the order given: earlier ones are preferred); the rest placed node-aware around them."""
+    pool: dict[tuple[int, int, int], dict[tuple[int, ...], None]] = {}  # insertion-ordered sets
+    for p in known:
+        if p.ranks is not None:
+            pool.setdefault(p.key, {})[tuple(p.ranks)] = None
+    # a rank list found taken stays taken: each scheme's scan only moves on (one iterator per scheme)
+    scan = {k: iter(v) for k, v in pool.items()}
+    taken: set[int] = set()
+    out = []
+    for p in specs:
+        pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
+        if pick is not None:
+            taken.update(pick)
+        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
+    return place_ranks(out, gpus, gpus_per_node)
+
+
+def process_groups(pipelines: Iterable[PipelineSpec]) -> set[tuple[int, ...]]:
+    """The TP and CP groups (more than one rank) the runtime creates for these pipelines (runtime/groups.py)."""
+    out: set[tuple[int, ...]] = set()
+    for p in pipelines:
+        ranks = list(p.ranks or [])
+        for s in range(p.pp):
+            stage = ranks[s * p.tp * p.cp:(s + 1) * p.tp * p.cp]
+            out.update(g for g in (tuple(stage[c * p.tp:(c + 1) * p.tp]) for c in range(p.cp)) if len(g) > 1)
+            out.update(g for g in (tuple(stage[t::p.tp]) for t in range(p.tp)) if len(g) > 1)
+    return out

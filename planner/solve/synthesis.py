@@ -1,5 +1,5 @@
 """Per-batch strategy synthesis: integer strategies shaped by the any-strategy MILP (planner/bound.py) for
-the batch at hand, which `Planner.solve` dispatches and packs next to the proposed candidates.
+the batch at hand, which the engine dispatches and packs next to the proposed candidates.
 
 LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate
 list only saves solver time. The bound's MILP already picks integer pipeline counts n_P that can carry the
@@ -10,9 +10,8 @@ costed at their mean; the bisection stops at SYNTH_REL_TOL, starting from the be
 The pipeline counts at the least feasible X and at a few slacker X (SLACK: more room for the integral
 dispatch) give the strategies, deduplicated.
 
-Rank placement reuses rank sets already in use for the same scheme (`place_reusing`), because every new
-TP or CP group is a process-group creation on NCCL; `process_groups` lists the groups a plan needs, the
-way runtime/groups.py creates them.
+The engine (engine/synthesized.py) places them reusing rank sets already in use and solves them like
+candidates.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from hydraplan.core.schema import PipelineSpec, Plan, Scheme, Strategies
+from hydraplan.core.schema import PipelineSpec, Scheme
 from hydraplan.solve.bound import _instance, _probe, least_feasible
-from hydraplan.solve.placement import place_ranks
 
 SINGLE = 12  # longest sequences that are items of their own
 GROUP_RATIO = 1.25  # the other sequences are grouped by length in geometric bins this wide
@@ -103,71 +101,6 @@ def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[Pipeline
     return [PipelineSpec(tp=schemes[k].tp, pp=schemes[k].pp, cp=schemes[k].cp) for k in keys for _ in range(counts[k])]
 
 
-def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], gpus: int,
-                  gpus_per_node: int) -> list[PipelineSpec]:
-    """Ranks for `specs`, reusing the rank lists of `known` pipelines of the same scheme where they are still
-    free (in the order given: earlier ones are preferred); the rest placed node-aware around them."""
-    pool: dict[tuple[int, int, int], dict[tuple[int, ...], None]] = {}  # insertion-ordered sets
-    for p in known:
-        if p.ranks is not None:
-            pool.setdefault(p.key, {})[tuple(p.ranks)] = None
-    # a rank list found taken stays taken: each scheme's scan only moves on (one iterator per scheme)
-    scan = {k: iter(v) for k, v in pool.items()}
-    taken: set[int] = set()
-    out = []
-    for p in specs:
-        pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
-        if pick is not None:
-            taken.update(pick)
-        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
-    return place_ranks(out, gpus, gpus_per_node)
-
-
-def process_groups(pipelines: Iterable[PipelineSpec]) -> set[tuple[int, ...]]:
-    """The TP and CP groups (more than one rank) the runtime creates for these pipelines (runtime/groups.py)."""
-    out: set[tuple[int, ...]] = set()
-    for p in pipelines:
-        ranks = list(p.ranks or [])
-        for s in range(p.pp):
-            stage = ranks[s * p.tp * p.cp:(s + 1) * p.tp * p.cp]
-            out.update(g for g in (tuple(stage[c * p.tp:(c + 1) * p.tp]) for c in range(p.cp)) if len(g) > 1)
-            out.update(g for g in (tuple(stage[t::p.tp]) for t in range(p.tp)) if len(g) > 1)
-    return out
-
-
-
-class GroupLedger:
-    """The run's process groups in iteration order, and the rank lists already in use per scheme.
-
-    `pack` re-places each synthesized plan's ranks in the parent, in iteration order, preferring the rank
-    lists of the candidates and of earlier plans (ranks never change an estimate), so the run's output does
-    not depend on the worker count and a strategy seen before creates no group."""
-
-    def __init__(self, strategies: Strategies, gpus: int, gpus_per_node: int):
-        self.known: list[PipelineSpec] = [p for c in strategies.candidates for p in c.pipelines]
-        self.groups: set[tuple[int, ...]] = set()
-        self.gpus, self.gpus_per_node = gpus, gpus_per_node
-
-    @property
-    def created(self) -> int:
-        return len(self.groups)
-
-    def record(self, plan: Plan, place: bool = True) -> bool:
-        """Count the plan's groups (re-placing its ranks first if it is synthesized and `place`); returns
-        whether it is synthesized."""
-        specs = [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=p.ranks) for p in plan.pipelines]
-        if plan.synthesized and place:
-            bare = [s.model_copy(update={"ranks": None}) for s in specs]
-            specs = place_reusing(bare, self.known, self.gpus, self.gpus_per_node)
-            for p, s in zip(plan.pipelines, specs, strict=True):
-                p.ranks = list(s.ranks or [])
-        if plan.synthesized:
-            seen = {(p.key, tuple(p.ranks or ())) for p in self.known}
-            self.known += [s for s in specs if (s.key, tuple(s.ranks or ())) not in seen]
-        self.groups |= process_groups(specs)
-        return bool(plan.synthesized)
-
-
 SKIP_RTOL = 0.01  # no synthesis when the best candidate is already this close to the cheap any-strategy floor
 NAME = "batch:"  # synthesized strategies are named batch:0, batch:1, ... in a plan and its summary
 
@@ -178,35 +111,3 @@ def worth_trying(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, best
     floor (a sequence alone, the GPU-seconds over N) already proves it cannot on some batches."""
     inst = _instance(np.asarray(lengths, dtype=np.int64), schemes, gpus, transfer)
     return best_s > (1 + SKIP_RTOL) * max(inst.floor(), inst.volume())  # volume: a valid floor end to end too
-
-
-def solve_synthesized(planner, lengths: np.ndarray, longest_first: np.ndarray, seed: int, best: tuple[float, int],
-                      pack_budget_s: float) -> tuple[list, list, tuple[float, int]]:
-    """Strategies made for this batch, placed, dispatched and packed after the planner's candidates (which set
-    `best`, (score in the planner's objective, index)); returns them as resolved candidates, their solutions
-    (indexed after the candidates) and the new best. Shaped and scored in the planner's objective (end to end:
-    each scheme's transfer enters the MILP), pruned against the candidates' best exactly like a candidate;
-    ties keep the candidate."""
-    from hydraplan.core.sync import objective_transfer_s
-    from hydraplan.engine.planner import ResolvedCandidate, candidate_bound
-
-    schemes = list(planner.view.schemes)
-    transfer = objective_transfer_s(planner.profile, np.array([s.tp for s in schemes]), np.array([s.pp for s in schemes]),
-                                    planner.gpus, planner.objective)
-    if not worth_trying(lengths, schemes, planner.gpus, best[0], transfer):
-        return [], [], best
-    index = {s.key: k for k, s in enumerate(schemes)}
-    prefer = sorted({index[s.key] for c in planner.candidates for s in c.schemes if s.key in index})
-    known = [p for c in planner.candidates for p in c.specs]
-    out, sols = [], []
-    for j, counts in enumerate(synthesize(lengths, schemes, planner.gpus, upper=best[0], transfer=transfer,
-                                          prefer=prefer)):
-        specs = place_reusing(specs_of(counts, schemes), known, planner.gpus, planner.view.gpu.gpus_per_node)
-        k = len(planner.candidates) + j
-        cand = ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
-                                 tuple(float(transfer[index[p.key]]) for p in specs))
-        sol, best = planner.prune_or_solve(cand, k, lengths, candidate_bound(cand, lengths, longest_first), best, seed,
-                                           pack_budget_s)
-        out.append(cand)
-        sols.append(sol)
-    return out, sols, best

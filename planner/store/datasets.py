@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from hydraplan.core.batch import Batch
 from hydraplan.core.errors import UserError
 from hydraplan.core.lengthstats import expand_bins, expand_exact
 from hydraplan.store import paths
@@ -405,21 +406,6 @@ _READERS: dict[str, Callable[[Path], tuple[np.ndarray, bool, TokenStore | None]]
 
 
 # ----------------------------------------------------------------------------------------- sampling
-@dataclass(frozen=True, eq=False)
-class Batch:
-    """One iteration's sequences in stream order. `ids` are positions in the run's sampled stream
-    (unique across epochs), `docs` the documents' rows in the dataset file (None for histograms)."""
-
-    iteration: int
-    ids: np.ndarray
-    docs: np.ndarray | None
-    lengths: np.ndarray
-
-    @property
-    def tokens(self) -> int:
-        return int(self.lengths.sum())
-
-
 class _Stream:
     """The sampled stream of one (dataset, seed, budget): epoch e visits every document once, in the
     order of a permutation seeded by (seed, e). Iteration k covers stream positions
