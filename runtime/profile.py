@@ -31,7 +31,7 @@ saves for backward during its forward (saved_tensors_hooks, each storage counted
 peak bytes the most heap bytes its forward and backward add at once (the C allocator's statistics sampled after every
 torch op, runtime/memstats.py; the parameter gradients left behind excluded), at a few lengths; fixed bytes are the
 stage's weights and gradients plus its 1/N share of the fp32 master weights and the two AdamW states.
-planner/measure.py turns them into MaxLen.
+hydraplan.core.memory turns them into MaxLen.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.app.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
 from hydraplan.core.errors import UserError
+from hydraplan.core.fit import time_grid
+from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, scheme_max_len
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.runtime import lnk

@@ -198,7 +198,7 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
 def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
     """Rank 0 prints, per rank, the peak heap bytes of the step (plus the master shard and AdamW state held
     across steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch."""
-    from hydraplan.app.measure import rank_memory_bytes
+    from hydraplan.core.memory import rank_memory_bytes
     from hydraplan.store.profiles import load_profile
 
     role = rank_roles(plan, dist.get_world_size())[dist.get_rank()]

@@ -27,6 +27,15 @@ EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
 VOCAB = get_config("tiny").vocab
 
 
+def test_import_needs_no_torch():
+    """`import hydraplan.loader` stays torch-free (it is the public api, above the runtime); PackedBatch is the
+    runtime's, loaded on first use."""
+    code = ("import sys, hydraplan.loader as m; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from hydraplan.loader import PackedBatch; from hydraplan.runtime.batches import PackedBatch as P; "
+            "assert PackedBatch is P")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 @pytest.fixture(scope="module")
 def tokens_file(tmp_path_factory):
     """A tokenized corpus (token-id lists) with some empty documents, as real corpora have."""

@@ -18,26 +18,20 @@ import pytest
 from typer.testing import CliRunner
 
 from hydraplan.app.cli import app
-from hydraplan.app.measure import (
-    LENGTH_QUANTUM,
-    PACKED_DOCS,
-    StageMemory,
-    activation_fit,
-    check_summary,
-    compare,
-    fit_bandwidth,
-    fit_points,
-    network_slices,
-    peak_fit,
-    pipeline_estimate,
-    rank_memory_bytes,
-    scheme_max_len,
-    stage_max_len,
-    time_grid,
-)
+from hydraplan.app.measure import check_summary, compare, pipeline_estimate
 from hydraplan.core.cost import pipeline_time
 from hydraplan.core.errors import UserError
-from hydraplan.core.fit import fit_micro_batches, fit_time_coeffs
+from hydraplan.core.fit import (
+    LENGTH_QUANTUM,
+    PACKED_DOCS,
+    fit_bandwidth,
+    fit_micro_batches,
+    fit_points,
+    fit_time_coeffs,
+    network_slices,
+    time_grid,
+)
+from hydraplan.core.memory import StageMemory, activation_fit, peak_fit, rank_memory_bytes, scheme_max_len, stage_max_len
 from hydraplan.core.schedules import fb_split, schedule_seq1f1b, simulate
 from hydraplan.core.sync import has_sync_model
 from hydraplan.runtime.profile import critical_path

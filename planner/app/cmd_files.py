@@ -58,7 +58,8 @@ def pipeline(
 
     from rich.table import Table
 
-    from hydraplan.core.schedules import action_label, forwards_before_first_backward, make_schedule, plot_timeline, unit_timeline
+    from hydraplan.app.plots import plot_timeline
+    from hydraplan.core.schedules import action_label, forwards_before_first_backward, make_schedule, unit_timeline
 
     if plot is not None:
         cliopts.png_file(plot)
@@ -112,7 +113,7 @@ def dataset_stats(
     ds = load_dataset(dataset, context_len)
     stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated, empty=ds.empty)
     if plot is not None:
-        from hydraplan.app.lengthplot import plot_stats
+        from hydraplan.app.plots import plot_stats
 
         plot_stats(stats, plot)
     if json_out:

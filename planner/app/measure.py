@@ -1,32 +1,12 @@
-"""Measured profiles, the planner side of `hydraplan profile`: the measuring grid, MaxLen from measured
-memory, the T(l) fit and its quality, the LNK bandwidth fit (`network`), the profile file, and --check
-(the end-to-end estimate against measured whole iterations, propagation and sync apart). The measuring
-itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
-
-Network. LNK pull and push of homogeneous layouts at the real slice sizes are fitted to the one bandwidth
-with which hydraplan.sync.transfer_s reproduces them (the end-to-end model of docs/formats.md has no latency term, so at
-these sizes latency is folded into it). One node is measured; inter_node_GBps is set equal to it.
-
-Grid. Memory is read at MEMORY_LENGTHS; timing runs at TIME_FRACTIONS of the scheme's MaxLen (multiples
-of LENGTH_QUANTUM), each once as one sequence and once as PACKED_DOCS equal documents. a, b, c are fitted
-on all of them (costmodel.fit_micro_batches, NNLS on relative error): plans are made of packed
-micro-batches, and a packing of the same total as a single sequence separates the quadratic from the
-linear term. The worst error on the packings alone tests the premise that a packed micro-batch costs
-sum(a*l_i^2 + b*l_i) + c (a backend attending across documents would cost a*(sum l_i)^2).
-
-MaxLen (Hydraulis appendix C.1, measured instead of modeled). Stage r of a 1F1B pipeline holds pp - r
-micro-batches at its peak: pp - r - 1 of them as saved activations act_r(l) = q*l^2 + p*l (q: attention
-kernels that materialize scores, ~0 with FlashAttention) and one in its backward, whose peak peak_r(l)
-(saved activations plus the backward's working set, read from the allocator's statistics) is fitted the
-same way plus a constant (buffers a backward allocates whatever the length); with fixed bytes F_r the
-scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity on every stage.
-A measured profile carries no memory constants, so its MaxLen holds for any --gpus (docs/formats.md).
+"""Measured profiles, the planner side of `hydraplan profile`: launch the runtime to measure each scheme and
+the network, build the profile file from the fits (hydraplan.core.fit, hydraplan.core.memory), and --check
+(the end-to-end estimate against measured whole iterations, propagation and sync apart, as a table's rows and
+JSON). The measuring itself runs in the runtime (runtime/profile.py, under torchrun for several ranks).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -39,149 +19,13 @@ import numpy as np
 
 from hydraplan.core.cost import pipeline_time, util_len
 from hydraplan.core.errors import UserError
-from hydraplan.core.fit import fit_micro_batches
-from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
-from hydraplan.core.sync import WIRE_BYTES_PER_PARAM, transfer_s
+from hydraplan.core.fit import BandwidthFit, SchemeFit, fit_bandwidth, fit_points, network_slices
+from hydraplan.core.memory import activation_fit, peak_fit
+from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme
+from hydraplan.core.sync import transfer_s
 
-MEMORY_LENGTHS = (128, 512, 1024, 2048)
-TIME_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
-PACKED_DOCS = 4
-LENGTH_QUANTUM = 16
 # Run as a module of the installed package, so it works from a wheel as well as from a checkout.
 MODULE = "hydraplan.runtime.profile"
-
-
-# ------------------------------------------------------------------------------------ memory, grid
-@dataclass(frozen=True)
-class StageMemory:
-    """One rank's memory measurement: fixed bytes, micro-batches stashed at the 1F1B peak, and the
-    activation bytes of one micro-batch at each length."""
-
-    stage: int
-    fixed_bytes: float
-    stash: int
-    lengths: list[int]
-    act_bytes: list[float]  # saved for backward by one micro-batch's forward
-    peak_bytes: list[float]  # most bytes one micro-batch's forward + backward adds at once (saved + working set)
-
-
-def activation_fit(lengths: Sequence[int], act_bytes: Sequence[float]) -> tuple[float, float]:
-    """(q, p) of act(l) = q*l^2 + p*l, least squares with both nonnegative."""
-    l = np.asarray(lengths, dtype=np.float64)
-    y = np.asarray(act_bytes, dtype=np.float64)
-    (q, p), *_ = np.linalg.lstsq(np.column_stack([l * l, l]), y, rcond=None)
-    if q < 0:
-        q, p = 0.0, float(l @ y / (l @ l))
-    elif p < 0:
-        q, p = float((l * l) @ y / ((l * l) @ (l * l))), 0.0
-    return float(q), float(p)
-
-
-def peak_fit(lengths: Sequence[int], peak_bytes: Sequence[float]) -> tuple[float, float, float]:
-    """(q, p, r) of peak(l) = q*l^2 + p*l + r, least squares with all three nonnegative (exact NNLS: the best
-    of the 8 active sets). r is what a backward allocates whatever the length (its working buffers)."""
-    l = np.asarray(lengths, dtype=np.float64)
-    y = np.asarray(peak_bytes, dtype=np.float64)
-    cols = np.column_stack([l * l, l, np.ones_like(l)])
-    best, best_res = np.zeros(3), float(y @ y)
-    for mask in range(1, 8):
-        use = [k for k in range(3) if mask >> k & 1]
-        coef, *_ = np.linalg.lstsq(cols[:, use], y, rcond=None)
-        if (coef < 0).any():
-            continue
-        res = float(np.sum((cols[:, use] @ coef - y) ** 2))
-        if res < best_res:
-            best, best_res = np.zeros(3), res
-            best[use] = coef
-    return float(best[0]), float(best[1]), float(best[2])
-
-
-def stage_max_len(m: StageMemory, capacity_bytes: float) -> int:
-    """Largest l with fixed + (stash - 1) * act(l) + peak(l) <= capacity: the stashed micro-batches' saved
-    activations, and the one in backward at its peak."""
-    qa, pa = activation_fit(m.lengths, m.act_bytes)
-    qp, pk, r = peak_fit(m.lengths, m.peak_bytes)
-    q, p = (m.stash - 1) * qa + qp, (m.stash - 1) * pa + pk
-    free = capacity_bytes - m.fixed_bytes - r
-    if free <= 0:
-        return 0
-    # root of q l^2 + p l = free in the form without cancellation (a fitted q of 1e-18 is q = 0 here)
-    return int(2 * free / (p + math.sqrt(p * p + 4 * q * free)))
-
-
-def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:
-    """MaxLen of a scheme: the tightest stage, a multiple of LENGTH_QUANTUM."""
-    ml = min(stage_max_len(m, capacity_bytes) for m in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
-    if ml < PACKED_DOCS * LENGTH_QUANTUM:
-        raise UserError(f"--memory-gib: {capacity_bytes / 2**30:g} GiB leaves room for only {ml} tokens per micro-batch "
-                        f"(need at least {PACKED_DOCS * LENGTH_QUANTUM})")
-    return ml
-
-
-def time_grid(max_len: int) -> list[list[int]]:
-    """The timing grid of a scheme: single sequences at TIME_FRACTIONS of MaxLen, then the same totals
-    as PACKED_DOCS equal documents (deterministic for a MaxLen)."""
-    q = LENGTH_QUANTUM
-    totals = sorted({max(PACKED_DOCS * q, int(max_len * f) // q * q) for f in TIME_FRACTIONS})
-    return [[n] for n in totals] + [[n // PACKED_DOCS] * PACKED_DOCS for n in totals]
-
-
-# ------------------------------------------------------------------------------------------ fitting
-@dataclass(frozen=True)
-class SchemeFit:
-    """a, b, c fitted on every point; R^2 and worst relative error over them; worst relative error of the
-    packed points alone (None without any)."""
-
-    time: TimeCoeffs
-    r2: float
-    worst_rel_err: float
-    packed_worst_rel_err: float | None
-    points: int
-
-
-def fit_points(points: Sequence[tuple[Sequence[int], float]]) -> SchemeFit:
-    """Fit T(m) on the points (packed lengths, seconds)."""
-    if len({(sum(ls), len(ls)) for ls, _ in points}) < 3:
-        raise ValueError(f"need at least 3 distinct points to fit a, b, c (got {len(points)})")
-    fit = fit_micro_batches([ls for ls, _ in points], [s for _, s in points])
-    time = TimeCoeffs(a=fit.a, b=fit.b, c=fit.c)
-    packed = [(np.asarray(ls, dtype=np.float64), s) for ls, s in points if len(ls) > 1]
-    errs = [abs(float(((time.a * ls + time.b) * ls).sum()) + time.c - s) / s for ls, s in packed]
-    return SchemeFit(time, fit.r2, fit.worst_rel_err, max(errs) if errs else None, len(points))
-
-
-@dataclass(frozen=True)
-class BandwidthFit:
-    """The one bandwidth with which sync.transfer_s reproduces measured LNK times best (relative least
-    squares), and its worst relative error over them."""
-
-    GBps: float
-    worst_rel_err: float
-    points: int
-
-
-def fit_bandwidth(slice_bytes: Sequence[float], seconds: Sequence[float]) -> BandwidthFit:
-    """Fit t = bytes / bw (the end-to-end model of docs/formats.md has no latency term) on (slice bytes, seconds) pairs:
-    with r_i = bytes_i / t_i, minimizing sum((bytes_i / bw - t_i) / t_i)^2 gives 1/bw = sum(r) / sum(r^2).
-    At the real slice sizes a fixed latency is folded into bw, which is what the estimate then sees."""
-    b = np.asarray(slice_bytes, dtype=np.float64)
-    t = np.asarray(seconds, dtype=np.float64)
-    if len(b) == 0 or np.any(b <= 0) or np.any(t <= 0):
-        raise ValueError("need positive bytes and seconds to fit a bandwidth")
-    r = b / t
-    inv = float(r.sum() / (r * r).sum())  # seconds per byte
-    return BandwidthFit(1e-9 / inv, float(np.max(np.abs(b * inv - t) / t)), len(b))
-
-
-def network_slices(params: int, samples: Sequence[dict]) -> tuple[list[float], list[float]]:
-    """(bytes as sync.transfer_s counts them: WIRE_BYTES_PER_PARAM * params / (tp * pp), seconds) of every
-    measured pull and push; the wire may carry a wider dtype (fp32 on CPU), which the bandwidth absorbs."""
-    sizes, secs = [], []
-    for x in samples:
-        for key in ("pull_s", "push_s"):
-            sizes.append(WIRE_BYTES_PER_PARAM * params / (x["tp"] * x["pp"]))
-            secs.append(float(x[key]))
-    return sizes, secs
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -492,21 +336,3 @@ def median_check(launches: Sequence[dict]) -> dict:
     return {"plans": out}
 
 
-def rank_memory_bytes(scheme: Scheme, stage: int, gpus: int, tokens: int) -> float | None:
-    """The profile's memory model for one rank of `scheme` on `stage` whose largest micro-batch has `tokens`:
-    a measured profile's fixed + stash * act(tokens) of that stage (measured_memory), an analytic one's
-    sharded / gpus + local + act_bytes_per_token * tokens (its worst stage). None: the profile has neither."""
-    measured = getattr(scheme, "measured_memory", None)
-    if measured:
-        m = next((e for e in measured if e["stage"] == stage), None)
-        if m is None:
-            return None
-        act = m["act_bytes_per_token2"] * tokens**2 + m["act_bytes_per_token"] * tokens
-        if "peak_bytes_per_token" not in m:  # profiles measured before the peak: all stashed micro-batches alike
-            return m["fixed_bytes"] + m["stash"] * act
-        peak = m["peak_bytes_per_token2"] * tokens**2 + m["peak_bytes_per_token"] * tokens + m["peak_bytes"]
-        return m["fixed_bytes"] + (m["stash"] - 1) * act + peak
-    if scheme.memory is not None:
-        mem = scheme.memory
-        return mem.sharded_bytes / gpus + mem.local_bytes + mem.act_bytes_per_token * tokens
-    return None

@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -350,43 +349,6 @@ def simulate_1f1b(mb_times: np.ndarray, pp: int, p2p_s: float = 0.0) -> Timeline
     t = np.asarray(mb_times, dtype=np.float64)
     f, b = fb_split(t)
     return simulate(schedule_1f1b(pp, len(t)), f, b, p2p_s=p2p_s)
-
-
-# ------------------------------------------------------------------------------------------- plotting
-def plot_timeline(timeline: Timeline, path: str | Path, title: str | None = None, unit: str = "s") -> None:
-    """Gantt chart of a timeline (one row per stage): forwards blue, backwards green, later splits and
-    chunks darker; micro-batch numbers written in the boxes when they fit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hydraplan.store.fileio import save_figure
-
-    sch = timeline.schedule
-    n_shades = sch.K * sch.V
-    fig_w = min(24.0, 6.0 + 0.08 * sum(len(s) for s in sch.stages) / max(1, sch.P))
-    fig, ax = plt.subplots(figsize=(fig_w, 0.5 * sch.P + 1.5))
-    cmaps = {"F": plt.get_cmap("Blues"), "B": plt.get_cmap("Greens")}
-    span = timeline.latency_s or 1.0
-    for r, ivs in enumerate(timeline.intervals):
-        for iv in ivs:
-            a = iv.action
-            shade = 0.35 + 0.5 * (a.chunk * sch.K + a.split) / max(1, n_shades - 1) if n_shades > 1 else 0.6
-            ax.barh(r, iv.end - iv.start, left=iv.start, height=0.8, color=cmaps[a.op](shade), edgecolor="white", linewidth=0.3)
-            if (iv.end - iv.start) / span > 0.012:
-                ax.text((iv.start + iv.end) / 2, r, str(a.mb), ha="center", va="center", fontsize=6)
-    ax.set_yticks(range(sch.P), [f"stage {r}" for r in range(sch.P)])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds" if unit == "s" else unit)
-    ax.set_xlim(0, span)
-    ax.set_title(title or f"{sch.name}  P={sch.P} M={sch.M} K={sch.K} V={sch.V}  latency {timeline.latency_s:.4g}{unit}  "
-                 f"bubble {timeline.bubble_ratio:.1%}")
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 def unit_timeline(schedule: Schedule) -> Timeline:
