@@ -312,7 +312,7 @@ def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
 
 @pytest.mark.slow
 def test_pack_with_cpu_tiny_then_replay(tmp_path):
-    """The README's two steps: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
+    """The two steps of docs/runtime.md: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
     from typer.testing import CliRunner
 
     from hydraplan.app.cli import app
