@@ -21,7 +21,8 @@ import numpy as np
 from hydraplan.core.schema import Profile
 
 WIRE_BYTES_PER_PARAM = 2  # bf16 parameters and gradients on the wire
-FORWARD_SHARE = 1.0 / 3.0  # the forward's share of a pipeline's propagation time (backward: 2/3)
+FORWARD_SHARE = 1.0 / 3.0  # the forward's share of a pipeline's propagation time
+BACKWARD_SHARE = 1.0 - FORWARD_SHARE  # the backward's (2/3): the one spelling every end-to-end formula uses
 
 
 def has_sync_model(profile: Profile) -> bool:
@@ -50,7 +51,7 @@ def exposed_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> 
     """The part of a pipeline's pull and push its forward and backward cannot hide (0 for an idle pipeline)."""
     t = np.asarray(transfer, dtype=np.float64)
     p = np.asarray(propagation, dtype=np.float64)
-    out = np.maximum(0.0, t - FORWARD_SHARE * p) + np.maximum(0.0, t - (1.0 - FORWARD_SHARE) * p)
+    out = np.maximum(0.0, t - FORWARD_SHARE * p) + np.maximum(0.0, t - BACKWARD_SHARE * p)
     out = np.where(p > 0, out, 0.0)
     return out if out.ndim else float(out)
 
@@ -80,8 +81,19 @@ def end_to_end_s(transfer: np.ndarray | float, propagation: np.ndarray | float) 
     in p (and in t), which is what lets the proposal and pruning map propagation bounds and budgets through it."""
     t = np.asarray(transfer, dtype=np.float64)
     p = np.asarray(propagation, dtype=np.float64)
-    out = np.where(p > 0, np.maximum(np.maximum(2.0 * t, t + (1.0 - FORWARD_SHARE) * p), p), 0.0)
+    out = np.where(p > 0, np.maximum(2.0 * t, busy_s(t, p)), 0.0)
     return out if out.ndim else float(out)
+
+
+def busy_s(transfer: np.ndarray | float, propagation: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """h(t, p) = max(p, t + 2p/3): end_to_end_s of a pipeline known to hold work, without the 2t floor that no
+    dispatch changes once it has some. Strictly increasing in p, so the dispatch minimizes it as it would p."""
+    return np.maximum(propagation, transfer + BACKWARD_SHARE * propagation, out=out)
+
+
+def busy_float_s(transfer: float, propagation: float) -> float:
+    """busy_s of one pipeline in Python floats (the heap greedy's inner loop, where numpy scalars are slow)."""
+    return max(propagation, transfer + BACKWARD_SHARE * propagation)
 
 
 def propagation_budget_s(transfer: np.ndarray | float, budget: np.ndarray | float) -> np.ndarray | float:
@@ -89,7 +101,7 @@ def propagation_budget_s(transfer: np.ndarray | float, budget: np.ndarray | floa
     even an instant pipeline exceeds it (Y < 2t). The inverse of end_to_end_s on p > 0; with t = 0 it is Y."""
     t = np.asarray(transfer, dtype=np.float64)
     y = np.asarray(budget, dtype=np.float64)
-    out = np.where(y >= 2.0 * t, np.minimum(y, (y - t) / (1.0 - FORWARD_SHARE)), -np.inf)
+    out = np.where(y >= 2.0 * t, np.minimum(y, (y - t) / BACKWARD_SHARE), -np.inf)
     return out if out.ndim else float(out)
 
 

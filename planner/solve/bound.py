@@ -33,6 +33,7 @@ import highspy
 import numpy as np
 
 from hydraplan.core.schema import Scheme
+from hydraplan.core.sync import end_to_end_s, propagation_budget_s
 from hydraplan.solve.highs import run_mip
 
 REL_TOL = 1e-3  # bisection stops when the bracket is this tight (relative)
@@ -67,15 +68,13 @@ class _Instance:
 
     def budget(self, X: float) -> np.ndarray:
         """Propagation budget of each scheme's pipelines at end-to-end latency X (-inf: unusable)."""
-        prop = np.minimum(X, 1.5 * (X - self.transfer))
-        return np.where(X >= 2 * self.transfer, prop, -np.inf)
+        return np.asarray(propagation_budget_s(self.transfer, X))
 
     def floor(self) -> float:
         """The least X at which every sequence fits whole on some scheme (X where pp (w + c) fits the budget)."""
         alone = self.alone
         ok = self.lengths[:, None] <= self.max_len
-        # smallest X with budget(X) >= alone: X >= alone, X >= alone/1.5 + t, X >= 2t
-        need = np.maximum.reduce([alone, alone / 1.5 + self.transfer, np.broadcast_to(2 * self.transfer, alone.shape)])
+        need = np.asarray(end_to_end_s(self.transfer, alone))  # budget's inverse: alone > 0
         return float(np.where(ok, need, np.inf).min(axis=1).max())
 
     def volume(self) -> float:

@@ -22,7 +22,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import end_to_end_s
+from hydraplan.core.sync import busy_float_s, busy_s, end_to_end_s
 
 _BIG = 1e300  # "ineligible" cost: finite so that 0 * _BIG stays 0 for pp=1 pipelines
 _NOISE = 0.3  # sigma of the log-length noise of the randomized LPT trials
@@ -89,7 +89,7 @@ class _Pipes:
         pipeline unless `busy` says every load holds a sequence)."""
         if not self.sync:
             return load
-        out = np.maximum(load, self.t[cols] + (2.0 / 3.0) * load)
+        out = busy_s(self.t[cols], load)
         return out if busy else np.where(load > 0, out, 0.0)
 
     def group_cost(self, lengths: np.ndarray) -> np.ndarray:
@@ -280,7 +280,7 @@ def _greedy(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: _Pipes, orders
         new += w
         new += P.c * np.ceil((L + li[:, None]) / M)
         if P.sync:
-            np.maximum(new, P.t + (2.0 / 3.0) * new, out=new)
+            busy_s(P.t, new, out=new)
         f = base + new.argmin(axis=1)
         wj = w.ravel()[f]
         Cf[f] += wj
@@ -319,19 +319,19 @@ def _greedy_one(lengths: np.ndarray, Wg: np.ndarray, P: _Pipes, order: np.ndarra
             if empty[g]:
                 j = empty[g][-1]
                 new = w + gc[g] * -(-l // gm[g]) + gp[g] * (w + gc[g])
-                obj = max(new, t + 2.0 / 3.0 * new) if t else new
+                obj = busy_float_s(t, new) if t else new
                 if (obj, j) < (best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, True
             h = heaps[g]
             while h:  # h_g(O_j + w) lower-bounds the objective of adding i to pipeline j
                 least = h[0][0] + w
-                least = max(least, t + 2.0 / 3.0 * least) if t else least
+                least = busy_float_s(t, least) if t else least
                 if not (least < best_obj or (least == best_obj and h[0][1] < best_j)):
                     break
                 o, j = heapq.heappop(h)
                 popped.append((g, o, j))
                 new = C[j] + w + gc[g] * -(-(L[j] + l) // gm[g]) + gp[g] * (max(Mx[j], w) + gc[g])
-                obj = max(new, t + 2.0 / 3.0 * new) if t else new
+                obj = busy_float_s(t, new) if t else new
                 if (obj, j) < (best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, False
         for g, o, j in popped:
@@ -590,7 +590,7 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
         uniform, transfer = float(np.asarray(transfer)[0]), None
     res = _dispatch(lengths, schemes, method, trials, seed, time_limit_s, transfer)
     if uniform and res.cost > 0:
-        res = dataclasses.replace(res, cost=max(res.cost, uniform + 2.0 / 3.0 * res.cost))
+        res = dataclasses.replace(res, cost=busy_float_s(uniform, res.cost))
     return res
 
 
