@@ -16,8 +16,7 @@ from hydraplan.core.cluster import for_gpus
 from hydraplan.core.cost import seq_cost
 from hydraplan.core.errors import UserError
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
-from hydraplan.solve import proposal
-from hydraplan.solve.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.solve.proposal import build_cells, candidates, propose, round_relaxed, solve_integer, solve_relaxed
 
 STEP = 128
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
@@ -270,10 +269,10 @@ def test_by_default_candidates_are_kept_by_the_sequences_an_iteration_bounds(mon
     prof, lengths = mid_profile(), wiki_like(2)
     full = propose(prof, lengths, 32, 30000, max_candidates=0)
     per_iteration = 200_000 / np.minimum(lengths, 30000).mean()
-    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 3 * per_iteration + 1)  # room for three candidates
+    monkeypatch.setattr(candidates, "CANDIDATE_SEQUENCES", 3 * per_iteration + 1)  # room for three candidates
     assert propose(prof, lengths, 32, 30000, tokens_per_iter=200_000) == \
         propose(prof, lengths, 32, 30000, tokens_per_iter=200_000, max_candidates=3)
-    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 10**9)
+    monkeypatch.setattr(candidates, "CANDIDATE_SEQUENCES", 10**9)
     assert len(propose(prof, lengths, 32, 30000).candidates) == len(full.candidates) > 3
 
 
