@@ -10,11 +10,12 @@ from test_run_plan import _replay_verified
 
 from hydraplan.core.cluster import for_gpus
 from hydraplan.core.errors import UserError
+from hydraplan.engine.cad_plan import cad_plan
 from hydraplan.engine.planner import as_batch
 from hydraplan.runtime.model import CONFIGS
 from hydraplan.runtime.plans import check_plan
 from hydraplan.schema import CADPiece, CADSection, CADStep, CADTask, Plan
-from hydraplan.solve.cad import best_cad, cad_plan, plan_cad
+from hydraplan.solve.cad import best_cad, plan_cad
 from hydraplan.store.profiles import load_profile
 
 TINY = CONFIGS["tiny"]

@@ -501,7 +501,8 @@ class Planner:
 
     def _solve_cad(self, b: SeqBatch) -> Plan | None:
         """The best CAD plan of the batch (hydraplan.cad), as a plan whose pipelines are the replicas."""
-        from hydraplan.solve.cad import best_cad, cad_plan
+        from hydraplan.engine.cad_plan import cad_plan
+        from hydraplan.solve.cad import best_cad
 
         r = best_cad(self.profile, self.view, self.gpus, b.lengths, ids=b.ids.tolist())
         return None if r is None else cad_plan(b, r, self.view, self.profile.name, self.gpus)

@@ -407,7 +407,7 @@ def run_compare(opts: CompareOptions, progress: CompareProgress | None = None) -
         runs.update(run_hydra(batches, profile, dataset, opts.gpus, context_len, opts.tokens_per_iter, opts.seed, homo,
                               hydra, tick, opts.objective))
     if set(methods) & set(CAD_METHODS):
-        from hydraplan.solve.cad import choose, run_cad
+        from hydraplan.methods.cad import choose, run_cad
 
         cad_plans = run_cad(batches, profile, view, opts.gpus)
         if "cad" in methods:
