@@ -561,7 +561,7 @@ class Planner:
             raise infeasible_error(b, self.candidates)
         cands = self.candidates
         if self.synthesize and best is not None:
-            from hydraplan.solve.synthesis import solve_synthesized
+            from hydraplan.engine.synthesized import solve_synthesized
 
             extra, extra_sols, best = solve_synthesized(self, b.lengths, ordered, seed, best, share)
             cands, sols = [*cands, *extra], [*sols, *extra_sols]
