@@ -15,7 +15,7 @@ sequences, which the fractional x would otherwise spread over many pipelines). E
 real plan of latency X satisfies them (its busy pipelines give n_P, its dispatch x), so the least feasible X,
 found by bisection, is a valid bound on the best plan of any strategy.
 
-End to end (planner/sync.py): a busy pipeline of scheme P with one-direction transfer t_P and propagation
+End to end (core/sync.py): a busy pipeline of scheme P with one-direction transfer t_P and propagation
 p takes max(2t, t + 2p/3, p), so it meets X when p <= min(X, 1.5 (X - t_P)) and X >= 2 t_P: the same MILP
 with that propagation budget per scheme.
 
@@ -100,7 +100,7 @@ def _instance(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfe
               group: np.ndarray | None = None, prune: bool = True) -> _Instance:
     """The MILP's data. Items are the distinct lengths, or with `group` (a label per sequence) groups of
     sequences costed at their mean and held to their longest: no longer a relaxation then, but a smaller
-    model with the same structure (planner/synthesis.py uses it to shape strategies, never as a bound).
+    model with the same structure (solve/synthesis.py uses it to shape strategies, never as a bound).
     `prune=False` keeps dominated schemes (a given strategy's pipelines are what they are)."""
     t_all = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
     usable = np.array([s.gpus <= gpus for s in schemes])
