@@ -131,10 +131,10 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
     profile = load_profile(PROFILE)
     ds, batches = batches_of("builtin:wikipedia", tokens, iterations)
     t0 = time.perf_counter()
-    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens)
+    strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
     propose_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    by_propagation = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens, objective="propagation")
+    by_propagation = propose(Cluster.of(profile, gpus, "propagation"), ds, CONTEXT, tokens_per_iter=tokens)
     propose_propagation_s = time.perf_counter() - t0
     def timed(planner: Planner) -> list[float]:
         times = []
@@ -178,7 +178,7 @@ def quality(dataset: str, iterations: int, ilp_iterations: int) -> dict:
     gpus, tokens = 64, 200_000
     profile = load_profile(PROFILE)
     ds, batches = batches_of(dataset, tokens, iterations)
-    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens, objective="propagation")
+    strategies = propose(Cluster.of(profile, gpus, "propagation"), ds, CONTEXT, tokens_per_iter=tokens)
     greedy = Planner(profile, strategies, gpus, context_len=CONTEXT, prune=False,  # every candidate's estimate
                      objective="propagation")
     results = [greedy.solve(b) for b in batches]

@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.solve.proposal import (
     TOKENS_PER_GPU,
     best_homogeneous,
@@ -64,7 +64,7 @@ def main() -> None:
     out = {"profile": PROFILE, "dataset": DATASET, "context_len": CONTEXT, "dataset_load_s": round(load_s, 3),
            "load_average_1min": os.getloadavg()[0], "sizes": []}
     for gpus, target in SIZES.items():
-        runs = [cpu_timed(lambda: propose(profile, dataset, gpus, CONTEXT)) for _ in range(REPEATS)]
+        runs = [cpu_timed(lambda: propose(Cluster.of(profile, gpus), dataset, CONTEXT)) for _ in range(REPEATS)]
         seconds = sorted(r[0] for r in runs)
         cpu = sorted(r[1] for r in runs)
         strategies = runs[0][2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.solve import packing
 from hydraplan.solve.dispatch import Infeasible, dispatch
 from hydraplan.solve.packing import pack
@@ -28,7 +28,7 @@ DATASETS = ("builtin:wikipedia", "builtin:prolong")
 
 def candidates(profile, dataset, gpus: int, tokens: int, context: int) -> list[list]:
     view = for_gpus(profile, gpus)
-    strategies = propose(profile, dataset, gpus, context, tokens_per_iter=tokens)
+    strategies = propose(Cluster.of(profile, gpus), dataset, context, tokens_per_iter=tokens)
     return [[view.scheme(*p.key) for p in c.pipelines] for c in strategies.candidates]
 
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.sync import iteration_estimate
 from hydraplan.methods import baselines as bl
 from hydraplan.methods import compare as cp
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Profile, Scheme, TimeCoeffs
@@ -25,7 +24,7 @@ def test_one_phase_is_the_design_formula():
     s1, s2 = scheme(tp=1), scheme(tp=2)
     plan = bl.IterationPlan("x", "", np.array([1]), (bl.Phase("p", (run_of(s1, [3, 1]), run_of(s2, [2]), run_of(s1, [])), 0),))
     prof = synced([s1, s2])
-    want = iteration_estimate(prof, 8, [(1, 1, 1), (2, 1, 1), (1, 1, 1)], [4.0, 2.0, 0.0]).iteration_s
+    want = Cluster.of(prof, 8).estimate([(1, 1, 1), (2, 1, 1), (1, 1, 1)], [4.0, 2.0, 0.0]).iteration_s
     # by hand: <1,1,1> t = 2: 4 + (2 - 4/3) + max(0, 2 - 8/3) = 4.667; <2,1,1> t = 1: 2 + 1/3 + 0 = 2.333; idle: 0
     assert bl.plan_iteration_s(plan, Cluster.of(prof, 8)) == pytest.approx(want) == pytest.approx(4 + 2 / 3)
 

@@ -18,7 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hydraplan.app.cli import app
-from hydraplan.app.measure import check_summary, compare, pipeline_estimate
+from hydraplan.app import measure
+from hydraplan.app.measure import check_summary, pipeline_estimate
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import pipeline_time
 from hydraplan.core.errors import UserError
 from hydraplan.core.fit import (
@@ -173,11 +175,10 @@ def test_network_slices_count_bytes_as_sync_transfer_does():
     sizes, secs = network_slices(1000, samples)
     assert sizes == [2000.0, 2000.0, 500.0, 500.0] and secs == [0.02, 0.03, 0.01, 0.011]
     # a profile with the fitted bandwidth predicts those transfers through hydraplan.sync
-    from hydraplan.core.sync import transfer_s
 
     prof = tiny_profile().model_copy(update={"network": Network(intra_node_GBps=2e-4, inter_node_GBps=2e-4)})
     prof.model.params = 1000
-    assert transfer_s(prof, 2, 2, 4) == pytest.approx(500 / 2e5)
+    assert Cluster.of(prof, 4).transfer_s(2, 2) == pytest.approx(500 / 2e5)
 
 
 # ------------------------------------------------------------------------------------------- check
@@ -228,6 +229,11 @@ def test_pipeline_estimate_is_canonical_without_splits_and_the_schedule_with_the
     assert pipeline_estimate(s2, plan.pipelines[1], lengths) == pytest.approx(want, rel=1e-12)
 
 
+def compare(plans, got, profile):
+    """measure.compare on the cluster of the plans' GPUs, as `profile --check` builds it."""
+    return measure.compare(plans, got, Cluster.of(profile, plans[0].gpus))
+
+
 def measured(pull, pipes, push, step, exposed=None) -> dict:
     """The runtime's --check row; `exposed` defaults to pull + push (nothing hidden)."""
     exposed = pull + push if exposed is None else exposed
@@ -246,7 +252,7 @@ def test_compare_takes_the_slowest_pipeline_and_names_a_missing_scheme():
     assert r.rel_err == pytest.approx(abs(max(est) - 0.0535) / 0.0535)
     assert [p[2] for p in r.pipelines] == [0.02, 0.05]
     plan.pipelines[0].tp = 4
-    with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p"):
+    with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p for 3 GPUs"):
         compare([plan], {"plans": [measured(0.001, [0.02, 0.05], 0.002, 0.0005)]}, prof)
 
 

@@ -4,6 +4,7 @@ than the candidates alone, and it reuses rank lists (process groups) already in 
 import numpy as np
 from helpers import tiny_profile
 
+from hydraplan.core.cluster import Cluster
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
 from hydraplan.solve.placement import place_reusing, process_groups
@@ -74,7 +75,7 @@ def test_pruning_synthesized_strategies_before_dispatch_keeps_the_plan():
     wikipedia batches of 50K tokens, four proposed candidates)."""
     profile = load_profile("h100-llama2-7b")
     ds = load_dataset("builtin:wikipedia", 32768)
-    strategies = propose(profile, ds, 16, 32768, tokens_per_iter=50_000, max_candidates=4)
+    strategies = propose(Cluster.of(profile, 16), ds, 32768, tokens_per_iter=50_000, max_candidates=4)
     pruned = Planner(profile, strategies, 16, context_len=32768, synthesize=True)
     full = Planner(profile, strategies, 16, context_len=32768, synthesize=True, prune=False)
     before_dispatch = 0

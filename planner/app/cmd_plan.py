@@ -41,6 +41,7 @@ def propose(
     from rich.table import Table
 
     from hydraplan.app.config import ProposeConfig, build
+    from hydraplan.core.cluster import Cluster
     from hydraplan.solve.proposal import propose as run_propose
     from hydraplan.solve.proposal import strategy_label
     from hydraplan.store.datasets import load_dataset
@@ -51,18 +52,17 @@ def propose(
                    gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter, max_candidates=max_candidates,
                    objective=objective)
     cliopts.out_file(config.out)
-    prof = load_profile(config.profile)
+    cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
     ds = load_dataset(config.dataset, config.context_len)
     length = config.context_len or int(ds.lengths.max())
-    strategies = run_propose(prof, ds, config.gpus, length, gpus_per_node=config.gpus_per_node,
-                             tokens_per_iter=config.tokens_per_iter, max_candidates=config.max_candidates,
-                             objective=config.objective)
+    strategies = run_propose(cluster, ds, length, gpus_per_node=config.gpus_per_node,
+                             tokens_per_iter=config.tokens_per_iter, max_candidates=config.max_candidates)
     write_model(out, strategies)
     if json_out:
         typer.echo(model_json(strategies))
         return
     labels = [strategy_label(c) for c in strategies.candidates]
-    table = Table(title=f"{prof.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
+    table = Table(title=f"{cluster.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
     table.add_column("name")
     table.add_column("strategy", no_wrap=True, min_width=max(map(len, labels)))
     for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import pipeline_time, util_len
 from hydraplan.core.errors import UserError
 from hydraplan.core.fit import BandwidthFit, SchemeFit, fit_bandwidth, fit_points, network_slices
 from hydraplan.core.memory import activation_fit, peak_fit
 from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme
-from hydraplan.core.sync import transfer_s
 
 # Run as a module of the installed package, so it works from a wheel as well as from a checkout.
 MODULE = "hydraplan.runtime.profile"
@@ -238,34 +238,32 @@ def pipeline_estimate(scheme: Scheme, pipe: PlanPipeline, lengths_by_id: dict[in
     return seq1f1b_estimate(scheme, plans)[0]
 
 
-def plan_estimate(plan: Plan, profile: Profile, estimates: Sequence[float]) -> tuple[float, float, str]:
+def plan_estimate(plan: Plan, cluster: Cluster, estimates: Sequence[float]) -> tuple[float, float, str]:
     """(propagation, exposed sync) of the pipeline attaining the plan's end-to-end estimate: the plan's own
-    estimate.iteration_s/sync_s when it carries them for this profile, else sync.iteration_estimate over
-    the pipelines' estimates under `profile`."""
-    from hydraplan.core.sync import iteration_estimate
-
+    estimate.iteration_s/sync_s when it carries them for this profile, else the cluster's end-to-end estimate
+    over the pipelines' estimates."""
     e = plan.estimate
-    if plan.profile == profile.name and e.iteration_s is not None and e.sync_s is not None:
+    if plan.profile == cluster.name and e.iteration_s is not None and e.sync_s is not None:
         return e.iteration_s - e.sync_s, e.sync_s, "plan"
-    est = iteration_estimate(profile, plan.gpus, [p.key for p in plan.pipelines], estimates)
+    est = cluster.estimate([p.key for p in plan.pipelines], estimates)
     return est.iteration_s - est.sync_s, est.sync_s, "profile"
 
 
-def compare(plans: Sequence[Plan], measured: dict, profile: Profile) -> list[CheckRow]:
-    """Estimated against measured whole iterations per plan; `measured` is the JSON of runtime/profile.py
-    --check for the same plans."""
+def compare(plans: Sequence[Plan], measured: dict, cluster: Cluster) -> list[CheckRow]:
+    """Estimated against measured whole iterations per plan (all on the cluster's GPUs); `measured` is the JSON
+    of runtime/profile.py --check for the same plans."""
     rows = []
     for plan, got in zip(plans, measured["plans"], strict=True):
         lengths = {s.id: s.length for s in plan.batch}
         pipes = []
         for i, (pipe, m) in enumerate(zip(plan.pipelines, got["pipelines"], strict=True)):
-            scheme = profile.scheme(pipe.tp, pipe.pp, pipe.cp)
+            scheme = cluster.scheme(pipe.key)
             if scheme is None:
                 raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
-                                f"is not in profile {profile.name}")
+                                f"is not in profile {cluster.name} for {cluster.gpus} GPUs")
             pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
-        prop, sync, source = plan_estimate(plan, profile, [p[1] for p in pipes])
-        busy = [(transfer_s(profile, p.tp, p.pp, plan.gpus), e) for p, (_, e, _) in zip(plan.pipelines, pipes) if p.micro_batches]
+        prop, sync, source = plan_estimate(plan, cluster, [p[1] for p in pipes])
+        busy = [(float(cluster.transfer_s(p.tp, p.pp)), e) for p, (_, e, _) in zip(plan.pipelines, pipes) if p.micro_batches]
         rows.append(CheckRow(plan.iteration, plan.strategy, prop, sync, float(got["pull_s"]), float(got["propagate_s"]),
                              float(got["push_s"]), float(got["step_s"]), float(got["exposed_s"]), float(got["iteration_s"]),
                              source, max((t for t, _ in busy), default=0.0),
@@ -320,7 +318,8 @@ def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clo
                             "one run on one set of ranks)")
     args = ["--check", str(plan_dir), "--model", model, "--dtype", dtype, "--clock", clock, "--warmup", str(warmup),
             "--repeats", str(repeats)]
-    return compare(plans, median_check([run_runtime(args, ranks, device, timeout_s) for _ in range(launches)]), profile)
+    measured = median_check([run_runtime(args, ranks, device, timeout_s) for _ in range(launches)])
+    return compare(plans, measured, Cluster.of(profile, ranks))
 
 
 def median_check(launches: Sequence[dict]) -> dict:

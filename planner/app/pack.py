@@ -152,8 +152,7 @@ def _load_strategies(config: PackConfig, cluster: Cluster, dataset: Dataset, res
     if config.context_len is None and context_len > longest:
         raise UserError(f"dataset {config.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
                         f"MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest}); pass --context-len")
-    return propose(cluster.profile, dataset, cluster.gpus, context_len, tokens_per_iter=config.tokens_per_iter,
-                   objective=cluster.objective)
+    return propose(cluster, dataset, context_len, tokens_per_iter=config.tokens_per_iter)
 
 
 def _sampled(dataset: Dataset, config: PackConfig, start: int) -> Iterator[Batch]:

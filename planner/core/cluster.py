@@ -112,9 +112,16 @@ class Cluster:
     def synthesizes_by_default(self) -> bool:
         return default_synthesize(self.objective)
 
+    @functools.cached_property
+    def bandwidth_GBps(self) -> float | None:
+        """Per-GPU GB/s of the LNK pull and push in this job (None: the profile has no sync model)."""
+        if not sync.has_sync_model(self.profile):
+            return None
+        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]
+
     def transfer_s(self, tp: int | np.ndarray, pp: int | np.ndarray) -> np.ndarray | float:
         """Seconds of one direction (pull or push) for one GPU of a <tp, pp, *> pipeline (0 without a sync model)."""
-        return sync.transfer_s(self.profile, tp, pp, self.gpus)
+        return sync.transfer_s(self.profile.model.params, self.bandwidth_GBps, tp, pp)
 
     def charged_s(self, tp: np.ndarray, pp: np.ndarray) -> np.ndarray:
         """Per pipeline, the transfer the planner optimizes with: the sync model's end to end, zeros (every
@@ -129,7 +136,9 @@ class Cluster:
 
     def estimate(self, keys: Sequence[tuple[int, int, int]], propagation_s: Sequence[float]) -> sync.IterationEstimate:
         """The end-to-end estimate of one plan: pipelines given by their (tp, pp, cp) and canonical times."""
-        return sync.iteration_estimate(self.profile, self.gpus, keys, propagation_s)
+        tp = np.array([k[0] for k in keys], dtype=np.float64)
+        pp = np.array([k[1] for k in keys], dtype=np.float64)
+        return sync.iteration_estimate(self.transfer_s(tp, pp), propagation_s)
 
     def score(self, propagation_s: float, iteration_s: float | None) -> float:
         """A plan's number in the objective (iteration_s end to end when known, else propagation)."""

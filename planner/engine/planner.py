@@ -203,7 +203,7 @@ class Planner:
 
     def _cad(self, b: Batch) -> Outcome:
         """The best CAD plan of the batch (solve.cad), never pruned, recorded in the summary either way."""
-        r = best_cad(self.cluster.profile, self.cluster.view, self.cluster.gpus, b.lengths, ids=b.ids.tolist())
+        r = best_cad(self.cluster, b.lengths, ids=b.ids.tolist())
         if r is None:
             return Outcome(CandidateSolve(name=CAD_CANDIDATE, infeasible="no CAD layout holds the batch"), None)
         plan = cad_plan(b, r, self.cluster)

@@ -32,8 +32,8 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import simulate_1f1b
 from hydraplan.core.schema import CompareResult, MethodResult, Profile, Scheme
 from hydraplan.methods import baselines as bl
+from hydraplan.methods.cad import choose, run_cad
 from hydraplan.methods.hydra import MethodRun, run_hydra, run_hydra_delay
-from hydraplan.solve.cad import choose, run_cad
 from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
@@ -347,12 +347,11 @@ def _hydra_runs(su: _Setup, homo: Scheme, hydra: list[str], methods: list[str], 
     out: dict[str, MethodRun] = {}
     proposed = None
     if hydra:
-        proposed = propose(su.cluster.profile, su.dataset, su.cluster.gpus, su.context_len,
-                           tokens_per_iter=su.config.tokens_per_iter, objective=su.cluster.objective)
+        proposed = propose(su.cluster, su.dataset, su.context_len, tokens_per_iter=su.config.tokens_per_iter)
     if set(hydra) - {"hydraplan-delay"}:
         out.update(run_hydra(su.batches, su.cluster, proposed, su.context_len, su.config.seed, homo, hydra, tick))
     if set(methods) & set(CAD_METHODS):
-        cad_plans = run_cad(su.batches, su.cluster.profile, su.cluster.view, su.cluster.gpus)
+        cad_plans = run_cad(su.batches, su.cluster)
         if "cad" in methods:
             out["cad"] = MethodRun("cad", cad_plans, "cad")
             tick("cad")

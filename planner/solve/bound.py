@@ -15,7 +15,7 @@ sequences, which the fractional x would otherwise spread over many pipelines). E
 real plan of latency X satisfies them (its busy pipelines give n_P, its dispatch x), so the least feasible X,
 found by bisection, is a valid bound on the best plan of any strategy.
 
-End to end (planner/sync.py): a busy pipeline of scheme P with one-direction transfer t_P and propagation
+End to end (core/sync.py): a busy pipeline of scheme P with one-direction transfer t_P and propagation
 p takes max(2t, t + 2p/3, p), so it meets X when p <= min(X, 1.5 (X - t_P)) and X >= 2 t_P: the same MILP
 with that propagation budget per scheme.
 
@@ -33,6 +33,7 @@ import highspy
 import numpy as np
 
 from hydraplan.core.schema import Scheme
+from hydraplan.core.sync import end_to_end_s, propagation_budget_s
 from hydraplan.solve.highs import run_mip
 
 REL_TOL = 1e-3  # bisection stops when the bracket is this tight (relative)
@@ -67,15 +68,13 @@ class _Instance:
 
     def budget(self, X: float) -> np.ndarray:
         """Propagation budget of each scheme's pipelines at end-to-end latency X (-inf: unusable)."""
-        prop = np.minimum(X, 1.5 * (X - self.transfer))
-        return np.where(X >= 2 * self.transfer, prop, -np.inf)
+        return np.asarray(propagation_budget_s(self.transfer, X))
 
     def floor(self) -> float:
         """The least X at which every sequence fits whole on some scheme (X where pp (w + c) fits the budget)."""
         alone = self.alone
         ok = self.lengths[:, None] <= self.max_len
-        # smallest X with budget(X) >= alone: X >= alone, X >= alone/1.5 + t, X >= 2t
-        need = np.maximum.reduce([alone, alone / 1.5 + self.transfer, np.broadcast_to(2 * self.transfer, alone.shape)])
+        need = np.asarray(end_to_end_s(self.transfer, alone))  # budget's inverse: alone > 0
         return float(np.where(ok, need, np.inf).min(axis=1).max())
 
     def volume(self) -> float:
@@ -101,7 +100,7 @@ def _instance(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfe
               group: np.ndarray | None = None, prune: bool = True) -> _Instance:
     """The MILP's data. Items are the distinct lengths, or with `group` (a label per sequence) groups of
     sequences costed at their mean and held to their longest: no longer a relaxation then, but a smaller
-    model with the same structure (planner/synthesis.py uses it to shape strategies, never as a bound).
+    model with the same structure (solve/synthesis.py uses it to shape strategies, never as a bound).
     `prune=False` keeps dominated schemes (a given strategy's pipelines are what they are)."""
     t_all = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
     usable = np.array([s.gpus <= gpus for s in schemes])

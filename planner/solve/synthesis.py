@@ -1,4 +1,4 @@
-"""Per-batch strategy synthesis: integer strategies shaped by the any-strategy MILP (planner/bound.py) for
+"""Per-batch strategy synthesis: integer strategies shaped by the any-strategy MILP (solve/bound.py) for
 the batch at hand, which the engine dispatches and packs next to the proposed candidates.
 
 LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate
@@ -74,7 +74,7 @@ def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transf
 def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upper: float | None = None,
                transfer: np.ndarray | Sequence[float] | None = None, prefer: Iterable[int] = ()) -> list[dict[int, int]]:
     """Strategies for this batch as {scheme index: pipelines}, best-shaped first. `transfer` (seconds per
-    scheme, planner/sync.py) shapes them for the end-to-end estimate; `upper` is a latency some plan reaches;
+    scheme, core/sync.py) shapes them for the end-to-end estimate; `upper` is a latency some plan reaches;
     `prefer` lists schemes to offer the MILP besides the shortlist (the candidates')."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
