@@ -1,11 +1,11 @@
 """How far `pack`'s plans are from the best any strategy could do: plan / any-strategy bound per iteration.
 
-The bound (planner/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
+The bound (planner/solve/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
 excess is an upper limit on what a better strategy, dispatch or packing could still win. Per bundled analytic
 profile x builtin dataset at 64 and 256 GPUs (32K context, 3125 tokens per GPU, seed 3), for `pack
 --objective propagation` (candidates + per-batch synthesis, its default there) and with `--candidates-only`;
 end to end, the plans of pack's default (`--objective end-to-end`, candidates only) over the end-to-end bound
-(planner/sync.py's exposed sync per scheme), next to the propagation plans' end-to-end estimate. The headline
+(planner/core/sync.py's exposed sync per scheme), next to the propagation plans' end-to-end estimate. The headline
 case (h100-llama2-7b, 64 GPUs, 200K tokens) runs more iterations. Speed: seconds per iteration of both paths
 on the same batches (one process; the ratio is what to read on a shared machine), at 64 GPUs and at 1024
 GPUs / 3.2M tokens. Each bound probe gets PROBE_LIMIT_S of wall time (an open probe counts as feasible, so a

@@ -1,9 +1,9 @@
-"""Core-attention disaggregation (hydraplan.cad) vs heterogeneous pipelines vs WLB-LLM, end to end (issue 17).
+"""Core-attention disaggregation (hydraplan.solve.cad) vs heterogeneous pipelines vs WLB-LLM, end to end (issue 17).
 
 On the same sampled batches: wlb-nodelay (WLB-LLM var-len packing, no outlier delay), hydraplan (per-iteration
 choice among heterogeneous candidates), cad (DistCA-style: homogeneous cp=1 replicas, attention tasks balanced
 across them) and hydraplan-cad (per iteration the faster of the two). Every figure is the end-to-end estimate
-(propagation + exposed LNK sync, hydraplan.sync), the propagation estimate next to it. 64 GPUs; the h100-llama2-7b
+(propagation + exposed LNK sync, hydraplan.core.sync), the propagation estimate next to it. 64 GPUs; the h100-llama2-7b
 and a800-llama2-13b profiles; wikipedia and prolong; 32K and 128K context; 200K and 1.6M tokens per iteration
 (configurations no scheme can hold are recorded as skipped). Writes bench/results/cad.json after every
 configuration; `--table` prints the README table from it, `--target` runs the target configuration only.

@@ -1,4 +1,4 @@
-"""Our max-length FFD (hydraplan.baselines.ffd) next to a real peer packer, the `binpacking` package's
+"""Our max-length FFD (hydraplan.methods.baselines.ffd) next to a real peer packer, the `binpacking` package's
 to_constant_volume, on the same sampled batches: bin counts per batch and packing speed in one run.
 
 binpacking places each item (largest first) into the least-loaded bin it fits (worst-fit decreasing),

@@ -1,4 +1,4 @@
-"""Core-attention disaggregation at run time (plans with a `cad` section, hydraplan.cad): pp = 1 replicas.
+"""Core-attention disaggregation at run time (plans with a `cad` section, hydraplan.solve.cad): pp = 1 replicas.
 
 In step v replica j holds the pieces [start, end) of documents the plan gives it and runs the linear
 layers on them. Core attention runs as tasks: task (seq, [s, e), home, rank) computes queries [s, e) of

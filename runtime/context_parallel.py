@@ -2,7 +2,7 @@
 
 Sharding. CP rank c holds the [start, end) token ranges of the packed micro-batch that the plan's
 `cp_shard.ranges[c]` lists (`pack --cp-shard`: per-sequence or per-document); without them, per-sequence
-sharding into 2*cp symmetric chunks (planner/cpshard.py), the load-balanced layout for causal attention.
+sharding into 2*cp symmetric chunks (planner/solve/cpshard.py), the load-balanced layout for causal attention.
 A rank's local micro-batch is its tokens in packed order, with their labels and their global positions
 in their documents, so embeddings, norms, projections, MLP, RoPE and the loss run unchanged on them.
 

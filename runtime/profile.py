@@ -16,7 +16,7 @@ Two clocks:
 - wall (GPUs, dedicated machines): the step's propagation between barriers, minus its waits on pulls;
 - cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
   stage's action takes the longest of its TP and CP ranks, and the run's latency is the critical path of the
-  executed schedule over those durations (hydraplan.pipeline.simulate, no p2p latency). On a CPU shared
+  executed schedule over those durations (hydraplan.core.schedules.simulate, no p2p latency). On a CPU shared
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.

@@ -60,11 +60,11 @@ TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
 """--verify. fp64: max abs parameter difference after every step against single-process fp64 training.
 fp32/bf16: relative L2 error of the iteration's summed gradient against an fp64 reference at the same
 weights (a parameter difference says little here: AdamW's first steps move every weight by ~lr whatever
-the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays at ~6.5e-3 of the fp64
-gradient however many micro-batches add up (weights and activations rounded to bf16), while accumulating
-in bf16 grows to ~1.1e-2 at 64 and ~1.4e-2 at 128 micro-batches (tests/test_grads.py measures both on the
-tiny model), so 1e-2 passes the former and fails the latter from ~64 micro-batches on; below that the
-accumulation error hides in bf16 compute's own and no tolerance can separate them."""
+the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays below it however many
+micro-batches add up (weights and activations rounded to bf16), while accumulating in bf16 grows past it as
+micro-batches add up (tests/test_grads.py measures both on the tiny model), so 1e-2 passes the former and
+fails the latter on long accumulations; on short ones the accumulation error hides in bf16 compute's own and
+no tolerance can separate them."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,4 +1,4 @@
-"""Core-attention disaggregation planner (hydraplan.cad): costs, bytes, layout, and the assignment against
+"""Core-attention disaggregation planner (hydraplan.solve.cad): costs, bytes, layout, and the assignment against
 brute force on small cases."""
 
 from __future__ import annotations

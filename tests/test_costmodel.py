@@ -32,7 +32,7 @@ def test_bundled_profiles_round_trip(profiles, tmp_path):
 
 
 def test_bundled_files_are_what_the_generator_writes(profiles):
-    """The committed profiles must be regenerated whenever planner/hardware.py or the model changes."""
+    """The committed profiles must be regenerated whenever planner/core/hardware.py or the model changes."""
     generated = {p.name: p for p in analytic_profiles()}
     assert sorted(generated) == sorted(NAMES)
     for name, p in profiles.items():

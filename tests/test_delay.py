@@ -1,4 +1,4 @@
-"""Outlier delay (hydraplan.delay): a hand-checked stream, conservation and the delay bound on random
+"""Outlier delay (hydraplan.solve.delay): a hand-checked stream, conservation and the delay bound on random
 streams, the rule's threshold, and `pack --outlier-delay` (plans validate, --resume equals a full run)."""
 
 import math

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hydraplan.app.cli import app
 from hydraplan.app import measure
+from hydraplan.app.cli import app
 from hydraplan.app.measure import check_summary, pipeline_estimate
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import pipeline_time
@@ -174,7 +174,7 @@ def test_network_slices_count_bytes_as_sync_transfer_does():
     samples = [{"tp": 1, "pp": 1, "pull_s": 0.02, "push_s": 0.03}, {"tp": 2, "pp": 2, "pull_s": 0.01, "push_s": 0.011}]
     sizes, secs = network_slices(1000, samples)
     assert sizes == [2000.0, 2000.0, 500.0, 500.0] and secs == [0.02, 0.03, 0.01, 0.011]
-    # a profile with the fitted bandwidth predicts those transfers through hydraplan.sync
+    # a profile with the fitted bandwidth predicts those transfers through hydraplan.core.sync
 
     prof = tiny_profile().model_copy(update={"network": Network(intra_node_GBps=2e-4, inter_node_GBps=2e-4)})
     prof.model.params = 1000

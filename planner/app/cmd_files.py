@@ -208,7 +208,7 @@ def profiles_generate(
                                         "profiles/)"),
     json_out: bool = json_option("print the written paths as a JSON list"),
 ) -> None:
-    """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/hardware.py; deterministic."""
+    """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/core/hardware.py; deterministic."""
     import json
 
     from hydraplan.store.paths import PROFILES_DIR
@@ -222,6 +222,6 @@ def profiles_generate(
         console.print(f"wrote {path}")
 
 
-# The simulator executes ~30K actions per second: the limit answers in seconds (256 stages x 4096
-# micro-batches, 2M actions, took a silent minute).
+# The simulator is pure Python, tens of thousands of actions per second: the limit keeps the answer within
+# seconds instead of a silent minute for millions of actions.
 MAX_PIPELINE_ACTIONS = 100_000

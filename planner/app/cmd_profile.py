@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,6 +15,9 @@ from hydraplan.app.cliopts import (
     positive,
 )
 from hydraplan.core.errors import UserError
+
+if TYPE_CHECKING:
+    from hydraplan.app.measure import Runs
 
 
 def profile_cmd(
@@ -37,7 +41,7 @@ def profile_cmd(
     warmup: int = typer.Option(1, "--warmup", help="unrecorded runs before the measured ones"),
     repeats: int = typer.Option(3, "--repeats", help="measured runs per point; the median is kept"),
     launches: int = typer.Option(1, "--launches", help="separate runtime jobs per measurement, the median over them kept "
-                                 "(a shared CPU runs one process ~20% faster or slower than another)"),
+                                 "(on a shared CPU one process runs noticeably faster or slower than another)"),
     json_out: bool = json_option("print the fit (or the --check rows) as JSON"),
 ) -> None:
     """Measure T(l,P) and MaxLen in the runtime on this machine and write a profile ("source": "measured"),
@@ -53,12 +57,6 @@ def profile_cmd(
     with the last backward, optimizer step) and compares them with the end-to-end estimate, propagation and
     sync (exposed pull/push, waits, step) errors apart.
     """
-    import json
-
-    from rich.table import Table
-
-    from hydraplan.app import measure
-
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda (got {device!r})")
     if device == "cuda":
@@ -71,38 +69,76 @@ def profile_cmd(
         raise UserError(f"--clock must be wall, or cpu on --device cpu (got {clock!r} on {device})")
     if warmup < 0 or repeats < 1 or launches < 1:
         raise UserError(f"--warmup must be >= 0, --repeats and --launches >= 1 (got {warmup}, {repeats} and {launches})")
-    if check is not None:
-        from hydraplan.store.profiles import load_profile
+    from hydraplan.app.measure import Runs
 
+    runs = Runs(model=model, device=device, clock=clock, dtype=dtype, warmup=warmup, repeats=repeats, launches=launches)
+    if check is not None:
         if profile_name is None:
             raise UserError("--check needs --profile (the profile whose estimates are checked)")
-        prof = load_profile(profile_name)
-        with console.status("replaying whole iterations"), cliopts.Heartbeat(lambda: f"replaying {check} in the runtime"):
-            rows = measure.check_plans(str(check), prof, model=model, device=device, clock=clock, dtype=dtype,
-                                        warmup=warmup, repeats=repeats, launches=launches)
-        summary = measure.check_summary(rows)
-        if json_out:
-            typer.echo(json.dumps({"profile": prof.name, **summary, "iterations": [measure.check_row_json(r) for r in rows]},
-                                  indent=1))
-            return
-        table = Table("iteration", "strategy", "pipelines", "estimated s", "measured s", "error", "prop. error", "sync error",
-                      title=f"{check}: end-to-end estimate ({prof.name}) vs measured whole iterations", title_justify="left")
-        for r in rows:
-            table.add_row(str(r.iteration), r.strategy, measure.describe_pipelines(r), f"{r.estimate_s:.4f}",
-                          f"{r.measured_s:.4f}", f"{r.err:+.1%}", f"{r.propagation_err:+.1%}", f"{r.sync_err:+.1%}")
-        console.print(table)
-        console.print(f"whole-iteration error: mean {summary['mean_rel_err']:.1%}, worst {summary['worst_rel_err']:.1%} "
-                      f"(iteration {summary['worst_iteration']}) over {len(rows)} iterations; mean share of the measured "
-                      f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
+        _check(check, profile_name, json_out, runs)
         return
     if out is None:
         raise UserError("--out is required (the profile JSON to write), unless --check is given")
     cliopts.out_file(out)
     positive(gpus, "--gpus")
+    _measure(out, schemes, gpus, memory_gib, json_out, runs)
+
+
+def _check(check: Path, profile_name: str, json_out: bool, runs: Runs) -> None:
+    """--check: replay the plans as whole iterations, estimated against measured."""
+    import json
+
+    from rich.table import Table
+
+    from hydraplan.app import measure
+    from hydraplan.store.profiles import load_profile
+
+    prof = load_profile(profile_name)
+    with console.status("replaying whole iterations"), cliopts.Heartbeat(lambda: f"replaying {check} in the runtime"):
+        rows = measure.check_plans(str(check), prof, runs)
+    summary = measure.check_summary(rows)
+    if json_out:
+        typer.echo(json.dumps({"profile": prof.name, **summary, "iterations": [measure.check_row_json(r) for r in rows]},
+                              indent=1))
+        return
+    table = Table("iteration", "strategy", "pipelines", "estimated s", "measured s", "error", "prop. error", "sync error",
+                  title=f"{check}: end-to-end estimate ({prof.name}) vs measured whole iterations", title_justify="left")
+    for r in rows:
+        table.add_row(str(r.iteration), r.strategy, measure.describe_pipelines(r), f"{r.estimate_s:.4f}",
+                      f"{r.measured_s:.4f}", f"{r.err:+.1%}", f"{r.propagation_err:+.1%}", f"{r.sync_err:+.1%}")
+    console.print(table)
+    console.print(f"whole-iteration error: mean {summary['mean_rel_err']:.1%}, worst {summary['worst_rel_err']:.1%} "
+                  f"(iteration {summary['worst_iteration']}) over {len(rows)} iterations; mean share of the measured "
+                  f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
+
+
+def _schemes_to_measure(schemes: list[str] | None, model: str, gpus: int) -> list[tuple[int, int, int]]:
     from hydraplan.runtime.model import check_layout, get_config
-    from hydraplan.store.fileio import write_model
 
     cfg = get_config(model)
+    pow2 = [1 << i for i in range(gpus.bit_length())]
+    todo = _parse_schemes(schemes) if schemes else sorted(
+        ((t, p, 1) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),
+        key=lambda k: (k[0] * k[1], k))
+    for t, p, c in todo:
+        if (why := check_layout(cfg, t, p)) is not None:
+            raise UserError(f"--schemes: <{t},{p},{c}>: {why}")
+        if t * p * c > gpus:
+            raise UserError(f"--schemes: <{t},{p},{c}> needs {t * p * c} ranks but --gpus is {gpus}")
+    return todo
+
+
+def _measure(out: Path, schemes: list[str] | None, gpus: int | None, memory_gib: float | None, json_out: bool,
+             runs: Runs) -> None:
+    """Measure every scheme in the runtime and write the profile."""
+    import json
+
+    from rich.table import Table
+
+    from hydraplan.app import measure
+    from hydraplan.store.fileio import write_model
+
+    device = runs.device
     if gpus is None:
         import torch
 
@@ -113,15 +149,7 @@ def profile_cmd(
         memory_gib = 0.9 * torch.cuda.get_device_properties(0).total_memory / 2**30 if device == "cuda" else CPU_MEMORY_GIB
     if memory_gib <= 0:
         raise UserError(f"--memory-gib must be positive (got {memory_gib})")
-    pow2 = [1 << i for i in range(gpus.bit_length())]
-    todo = _parse_schemes(schemes) if schemes else sorted(
-        ((t, p, 1) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),
-        key=lambda k: (k[0] * k[1], k))
-    for t, p, c in todo:
-        if (why := check_layout(cfg, t, p)) is not None:
-            raise UserError(f"--schemes: <{t},{p},{c}>: {why}")
-        if t * p * c > gpus:
-            raise UserError(f"--schemes: <{t},{p},{c}> needs {t * p * c} ranks but --gpus is {gpus}")
+    todo = _schemes_to_measure(schemes, runs.model, gpus)
     where = ["measuring"]
 
     def step(what: str) -> None:
@@ -129,9 +157,7 @@ def profile_cmd(
         status.update(where[0])
 
     with console.status(where[0]) as status, cliopts.Heartbeat(lambda: where[0]):
-        prof, fits = measure.measure_profile(out.stem, model, device, todo, memory_gib * 2**30, gpus_per_node=gpus,
-                                             clock=clock, dtype=dtype, warmup=warmup, repeats=repeats,
-                                             launches=launches, progress=step)
+        prof, fits = measure.measure_profile(out.stem, runs, todo, memory_gib * 2**30, gpus_per_node=gpus, progress=step)
     write_model(out, prof)
     if json_out:
         typer.echo(json.dumps({"schemes": [{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len,

@@ -71,13 +71,27 @@ def median_points(launches: Sequence[list[dict]]) -> list[dict]:
     return out
 
 
-def measure_profile(name: str, model: str, device: str, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
-                    *, gpus_per_node: int, clock: str, dtype: str = "fp32", warmup: int = 1, repeats: int = 3,
-                    launches: int = 1, timeout_s: float = 600.0,
+@dataclass(frozen=True)
+class Runs:
+    """How the runtime is launched and timed for `hydraplan profile` (the command's flags, validated once)."""
+
+    model: str = "tiny"
+    device: str = "cpu"
+    clock: str = "cpu"
+    dtype: str = "fp32"
+    warmup: int = 1
+    repeats: int = 3
+    launches: int = 1
+
+
+def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
+                    *, gpus_per_node: int, timeout_s: float = 600.0,
                     progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
     """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured". Each scheme is
-    measured in `launches` separate runtime jobs (median_points): on a shared CPU one process's own speed
-    varies by about 20% against another's, which a median within one process cannot see."""
+    measured in `runs.launches` separate runtime jobs (median_points): on a shared CPU one process's own speed
+    varies against another's, which a median within one process cannot see."""
+    model, device, clock, dtype = runs.model, runs.device, runs.clock, runs.dtype
+    warmup, repeats, launches = runs.warmup, runs.repeats, runs.launches
     from hydraplan.runtime.model import get_config
 
     cfg = get_config(model)
@@ -303,10 +317,11 @@ def check_row_json(r: CheckRow) -> dict:
             "pipelines": [{"scheme": s, "estimate_s": e, "measured_s": m} for s, e, m in r.pipelines]}
 
 
-def check_plans(plan_dir: str, profile: Profile, *, model: str, device: str, clock: str, dtype: str = "fp32",
-                warmup: int = 1, repeats: int = 3, launches: int = 1, timeout_s: float = 600.0) -> list[CheckRow]:
+def check_plans(plan_dir: str, profile: Profile, runs: Runs, timeout_s: float = 600.0) -> list[CheckRow]:
     """Replay every plan of a run as whole training iterations and compare with the profile's estimates; with
-    `launches`, in that many separate runtime jobs, each phase the median over them (as measure_profile)."""
+    `runs.launches`, in that many separate runtime jobs, each phase the median over them (as measure_profile)."""
+    model, device, clock, dtype = runs.model, runs.device, runs.clock, runs.dtype
+    warmup, repeats, launches = runs.warmup, runs.repeats, runs.launches
     from hydraplan.runtime.plans import load_plans
 
     loaded = load_plans(plan_dir, None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hydraplan.core.cluster import is_end_to_end
 from hydraplan.core.schedules import simulate_1f1b
 from hydraplan.core.schema import CompareResult
 from hydraplan.methods import baselines as bl
@@ -45,7 +46,7 @@ def _title(r: CompareResult) -> str:
 
 
 def _end_to_end(r: CompareResult) -> bool:
-    return r.objective == "end-to-end"
+    return is_end_to_end(r.objective)
 
 
 def objective_series(r: CompareResult, name: str) -> list[float]:
@@ -334,7 +335,7 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #5
 </style></head><body>
 <h1>hydraplan compare</h1>
 <p>{html.escape(_title(result))}, {result.iterations} iterations, seed {result.seed}. Every method plans the
-identical sampled batches and is scored with the canonical estimate of hydraplan.costmodel: <i>iter s</i> is the
+identical sampled batches and is scored with the canonical estimate of hydraplan.core.cost: <i>iter s</i> is the
 end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pull/push that compute does not hide
 (docs/formats.md formula, each method on its own schemes); <i>speedup</i> is over megatron in the
 {html.escape(result.objective or "propagation")} objective, which static choices and hydraplan minimized.</p>

@@ -215,7 +215,7 @@ def check_sync(plan: Plan, cluster: Cluster, propagation: list[float], file: str
 
 
 def _check_cad(plan: Plan, cluster: Cluster, lengths: dict[int, int], file: str) -> list[Violation]:
-    """A core-attention disaggregation plan (hydraplan.cad): pieces cover every sequence once, tasks cover
+    """A core-attention disaggregation plan (hydraplan.solve.cad): pieces cover every sequence once, tasks cover
     every query once, replicas hold at most MaxLen tokens per step, and the CAD estimate recomputes."""
     from hydraplan.solve.cad import estimate
 

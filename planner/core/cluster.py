@@ -58,10 +58,16 @@ Objective = Literal["end-to-end", "propagation"]
 OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
 
 
+def is_end_to_end(objective: str | None) -> bool:
+    """Whether plans (or a compare.json) ranked by this objective are ranked end to end; files from before the
+    end-to-end estimate carry none: propagation."""
+    return objective == "end-to-end"
+
+
 def default_synthesize(objective: str) -> bool:
     """Per-batch strategy synthesis unless asked otherwise only with the propagation objective, where it wins
     most iterations; end to end the candidates, proposed with their sync, rarely lose to it (docs/results.md)."""
-    return objective == "propagation"
+    return not is_end_to_end(objective)
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,7 +112,7 @@ class Cluster:
 
     @property
     def end_to_end(self) -> bool:
-        return self.objective == "end-to-end"
+        return is_end_to_end(self.objective)
 
     @property
     def synthesizes_by_default(self) -> bool:

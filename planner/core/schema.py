@@ -222,7 +222,7 @@ class CADStep(_Model):
 
 
 class CADSection(_Model):
-    """Core-attention disaggregation (hydraplan.cad): a homogeneous cp=1 layout whose attention tasks move
+    """Core-attention disaggregation (hydraplan.solve.cad): a homogeneous cp=1 layout whose attention tasks move
     between replicas of the same stage. Replica j is the plan's pipelines[j]."""
 
     tp: PositiveInt
@@ -270,7 +270,7 @@ class Plan(_Model):
     pipelines: list[PlanPipeline]
     estimate: Estimate
     synthesized: bool | None = Field(None, description="true: the strategy was made for this batch "
-                                     "(planner/synthesis.py), so it is not one of the run's strategies.json candidates")
+                                     "(planner/solve/synthesis.py), so it is not one of the run's strategies.json candidates")
     cad: CADSection | None = Field(None, description="core-attention disaggregation plan (strategy kind cad)")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
@@ -336,7 +336,7 @@ class IterationSummary(_Model):
 
 
 class OutlierDelay(_Model):
-    """`pack --outlier-delay`: the rule of hydraplan.delay.hydraplan_rule for this run, and the delay it caused."""
+    """`pack --outlier-delay`: the rule of hydraplan.solve.delay.hydraplan_rule for this run, and the delay it caused."""
 
     threshold: int = Field(description="sequences longer than this are queued")
     release_tokens: int = Field(description="the queue is released whole once it holds this many tokens")

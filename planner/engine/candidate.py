@@ -202,7 +202,7 @@ def _single_micro_batches(cand: ResolvedCandidate, lengths: np.ndarray, assign: 
 def relaxation_bound(cand: ResolvedCandidate, lengths: np.ndarray, best: tuple[float, int] | None, k: int) -> float | None:
     """X, proven below every plan of candidate k, when that is enough to rule it out against the best (estimate,
     index) so far (loses_to's rule), else None: the LP relaxation of the candidate's dispatch and packing
-    (hydraplan.bound.strategy_meets) is infeasible at X. One LP, asked only of candidates the cheap bounds
+    (hydraplan.solve.bound.strategy_meets) is infeasible at X. One LP, asked only of candidates the cheap bounds
     left, before their dispatch: in iterations without a dominant long document (the loads balanced) the
     candidates' dispatches are what planning costs, and their relaxations are within a few percent of them."""
     from hydraplan.solve.bound import strategy_meets

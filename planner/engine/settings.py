@@ -10,8 +10,8 @@ from hydraplan.core.errors import UserError
 from hydraplan.solve.packing import DEFAULT_TIME_LIMIT_S
 
 DispatchMethod = Literal["greedy", "ilp"]
-# CP-SAT deterministic seconds for all packing of one iteration, shared equally by the candidates. Without it
-# every (candidate, pipeline) pack call had its own 2 s: dozens of calls per iteration, minutes on 2 cores.
+# CP-SAT deterministic seconds for all packing of one iteration, shared equally by the candidates: a budget per
+# (candidate, pipeline) call instead grows with candidates x pipelines.
 ITERATION_PACK_BUDGET_S = 2.0
 
 

@@ -200,9 +200,8 @@ def hotspa_ranges(context_len: int, bounds: Sequence[int] = HOTSPA_BOUNDS) -> li
 class SwitchModel:
     """HotSPa hot switching: every GPU reduce-scatters the bf16 gradients of its old stage and gathers
     the bf16 weights of its new stage, so one switch moves param_bytes/pp_old + param_bytes/pp_new bytes
-    per GPU at `bandwidth_Bps` (effective per-GPU collective bandwidth). With 50 GB/s this gives
-    ~0.5 s per switch for a 7B model at pp=1, the order of Hydraulis appendix H, Table 4 (1.5-2.2 s per
-    iteration of 2-3 switches)."""
+    per GPU at `bandwidth_Bps` (effective per-GPU collective bandwidth); the default is chosen to give switch
+    times of the order of Hydraulis appendix H, Table 4."""
 
     param_bytes: float
     bandwidth_Bps: float = 50e9
@@ -290,7 +289,7 @@ def _snake(order: np.ndarray, n_pipelines: int) -> list[list[int]]:
 
 def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batches_per_pipeline: int,
             thresholds: Sequence[int], drain: bool = True) -> list[IterationPlan]:
-    """Run the outlier queues (hydraplan.delay, `wlb_rule`) over the iterations in order (stateful).
+    """Run the outlier queues (hydraplan.solve.delay, `wlb_rule`) over the iterations in order (stateful).
 
     Documents longer than thresholds[0] wait in queue q (the last threshold they exceed) until it holds
     one per micro-batch, then all are released so each micro-batch gets exactly one outlier. With

@@ -40,7 +40,7 @@ from hydraplan.store.profiles import load_profile
 
 HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
-CAD_METHODS = ("cad", "hydraplan-cad")  # core-attention disaggregation (hydraplan.cad) and the per-iteration chooser
+CAD_METHODS = ("cad", "hydraplan-cad")  # core-attention disaggregation (hydraplan.solve.cad) and the per-iteration chooser
 ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS + CAD_METHODS
 DESCRIPTIONS = {
     "megatron": "static homogeneous scheme, FFD packing to the context length, micro-batches dealt round-robin",

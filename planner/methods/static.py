@@ -45,7 +45,7 @@ def static_baseline(cluster: Cluster, dataset: Dataset, context_len: int, tokens
     probe = []
     for b in sample_iterations(dataset, tokens_per_iter, min(iterations, BASELINE_PROBE_ITERATIONS), seed):
         if sum(p.size for p in probe) >= BASELINE_PROBE_SEQUENCES:
-            break  # at 8192 GPUs one batch holds 25K sequences: eight cost 26 s of FFD for the same choice
+            break  # at thousands of GPUs one batch is enough: more only repeat FFD for the same choice
         probe.append(np.asarray(b.lengths, dtype=np.int64))
     scheme, _ = best_static(schemes, lambda s: [megatron(b, s, cluster.gpus, context_len) for b in probe], "baseline",
                             objective_score(cluster))

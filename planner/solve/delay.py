@@ -4,9 +4,8 @@ Why hydraplan delays: an iteration lasts at least as long as its longest sequenc
 30K document must give it a wide pipeline (e.g. <8,1,4>, 32 GPUs) that is fast but costly in GPU-seconds per
 token, or let it set the iteration's pace. Several long documents in one iteration can each run on a narrow,
 cheap pipeline side by side while the short documents fill the other GPUs for that longer iteration. So
-grouping outliers lowers their GPU-seconds; spreading them out evenly does not (on builtin:wikipedia with
-h100-llama2-7b a one-per-iteration release planned no faster than no delay, groups of ~8 gave 1.67x over
-megatron, against 1.48x).
+grouping outliers lowers their GPU-seconds; spreading them out evenly does not (a one-per-iteration release
+planned no faster than no delay; docs/results.md has the measured figures).
 
 hydraplan's rule (`hydraplan_rule`), from the dataset's length tail and the token budget only, so a run's
 rule is fixed by its arguments (what `pack --resume` relies on) and needs no candidates:
@@ -15,16 +14,15 @@ rule is fixed by its arguments (what `pack --resume` relies on) and needs no can
   every batch and are what the proposed candidates are built for;
 - one queue, released whole once it holds one iteration's token budget: the release iteration then carries
   about twice the usual tokens, long enough for every outlier to run on a narrow pipeline; a smaller group
-  leaves outliers nearly alone again, a larger one adds delay for little gain (groups twice as large: about 1%
-  faster for twice the delay);
+  leaves outliers nearly alone again, a larger one adds delay for little gain;
 - anything queued `max_wait` iterations (twice the expected time to fill the queue) is released regardless,
   so no token waits longer than that, and the last iteration of a finite run drains the queue.
 The gain needs a candidate with several narrow pipelines that hold outliers, such as the static baseline's
-homogeneous layout that `pack` and `compare` add to the proposal (h100-llama2-7b/wikipedia, 30 iterations:
-0.367 s per iteration with it, 0.414 s with the proposed candidates alone, 0.415 s without delay).
+homogeneous layout that `pack` and `compare` add to the proposal (with the proposed candidates alone the
+delay gained next to nothing).
 One level suffices because hydraplan's dispatcher places each outlier on a pipeline that holds it; WLB-LLM
 uses two so that each of its fixed micro-batches gets one outlier of similar size (`wlb_rule`).
-The figures above are propagation estimates. The rule itself needs no objective: the delayed batches are
+The rule needs no objective: the delayed batches are
 planned like any other, so under the default end-to-end objective (the engine) the release
 iterations' candidates, dispatch and selection minimize iteration time including exposed sync.
 """

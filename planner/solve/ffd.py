@@ -1,7 +1,7 @@
 """First-fit decreasing bin packing, with numpy work per distinct length instead of per item.
 
-Item-by-item first fit is O(items x bins) in Python: at 8192 GPUs (40K sequences, ~800 bins of 32K
-tokens per iteration) one call took ~2 s. Real lengths repeat a lot, and first fit places a run of equal
+Item-by-item first fit is O(items x bins) in Python, seconds per call at thousands of GPUs. Real lengths
+repeat a lot, and first fit places a run of equal
 items in closed form: consecutive equal items go to the first bin with room until it is full, then to
 the next, so the run fills the bins with room, in order, floor(room / l) each, and then opens new bins of
 floor(capacity / l) each. That is exactly what item-by-item first fit does, one numpy step per run.

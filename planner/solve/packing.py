@@ -27,15 +27,15 @@ _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units
 _TOL = 1e-12
 DEFAULT_TIME_LIMIT_S = 2.0  # CP-SAT deterministic seconds per pack() call
 # Largest Eq. (1) model handed to CP-SAT, in item-bin variables. Building and loading the model is Python
-# work outside the deterministic time limit (~2 s per 100k variables, measured): 627 items x 205 bins took
-# 2.2 s with a 0.01 s limit. Bigger V values keep the greedy, which the ILP rarely beats at that size.
+# work outside the deterministic time limit, growing with the variables; bigger models keep the greedy, which
+# the ILP rarely beats at that size.
 _MAX_CPSAT_VARS = 25_000
 
 
 @dataclass(frozen=True)
 class PackResult:
     micro_batches: list[np.ndarray]  # indices into `lengths`, one array per micro-batch
-    estimate_s: float  # canonical pipeline time (hydraplan.costmodel)
+    estimate_s: float  # canonical pipeline time (hydraplan.core.cost)
     solver: str  # greedy | greedy+cpsat | greedy+cpsat-limit | greedy+warm-start | cpsat | empty
     optimal: bool  # proven optimal over the enumerated V range (for pack_fixed_v: for that V)
     warm_start_s: float  # the greedy warm start's estimate for the chosen V (>= estimate_s)

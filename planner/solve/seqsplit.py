@@ -11,7 +11,7 @@ Time of a split. Each sub-sequence pays the full per-pass overhead c (kernel lau
 per-layer work): split time = split cost + c. So K = 1 reproduces the canonical micro-batch time T(m),
 and large K pays K*c per micro-batch, the utilization loss seq1f1b.txt Table 6 shows as k grows.
 
-Seq1F1B estimate. The Seq1F1B schedule (hydraplan.pipeline) is simulated with those split times,
+Seq1F1B estimate. The Seq1F1B schedule (hydraplan.core.schedules) is simulated with those split times,
 F = 1/3, B = 2/3 of each; for K = 1 that is the schedule-exact 1F1B time. It equals the canonical
 estimate for uniform micro-batches; with uneven ones it may be above it (a long micro-batch stalls the
 1F1B pairs of its neighbours, which sum + (P-1)*max does not see) or below.

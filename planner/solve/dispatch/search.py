@@ -130,8 +130,8 @@ def local_search(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: P
 
     Each step evaluates (members of the top pipeline) x (pipelines, then other sequences) pairs; at most
     LS_WORK pairs are evaluated in all. With thousands of pipelines at one load level every step only
-    lowers one of them (the maximum falls by ~1e-4 per thousand steps), so at 8192 GPUs an unbounded search
-    spent a minute per candidate for 0.03%; the cap binds only there (a 64-GPU search evaluates < 1M pairs).
+    lowers one of them, so at thousands of GPUs an unbounded search spends minutes per candidate for almost
+    nothing; the cap binds only there.
     Deterministic: work is counted, not timed."""
     st = State.of(lengths, W, assign.copy())
     B, D = W.shape

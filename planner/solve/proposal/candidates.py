@@ -21,7 +21,7 @@ from hydraplan.solve.proposal.rounding import round_relaxed
 TOKENS_PER_GPU = 4096
 # Every iteration bounds every candidate before solving the promising ones (engine/planner.py), O(sequences)
 # work per candidate: by default candidates are kept while candidates x expected sequences per iteration stays
-# within this (every candidate up to ~4000 sequences per iteration, the 37 most useful at 8192 GPUs / 25M tokens)
+# within this (every candidate up to a few thousand sequences per iteration, the most useful ones beyond)
 CANDIDATE_SEQUENCES = 1_000_000
 
 
