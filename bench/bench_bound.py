@@ -1,11 +1,11 @@
 """How far `pack`'s plans are from the best any strategy could do: plan / any-strategy bound per iteration.
 
-The bound (planner/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
+The bound (planner/solve/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
 excess is an upper limit on what a better strategy, dispatch or packing could still win. Per bundled analytic
 profile x builtin dataset at 64 and 256 GPUs (32K context, 3125 tokens per GPU, seed 3), for `pack
 --objective propagation` (candidates + per-batch synthesis, its default there) and with `--candidates-only`;
 end to end, the plans of pack's default (`--objective end-to-end`, candidates only) over the end-to-end bound
-(planner/sync.py's exposed sync per scheme), next to the propagation plans' end-to-end estimate. The headline
+(planner/core/sync.py's exposed sync per scheme), next to the propagation plans' end-to-end estimate. The headline
 case (h100-llama2-7b, 64 GPUs, 200K tokens) runs more iterations. Speed: seconds per iteration of both paths
 on the same batches (one process; the ratio is what to read on a shared machine), at 64 GPUs and at 1024
 GPUs / 3.2M tokens. Each bound probe gets PROBE_LIMIT_S of wall time (an open probe counts as feasible, so a
@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.bound import any_strategy_bound
-from hydraplan.costmodel import bundled_profiles, for_gpus, load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import Planner
-from hydraplan.proposal import propose
-from hydraplan.sync import has_sync_model, iteration_estimate, transfer_s
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.sync import has_sync_model
+from hydraplan.engine.planner import Planner
+from hydraplan.solve.bound import any_strategy_bound
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import bundled_profiles, load_profile
 
 RESULTS = Path(__file__).parent / "results" / "bound.json"
 CONTEXT = 32768
@@ -39,24 +40,24 @@ PROBE_LIMIT_S = 10.0  # wall seconds per MILP probe; an open probe counts as fea
 DATASETS = ("builtin:wikipedia", "builtin:prolong")
 
 
-def end_to_end(profile, gpus: int, plan) -> float:
-    keys = [(p.tp, p.pp, p.cp) for p in plan.pipelines]
-    return iteration_estimate(profile, gpus, keys, [p.estimate_s for p in plan.pipelines]).iteration_s
+def end_to_end(cluster: Cluster, plan) -> float:
+    return cluster.estimate([p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines]).iteration_s
 
 
 def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
     profile = load_profile(profile_name)
-    view = for_gpus(profile, gpus)
+    cluster = Cluster.of(profile, gpus)
+    view = cluster.view
     tokens = TOKENS_PER_GPU * gpus
     ds = load_dataset(dataset, CONTEXT)
     context = min(CONTEXT, max(s.max_len for s in view.schemes))
     batches = sample_iterations(ds, tokens, iterations, SEED)
-    prop = propose(profile, ds, gpus, context, tokens_per_iter=tokens, objective="propagation")
+    prop = propose(Cluster.of(profile, gpus, "propagation"), ds, context, tokens_per_iter=tokens)
     paths = {"default": Planner(profile, prop, gpus, context_len=context, objective="propagation"),  # synthesizes
              "candidates_only": Planner(profile, prop, gpus, context_len=context, objective="propagation",
                                         synthesize=False)}
-    e2e_planner = Planner(profile, propose(profile, ds, gpus, context, tokens_per_iter=tokens), gpus, context_len=context)
-    transfer = np.array([transfer_s(profile, s.tp, s.pp, gpus) for s in view.schemes]) \
+    e2e_planner = Planner(profile, propose(cluster, ds, context, tokens_per_iter=tokens), gpus, context_len=context)
+    transfer = np.array([cluster.transfer_s(s.tp, s.pp) for s in view.schemes]) \
         if has_sync_model(profile) else None
     rows: dict[str, list] = {k: [] for k in ("bound_s", "bound_e2e_s", "default_s", "candidates_only_s",
                                              "default_e2e_s", "candidates_only_e2e_s", "default_solve_s",
@@ -69,7 +70,7 @@ def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
             plans[name] = planner.solve(lengths, b.iteration).plan
             rows[f"{name}_solve_s"].append(time.perf_counter() - t0)
             rows[f"{name}_s"].append(plans[name].estimate.propagation_s)
-            rows[f"{name}_e2e_s"].append(end_to_end(profile, gpus, plans[name]))
+            rows[f"{name}_e2e_s"].append(end_to_end(cluster, plans[name]))
         rows["synthesized"].append(bool(plans["default"].synthesized))
         best = min(rows["default_s"][-1], rows["candidates_only_s"][-1])
         rows["bound_s"].append(any_strategy_bound(lengths, view.schemes, gpus, upper=best, rel_tol=2e-3,
@@ -107,7 +108,7 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
     profile = load_profile("h100-llama2-7b")
     ds = load_dataset("builtin:wikipedia", CONTEXT)
     batches = sample_iterations(ds, tokens, iterations, 0)
-    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens)
+    strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
     out = {"gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations}
     for name, synth in (("synthesis", True), ("candidates_only", False)):
         planner = Planner(profile, strategies, gpus, context_len=CONTEXT, synthesize=synth)

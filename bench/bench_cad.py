@@ -1,9 +1,9 @@
-"""Core-attention disaggregation (hydraplan.cad) vs heterogeneous pipelines vs WLB-LLM, end to end (issue 17).
+"""Core-attention disaggregation (hydraplan.solve.cad) vs heterogeneous pipelines vs WLB-LLM, end to end (issue 17).
 
 On the same sampled batches: wlb-nodelay (WLB-LLM var-len packing, no outlier delay), hydraplan (per-iteration
 choice among heterogeneous candidates), cad (DistCA-style: homogeneous cp=1 replicas, attention tasks balanced
 across them) and hydraplan-cad (per iteration the faster of the two). Every figure is the end-to-end estimate
-(propagation + exposed LNK sync, hydraplan.sync), the propagation estimate next to it. 64 GPUs; the h100-llama2-7b
+(propagation + exposed LNK sync, hydraplan.core.sync), the propagation estimate next to it. 64 GPUs; the h100-llama2-7b
 and a800-llama2-13b profiles; wikipedia and prolong; 32K and 128K context; 200K and 1.6M tokens per iteration
 (configurations no scheme can hold are recorded as skipped). Writes bench/results/cad.json after every
 configuration; `--table` prints the README table from it, `--target` runs the target configuration only.
@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from hydraplan.compare import CompareOptions, run_compare
-from hydraplan.errors import UserError
-from hydraplan.paths import ROOT
+from hydraplan.core.errors import UserError
+from hydraplan.methods.compare import CompareConfig, run_compare
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "cad.json"
 METHODS = ("wlb-nodelay", "hydraplan", "cad", "hydraplan-cad")
@@ -37,7 +37,7 @@ TARGET = ("h100-llama2-7b", "builtin:prolong", 32768, 200_000)
 def run_config(profile: str, dataset: str, context: int, tokens: int) -> dict:
     t0 = time.perf_counter()
     try:
-        out = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
+        out = run_compare(CompareConfig(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
                                          iterations=ITERS[tokens], seed=SEED, context_len=context, methods=METHODS))
     except UserError as e:
         return {"profile": profile, "dataset": dataset, "context_len": context, "tokens_per_iter": tokens,

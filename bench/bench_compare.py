@@ -26,10 +26,10 @@ from collections import Counter
 
 import numpy as np
 
-from hydraplan.compare import CompareOptions, run_compare
-from hydraplan.paths import ROOT
-from hydraplan.report import write_report
+from hydraplan.app.report import write_report
+from hydraplan.methods.compare import CompareConfig, run_compare
 from hydraplan.schema import CompareResult
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "compare.json"
 FIGURES = ROOT / "bench" / "results" / "compare"
@@ -50,7 +50,7 @@ def folder(profile: str, dataset: str, tokens: int, objective: str):
 
 def run(profile: str, dataset: str, tokens: int, objective: str) -> None:
     t0 = time.perf_counter()
-    outcome = run_compare(CompareOptions(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
+    outcome = run_compare(CompareConfig(profile=profile, dataset=dataset, gpus=GPUS, tokens_per_iter=tokens,
                                          iterations=ITERS[tokens], seed=SEED, context_len=CONTEXT, objective=objective))
     out = folder(profile, dataset, tokens, objective)
     write_report(outcome, out)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.lengthstats import summarize
-from hydraplan.paths import ROOT
+from hydraplan.core.lengthstats import summarize
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "datasets.json"
 CONTEXT, BUDGET, ITERS, SEED = 32768, 200_000, 1000, 0

@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hydraplan.fileio import write_model
-from hydraplan.paths import ROOT
+from hydraplan.store.fileio import write_model
+from hydraplan.store.paths import ROOT
 from tests.helpers import free_port, overlap_plans
 
 RESULTS = Path(__file__).parent / "results" / "overlap.json"

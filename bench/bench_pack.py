@@ -23,13 +23,19 @@ from pathlib import Path
 import highspy
 import numpy as np
 
-from hydraplan.compare import homo_candidate, run_megatron
-from hydraplan.costmodel import for_gpus, load_profile, seq_cost
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import PackOptions, Planner, candidate_bound, run_pack
-from hydraplan.proposal import propose, strategy_label
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
+from hydraplan.app.validate import validate_path
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import seq_cost
+from hydraplan.engine.candidate import candidate_bound
+from hydraplan.engine.planner import Planner
+from hydraplan.methods.compare import run_megatron
+from hydraplan.methods.hydra import homo_candidate
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies
-from hydraplan.validate import validate_path
+from hydraplan.solve.proposal import propose, strategy_label
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 RESULTS = Path(__file__).parent / "results" / "pack.json"
 PROFILE = "h100-llama2-7b"
@@ -125,10 +131,10 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
     profile = load_profile(PROFILE)
     ds, batches = batches_of("builtin:wikipedia", tokens, iterations)
     t0 = time.perf_counter()
-    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens)
+    strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
     propose_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    by_propagation = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens, objective="propagation")
+    by_propagation = propose(Cluster.of(profile, gpus, "propagation"), ds, CONTEXT, tokens_per_iter=tokens)
     propose_propagation_s = time.perf_counter() - t0
     def timed(planner: Planner) -> list[float]:
         times = []
@@ -158,7 +164,7 @@ def pool_throughput(gpus: int, tokens: int, iterations: int, workers: int) -> di
     out = Path(tempfile.mkdtemp(prefix="bench_pack_"))
     try:
         t0 = time.perf_counter()
-        run_pack(PackOptions(profile=PROFILE, dataset="builtin:wikipedia", gpus=gpus, tokens_per_iter=tokens,
+        run_pack(PackConfig(profile=PROFILE, dataset="builtin:wikipedia", gpus=gpus, tokens_per_iter=tokens,
                              iterations=iterations, out=out, context_len=CONTEXT, workers=workers))
         wall = time.perf_counter() - t0
         ok = validate_path(out, load_profile(PROFILE)).ok
@@ -171,9 +177,8 @@ def pool_throughput(gpus: int, tokens: int, iterations: int, workers: int) -> di
 def quality(dataset: str, iterations: int, ilp_iterations: int) -> dict:
     gpus, tokens = 64, 200_000
     profile = load_profile(PROFILE)
-    view = for_gpus(profile, gpus)
     ds, batches = batches_of(dataset, tokens, iterations)
-    strategies = propose(profile, ds, gpus, CONTEXT, tokens_per_iter=tokens, objective="propagation")
+    strategies = propose(Cluster.of(profile, gpus, "propagation"), ds, CONTEXT, tokens_per_iter=tokens)
     greedy = Planner(profile, strategies, gpus, context_len=CONTEXT, prune=False,  # every candidate's estimate
                      objective="propagation")
     results = [greedy.solve(b) for b in batches]
@@ -193,7 +198,7 @@ def quality(dataset: str, iterations: int, ilp_iterations: int) -> dict:
                  if ic.estimate_s is not None and ic.dispatch_optimal]
 
     # the static baseline, and the same scheme as one more candidate of ours (dispatch + packing on it)
-    scheme, static_plans = run_megatron([b.lengths for b in batches], view, gpus, CONTEXT)
+    scheme, static_plans = run_megatron([b.lengths for b in batches], Cluster.of(profile, gpus, "propagation"), CONTEXT)
     static = np.array([p.estimate_s for p in static_plans])
     homo = Strategies(candidates=[homo_candidate(scheme, gpus)])
     homo_est = np.array([Planner(profile, homo, gpus, objective="propagation").solve(b).summary.estimate_s

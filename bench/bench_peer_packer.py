@@ -1,4 +1,4 @@
-"""Our max-length FFD (hydraplan.baselines.ffd) next to a real peer packer, the `binpacking` package's
+"""Our max-length FFD (hydraplan.methods.baselines.ffd) next to a real peer packer, the `binpacking` package's
 to_constant_volume, on the same sampled batches: bin counts per batch and packing speed in one run.
 
 binpacking places each item (largest first) into the least-loaded bin it fits (worst-fit decreasing),
@@ -14,9 +14,9 @@ import time
 import binpacking
 import numpy as np
 
-from hydraplan.baselines import ffd
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.paths import ROOT
+from hydraplan.methods.baselines import ffd
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.paths import ROOT
 
 RESULTS = ROOT / "bench" / "results" / "peer_packer.json"
 BUDGET, ITERS, SEED = 200_000, 200, 0

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
-from hydraplan.datasets import load_dataset
-from hydraplan.pipeline import build_schedule, fb_split, simulate, unit_timeline
-from hydraplan.seqsplit import computation_splits, seq1f1b_max_len, split_micro_batches
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.schedules import build_schedule, fb_split, simulate, unit_timeline
+from hydraplan.solve.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
+from hydraplan.solve.seqsplit import computation_splits, seq1f1b_max_len, split_micro_batches
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.profiles import load_profile
 
 RESULTS = Path(__file__).parent / "results" / "pipeline.json"
 P, M, K = 8, 32, 4
@@ -106,10 +107,10 @@ def cp_sharding(mbs: list[np.ndarray], cp: int = 4) -> dict[str, float]:
 def pack_with_seq1f1b(iterations: int = 3) -> dict[str, object]:
     """Planner on builtin:prolong, a800-llama2-7b, 16 GPUs as two <2,4,1> pipelines, 200K tokens: at
     16K context both ways are feasible; at 32K only Seq1F1B's raised MaxLen holds the batch."""
-    from hydraplan.datasets import sample_iterations
-    from hydraplan.errors import UserError
-    from hydraplan.iterate import Planner
+    from hydraplan.core.errors import UserError
+    from hydraplan.engine.planner import Planner
     from hydraplan.schema import Candidate, PipelineSpec, Strategies
+    from hydraplan.store.datasets import sample_iterations
 
     strategies = Strategies(candidates=[Candidate(name="2x<2,4,1>", pipelines=[PipelineSpec(tp=2, pp=4, cp=1)] * 2)])
     out: dict[str, object] = {}

@@ -4,7 +4,7 @@
    micro-batches of builtin:wikipedia documents (~1K tokens each), K = 1, 2, 4 computation-wise splits.
    Peak activation bytes held by each stage (bytes autograd saved in each split's forward, summed over
    the splits live at once in the executed order) against K = 1, next to the planner's memory factor
-   (P - 1 + K) / (K * P) (planner/seqsplit.py), and the pipeline's CPU time (critical path over each
+   (P - 1 + K) / (K * P) (planner/solve/seqsplit.py), and the pipeline's CPU time (critical path over each
    action's thread CPU time) against K = 1.
 2. Packed-micro-batch attention cost: one 1024-token document against 4 x 256 and 16 x 64, forward +
    backward of one layer's attention, with attention.py's CPU fallback (one block-diagonal mask) and the
@@ -30,18 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hydraplan import measure
-from hydraplan.cli import CPU_MEMORY_GIB
-from hydraplan.datasets import load_dataset
-from hydraplan.fileio import write_model
-from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.app import measure
+from hydraplan.app.cmd_profile import CPU_MEMORY_GIB
+from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
 from hydraplan.runtime.profile import critical_path
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, run_in_process, split_views
 from hydraplan.schema import BatchSeq
-from hydraplan.seqsplit import computation_splits
+from hydraplan.solve.seqsplit import computation_splits
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.fileio import write_model
 
 RESULTS = Path(__file__).parent / "results" / "profile.json"
 P, M, TOKENS = 4, 8, 1024
@@ -147,14 +147,13 @@ def end_to_end_check(ranks: int) -> dict:
     """Measure a profile on `ranks` ranks, plan with it, replay the plans as whole iterations; `profile --check`."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench-tiny.json"
-        prof, fits = measure.measure_profile(path.stem, "tiny", "cpu", E2E[ranks][0], CPU_MEMORY_GIB * 2**30,
-                                             gpus_per_node=ranks, clock="cpu", repeats=5, launches=E2E_LAUNCHES)
+        runs = measure.Runs(model="tiny", device="cpu", clock="cpu", repeats=5, launches=E2E_LAUNCHES)
+        prof, fits = measure.measure_profile(path.stem, runs, E2E[ranks][0], CPU_MEMORY_GIB * 2**30, gpus_per_node=ranks)
         write_model(path, prof)
         run = Path(tmp) / "run"
         subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "pack", "--profile", str(path), *e2e_pack(ranks),
                         "--out", str(run)], check=True, capture_output=True)
-        rows = measure.check_plans(str(run), prof, model="tiny", device="cpu", clock="cpu", repeats=5,
-                                   launches=E2E_LAUNCHES)
+        rows = measure.check_plans(str(run), prof, runs)
     return {"ranks": ranks, "launches": E2E_LAUNCHES,
             "profile": {"network": prof.network.model_dump(), "params": prof.model.params,
                         "network_note": prof.notes["network"],

@@ -9,10 +9,19 @@ import json
 import os
 import time
 
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.datasets import load_dataset
-from hydraplan.paths import ROOT
-from hydraplan.proposal import TOKENS_PER_GPU, best_homogeneous, build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.core.cluster import Cluster, for_gpus
+from hydraplan.solve.proposal import (
+    TOKENS_PER_GPU,
+    best_homogeneous,
+    build_cells,
+    propose,
+    round_relaxed,
+    solve_integer,
+    solve_relaxed,
+)
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 RESULTS = ROOT / "bench" / "results" / "proposal.json"
 PROFILE, DATASET, CONTEXT = "h100-llama2-7b", "builtin:wikipedia", 32768
@@ -55,7 +64,7 @@ def main() -> None:
     out = {"profile": PROFILE, "dataset": DATASET, "context_len": CONTEXT, "dataset_load_s": round(load_s, 3),
            "load_average_1min": os.getloadavg()[0], "sizes": []}
     for gpus, target in SIZES.items():
-        runs = [cpu_timed(lambda: propose(profile, dataset, gpus, CONTEXT)) for _ in range(REPEATS)]
+        runs = [cpu_timed(lambda: propose(Cluster.of(profile, gpus), dataset, CONTEXT)) for _ in range(REPEATS)]
         seconds = sorted(r[0] for r in runs)
         cpu = sorted(r[1] for r in runs)
         strategies = runs[0][2]

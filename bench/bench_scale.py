@@ -42,9 +42,10 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     try:
         clock = _Clock()
-        from hydraplan.iterate import PackOptions, run_pack
+        from hydraplan.app.config import PackConfig
+        from hydraplan.app.pack import run_pack
 
-        summary = run_pack(PackOptions(profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=gpus,
+        summary = run_pack(PackConfig(profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=gpus,
                                        tokens_per_iter=tokens, iterations=iterations, out=out / "run",
                                        context_len=32768, workers=1), clock)
     finally:

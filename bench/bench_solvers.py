@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan import packing
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.dispatch import Infeasible, dispatch
-from hydraplan.packing import pack
-from hydraplan.proposal import propose
+from hydraplan.core.cluster import Cluster, for_gpus
+from hydraplan.solve import packing
+from hydraplan.solve.dispatch import Infeasible, dispatch
+from hydraplan.solve.packing import pack
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 RESULTS = Path(__file__).parent / "results" / "solvers.json"
 PROFILE = "h100-llama2-7b"
@@ -27,7 +28,7 @@ DATASETS = ("builtin:wikipedia", "builtin:prolong")
 
 def candidates(profile, dataset, gpus: int, tokens: int, context: int) -> list[list]:
     view = for_gpus(profile, gpus)
-    strategies = propose(profile, dataset, gpus, context, tokens_per_iter=tokens)
+    strategies = propose(Cluster.of(profile, gpus), dataset, context, tokens_per_iter=tokens)
     return [[view.scheme(*p.key) for p in c.pipelines] for c in strategies.candidates]
 
 

@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from hydraplan import Planner
-from hydraplan.datasets import Batch, load_dataset, sample_iterations
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_model
+from hydraplan.core.errors import UserError
 from hydraplan.loader import PackedBatch, PlanLoader
 from hydraplan.runtime.batches import IGNORE
 from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.model import StageModule, get_config, init_full, load_full, param_specs
 from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
+from hydraplan.store.datasets import Batch, load_dataset, sample_iterations
+from hydraplan.store.fileio import write_model
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 

@@ -11,21 +11,33 @@ Loss. For training to equal single-process training on the global batch, each mi
 sum(token losses) / labeled_tokens(plan), where labeled_tokens counts every pipeline's tokens, and the
 ranks' gradients are summed, not averaged.
 
-Needs torch (the `runtime` extra).
+Needs torch (the `runtime` extra) once a PlanLoader is made; importing this module does not import it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from hydraplan.core.schema import Plan
+from hydraplan.store.datasets import Dataset, load_dataset
 
-from hydraplan.datasets import Dataset, load_dataset
-from hydraplan.runtime.batches import PackedBatch, TokenData, rank_pipeline
-from hydraplan.schema import Plan
+if TYPE_CHECKING:
+    import torch
+
+    from hydraplan.runtime.batches import PackedBatch
 
 __all__ = ["PackedBatch", "PlanLoader"]
+
+
+def __getattr__(name: str) -> object:
+    """`hydraplan.loader.PackedBatch` (the runtime's) on first use, so the import stays torch-free."""
+    if name == "PackedBatch":
+        from hydraplan.runtime.batches import PackedBatch
+
+        return PackedBatch
+    raise AttributeError(f"module 'hydraplan.loader' has no attribute {name!r}")
 
 
 class PlanLoader:
@@ -37,6 +49,8 @@ class PlanLoader:
     """
 
     def __init__(self, dataset: Dataset | str | Path | None, *, vocab: int, device: torch.device | str = "cpu"):
+        from hydraplan.runtime.batches import TokenData
+
         if isinstance(dataset, (str, Path)):
             dataset = load_dataset(dataset)
         tokenized = dataset is not None and dataset.has_tokens
@@ -49,6 +63,8 @@ class PlanLoader:
 
     def micro_batches(self, plan: Plan, rank: int) -> Iterator[PackedBatch]:
         """Rank `rank`'s micro-batches of this plan, in the plan's order."""
+        from hydraplan.runtime.batches import rank_pipeline
+
         pipeline = rank_pipeline(plan, rank)
         if pipeline is not None:
             yield from self.data.micro_batches(plan, pipeline, self.device)

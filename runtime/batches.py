@@ -16,17 +16,35 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from hydraplan.errors import UserError
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import BatchSeq, Plan, PlanPipeline
 from hydraplan.runtime.attention import Windows, documents
-from hydraplan.schema import BatchSeq, Plan, PlanPipeline
 
 if TYPE_CHECKING:
-    from hydraplan.datasets import Dataset
-    from hydraplan.runtime.context_parallel import CPContext
+    from hydraplan.store.datasets import Dataset
 
 IGNORE = -100
 """Label of a position with no next token (the last token of a document that ends inside the plan's length)."""
+
+
+@dataclass(frozen=True)
+class CPContext:
+    """One CP rank's view of one micro-batch: how to gather the group's K/V and which keys each local run sees
+    (built by context_parallel.shard_splits; defined here, with the PackedBatch that carries it, so the
+    context-parallel code imports the batches and not the other way round).
+
+    The gathered buffer holds the ranks' tokens one rank after another in process-group rank order
+    (torch sorts a group's global ranks), `sizes` tokens each; `key_index` picks each run's key window
+    out of it, back to back in the order of `windows`. Under Seq1F1B the buffer it indexes is the
+    gathered buffers of the splits from the one starting at packed token `key_lo` to this one, concatenated."""
+
+    group: dist.ProcessGroup
+    sizes: list[int]
+    key_index: torch.Tensor
+    windows: Windows
+    key_lo: int = 0
 
 
 @dataclass(frozen=True)

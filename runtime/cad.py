@@ -1,4 +1,4 @@
-"""Core-attention disaggregation at run time (plans with a `cad` section, hydraplan.cad): pp = 1 replicas.
+"""Core-attention disaggregation at run time (plans with a `cad` section, hydraplan.solve.cad): pp = 1 replicas.
 
 In step v replica j holds the pieces [start, end) of documents the plan gives it and runs the linear
 layers on them. Core attention runs as tasks: task (seq, [s, e), home, rank) computes queries [s, e) of
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hydraplan.core.schema import CADStep, Plan
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch, TokenData
-from hydraplan.schema import CADStep, Plan
 
 
 class _Exchange(torch.autograd.Function):

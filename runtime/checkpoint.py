@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_json
+from hydraplan.core.errors import UserError
 from hydraplan.runtime.model import ModelConfig
+from hydraplan.store.fileio import write_json
 
 FORMAT = "hydraplan.checkpoint/v1"
 MANIFEST = "manifest.json"

@@ -2,7 +2,7 @@
 
 Sharding. CP rank c holds the [start, end) token ranges of the packed micro-batch that the plan's
 `cp_shard.ranges[c]` lists (`pack --cp-shard`: per-sequence or per-document); without them, per-sequence
-sharding into 2*cp symmetric chunks (planner/cpshard.py), the load-balanced layout for causal attention.
+sharding into 2*cp symmetric chunks (planner/solve/cpshard.py), the load-balanced layout for causal attention.
 A rank's local micro-batch is its tokens in packed order, with their labels and their global positions
 in their documents, so embeddings, norms, projections, MLP, RoPE and the loss run unchanged on them.
 
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.cpshard import shard_per_sequence
+from hydraplan.core.schema import CPShard
 from hydraplan.runtime.attention import Windows, window_attention
-from hydraplan.runtime.batches import PackedBatch
-from hydraplan.schema import CPShard
+from hydraplan.runtime.batches import CPContext, PackedBatch
+from hydraplan.solve.cpshard import shard_per_sequence
 
 Ranges = list[list[tuple[int, int]]]
 
@@ -63,22 +63,6 @@ def check_ranges(ranges: Ranges, cp: int, total: int) -> str | None:
     if (covered != 1).any():
         return f"token {int(np.flatnonzero(covered != 1)[0])} is held by {int(covered[covered != 1][0])} ranks, not 1"
     return None
-
-
-@dataclass(frozen=True)
-class CPContext:
-    """One CP rank's view of one micro-batch: how to gather the group's K/V and which keys each local run sees.
-
-    The gathered buffer holds the ranks' tokens one rank after another in process-group rank order
-    (torch sorts a group's global ranks), `sizes` tokens each; `key_index` picks each run's key window
-    out of it, back to back in the order of `windows`. Under Seq1F1B the buffer it indexes is the
-    gathered buffers of the splits from the one starting at packed token `key_lo` to this one, concatenated."""
-
-    group: dist.ProcessGroup
-    sizes: list[int]
-    key_index: torch.Tensor
-    windows: Windows
-    key_lo: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from hydraplan.schema import Plan
+from hydraplan.core.schema import Plan
 
 
 class GroupCache:

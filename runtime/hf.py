@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hydraplan.errors import UserError
+from hydraplan.core.errors import UserError
 from hydraplan.runtime.model import ModelConfig, ParamSpec, param_specs
 
 _LAYER = {

@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hydraplan.errors import UserError
-from hydraplan.hardware import MODELS
+from hydraplan.core.errors import UserError
+from hydraplan.core.hardware import MODELS
 from hydraplan.runtime.attention import window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
 from hydraplan.runtime.cad import CADContext, cad_attention

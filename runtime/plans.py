@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydraplan.errors import UserError
-from hydraplan.fileio import load_model
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import Plan
 from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
-from hydraplan.schema import Plan
+from hydraplan.store.fileio import load_model
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:

@@ -16,7 +16,7 @@ Two clocks:
 - wall (GPUs, dedicated machines): the step's propagation between barriers, minus its waits on pulls;
 - cpu (default on CPU): every rank records the thread CPU seconds of each forward and backward action, a
   stage's action takes the longest of its TP and CP ranks, and the run's latency is the critical path of the
-  executed schedule over those durations (hydraplan.pipeline.simulate, no p2p latency). On a CPU shared
+  executed schedule over those durations (hydraplan.core.schedules.simulate, no p2p latency). On a CPU shared
   with other jobs (or with more ranks than cores) wall time measures the neighbours; CPU time much less.
 After `warmup` unrecorded runs the median of `repeats` is kept. A scheme's point is the latency of M = pp
 identical micro-batches divided by M + pp - 1: the canonical estimate's T(m) for uniform micro-batches.
@@ -31,7 +31,7 @@ saves for backward during its forward (saved_tensors_hooks, each storage counted
 peak bytes the most heap bytes its forward and backward add at once (the C allocator's statistics sampled after every
 torch op, runtime/memstats.py; the parameter gradients left behind excluded), at a few lengths; fixed bytes are the
 stage's weights and gradients plus its 1/N share of the fp32 master weights and the two AdamW states.
-planner/measure.py turns them into MaxLen.
+hydraplan.core.memory turns them into MaxLen.
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hydraplan.errors import UserError
-from hydraplan.measure import MEMORY_LENGTHS, StageMemory, scheme_max_len, time_grid
-from hydraplan.pipeline import schedule_seq1f1b, simulate
+from hydraplan.core.errors import UserError
+from hydraplan.core.fit import time_grid
+from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, scheme_max_len
+from hydraplan.core.schedules import schedule_seq1f1b, simulate
+from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
@@ -69,7 +71,6 @@ from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_confi
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
-from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs

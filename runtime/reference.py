@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hydraplan.core.schema import Plan
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import ModelConfig, StageModule, init_full, param_specs
 from hydraplan.runtime.optim import make_optimizer, master_dtype
-from hydraplan.schema import Plan
 
 
 class Reference:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hydraplan.core.schema import Plan
 from hydraplan.runtime import lnk
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.cad import step_micro_batches
@@ -22,7 +23,6 @@ from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
 from hydraplan.runtime.plans import RankRole, rank_roles, strategy_key
 from hydraplan.runtime.seq1f1b import pipeline_splits, run_seq1f1b
-from hydraplan.schema import Plan
 
 
 @dataclass(frozen=True)

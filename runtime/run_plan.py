@@ -41,7 +41,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hydraplan.errors import UserError
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import Plan
 from hydraplan.runtime import checkpoint, hf
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
@@ -53,18 +54,17 @@ from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
-from hydraplan.schema import Plan
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
 """--verify. fp64: max abs parameter difference after every step against single-process fp64 training.
 fp32/bf16: relative L2 error of the iteration's summed gradient against an fp64 reference at the same
 weights (a parameter difference says little here: AdamW's first steps move every weight by ~lr whatever
-the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays at ~6.5e-3 of the fp64
-gradient however many micro-batches add up (weights and activations rounded to bf16), while accumulating
-in bf16 grows to ~1.1e-2 at 64 and ~1.4e-2 at 128 micro-batches (tests/test_grads.py measures both on the
-tiny model), so 1e-2 passes the former and fails the latter from ~64 micro-batches on; below that the
-accumulation error hides in bf16 compute's own and no tolerance can separate them."""
+the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays below it however many
+micro-batches add up (weights and activations rounded to bf16), while accumulating in bf16 grows past it as
+micro-batches add up (tests/test_grads.py measures both on the tiny model), so 1e-2 passes the former and
+fails the latter on long accumulations; on short ones the accumulation error hides in bf16 compute's own and
+no tolerance can separate them."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,8 +198,8 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
 def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
     """Rank 0 prints, per rank, the peak heap bytes of the step (plus the master shard and AdamW state held
     across steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch."""
-    from hydraplan.costmodel import load_profile
-    from hydraplan.measure import rank_memory_bytes
+    from hydraplan.core.memory import rank_memory_bytes
+    from hydraplan.store.profiles import load_profile
 
     role = rank_roles(plan, dist.get_world_size())[dist.get_rank()]
     mine = None
@@ -246,7 +246,7 @@ def _print_cad_balance(plan: Plan, mine: list[float]) -> None:
 def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
     if spec is None:
         return TokenData(cfg.vocab)
-    from hydraplan.datasets import load_dataset
+    from hydraplan.store.datasets import load_dataset
 
     dataset = load_dataset(spec)  # untruncated: a truncated document still has the label after its cut
     if not dataset.has_tokens:

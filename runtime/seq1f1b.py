@@ -1,6 +1,6 @@
 """Seq1F1B on one pipeline stage (seq1f1b.txt §3): each micro-batch is cut into K causal sub-sequences
 ("splits", token offsets from the plan) and the stage runs the planner's action list for it
-(hydraplan.pipeline.schedule_seq1f1b: forwards in order, backwards LIFO within a micro-batch).
+(hydraplan.core.schedules.schedule_seq1f1b: forwards in order, backwards LIFO within a micro-batch).
 
 Why it is exact. Only attention mixes tokens, so a split needs nothing from the earlier splits of its
 micro-batch but their keys and values, per layer. The forward of split s keeps its post-RoPE K/V as
@@ -34,14 +34,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hydraplan.errors import UserError
-from hydraplan.pipeline import Action, schedule_seq1f1b
+from hydraplan.core.errors import UserError
+from hydraplan.core.schedules import Action, schedule_seq1f1b
+from hydraplan.core.schema import Plan
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import PackedBatch
 from hydraplan.runtime.context_parallel import CPShards, attend_gathered, gather_kv
 from hydraplan.runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
 from hydraplan.runtime.pipeline_exec import StageComm
-from hydraplan.schema import Plan
 
 
 # ------------------------------------------------------------------------------------------ splits
@@ -151,7 +151,7 @@ class Seq1F1BStage:
     time in any order the dependencies allow (F(m, s-1) before F(m, s); B(m, s+1) before B(m, s)).
 
     peak_live: most splits held at once (forward done, backward not yet), to compare with the schedule's
-    prediction (hydraplan.pipeline Timeline.peak_live); `live` is 0 again once every backward ran.
+    prediction (hydraplan.core.schedules Timeline.peak_live); `live` is 0 again once every backward ran.
     cpu_s[(op, m, s)]: this thread's CPU seconds in each action (runtime/profile.py's clock on shared CPUs).
     """
 
@@ -255,7 +255,7 @@ class Seq1F1BStage:
 # ------------------------------------------------------------------------------------- one process
 def run_in_process(stages: Sequence[Seq1F1BStage], before: Callable[[int, Action], None] | None = None) -> None:
     """Run a whole pipeline's stages in this process (tests, benchmarks): each stage's action list, an
-    action as soon as its input exists (the order of hydraplan.pipeline.simulate); a tensor handed to the
+    action as soon as its input exists (the order of hydraplan.core.schedules.simulate); a tensor handed to the
     next stage is cloned, as a receive buffer would be. `before(stage, action)` is called before each
     action. Raises RuntimeError if no stage can advance."""
     P = len(stages)

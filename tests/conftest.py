@@ -9,7 +9,7 @@ def cpsat_calls(monkeypatch):
     so cached results cannot hide solves)."""
     from ortools.sat.python import cp_model
 
-    from hydraplan import packing
+    from hydraplan.solve import packing
 
     calls: list[float] = []
     solve = cp_model.CpSolver.solve

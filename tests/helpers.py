@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.fileio import model_json, write_model
 from hydraplan.schema import (
     BatchSeq,
     Estimate,
@@ -21,6 +20,13 @@ from hydraplan.schema import (
     Strategies,
     TimeCoeffs,
 )
+from hydraplan.store.fileio import model_json, write_model
+from hydraplan.store.paths import ROOT
+
+
+def doc_pages() -> list[str]:
+    """Every Markdown page the docs tests keep true: README.md first, then docs/*.md."""
+    return ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 
 def tiny_profile() -> Profile:

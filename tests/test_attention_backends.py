@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 import hydraplan.runtime.attention as attention
-from hydraplan.cpshard import shard_per_document
 from hydraplan.runtime.attention import Capability, Choice, Windows, choose_backend, exact_window_attention, window_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.context_parallel import attend_gathered, shard_splits
 from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
 from hydraplan.runtime.seq1f1b import cached_attention, split_views
 from hydraplan.schema import BatchSeq
+from hydraplan.solve.cpshard import shard_per_document
 
 BF, FP = torch.bfloat16, torch.float16
 H100 = Capability(cuda=True, compute_capability=(9, 0), torch_varlen=True, flash_attn=None)

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan import baselines as bl
+from hydraplan.methods import baselines as bl
 from hydraplan.schema import ModelInfo, Scheme, TimeCoeffs
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from helpers import tiny_profile
 
-from hydraplan.bound import any_strategy_bound
-from hydraplan.costmodel import pipeline_time
+from hydraplan.core.cost import pipeline_time
+from hydraplan.core.sync import exposed_s
 from hydraplan.schema import Scheme, TimeCoeffs
-from hydraplan.sync import exposed_s
+from hydraplan.solve.bound import any_strategy_bound
 
 
 def _partitions(items: list[int]):

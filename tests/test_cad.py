@@ -1,4 +1,4 @@
-"""Core-attention disaggregation planner (hydraplan.cad): costs, bytes, layout, and the assignment against
+"""Core-attention disaggregation planner (hydraplan.solve.cad): costs, bytes, layout, and the assignment against
 brute force on small cases."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan import cad
-from hydraplan.costmodel import for_gpus, load_profile
+from hydraplan.core.cluster import Cluster
 from hydraplan.schema import Network, Scheme, TimeCoeffs
+from hydraplan.solve import cad
+from hydraplan.store.profiles import load_profile
 
 
 def _profile(gpn: int = 8):
@@ -127,10 +128,11 @@ def test_greedy_balances_a_skewed_step_and_never_worsens_it():
 
 def test_plan_cad_estimate_recomputes_from_the_section():
     prof = load_profile("h100-llama2-7b")
-    view = for_gpus(prof, 64)
+    cluster = Cluster.of(prof, 64)
+    view = cluster.view
     rng = np.random.default_rng(3)
     lengths = np.minimum(rng.lognormal(8.5, 1.3, size=60).astype(np.int64) + 1, 32768)
-    r = cad.best_cad(prof, view, 64, lengths)
+    r = cad.best_cad(cluster, lengths)
     assert r is not None
     scheme = view.scheme(r.section.tp, r.section.pp, 1)
     assert max(max(t) for t in r.per_rank_tokens) <= scheme.max_len  # MaxLen holds on the replicas' pieces

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 from test_run_plan import _replay_verified
 
-from hydraplan.cad import best_cad, cad_plan, plan_cad
-from hydraplan.costmodel import for_gpus, load_profile
-from hydraplan.errors import UserError
-from hydraplan.iterate import as_batch
+from hydraplan.core.batch import as_batch
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.errors import UserError
+from hydraplan.engine.cad_plan import cad_plan
 from hydraplan.runtime.model import CONFIGS
 from hydraplan.runtime.plans import check_plan
 from hydraplan.schema import CADPiece, CADSection, CADStep, CADTask, Plan
+from hydraplan.solve.cad import best_cad, plan_cad
+from hydraplan.store.profiles import load_profile
 
 TINY = CONFIGS["tiny"]
 
@@ -22,12 +24,12 @@ TINY = CONFIGS["tiny"]
 def _planned(lengths: list[int], iteration: int, key: tuple[int, int, int], steps: int) -> Plan:
     # without a network the transfers are free, so the planner moves attention wherever it balances best
     prof = load_profile("cpu-tiny").model_copy(update={"network": None})
-    view = for_gpus(prof, 4)
+    cluster = Cluster.of(prof, 4)
     b = as_batch(np.array(lengths), iteration)
     b = type(b)(iteration=iteration, ids=b.ids + 100 * iteration, lengths=b.lengths)
-    r = plan_cad(prof, view.scheme(*key), 4, b.lengths, steps, exact=False, ids=b.ids.tolist())
+    r = plan_cad(cluster, cluster.scheme(key), b.lengths, steps, exact=False, ids=b.ids.tolist())
     assert r is not None
-    return cad_plan(b, r, view, prof.name, 4)
+    return cad_plan(b, r, cluster)
 
 
 def _moved(plan: Plan) -> int:
@@ -82,11 +84,11 @@ def test_cad_plans_train_exactly_like_one_process(tmp_path):
 
 
 def test_best_cad_on_the_tiny_profile_is_valid():
-    from hydraplan.validate import check_plan as validate_plan
+    from hydraplan.app.validate import check_plan as validate_plan
 
     prof = load_profile("cpu-tiny")
     b = as_batch(np.array([60, 9, 25, 6, 17, 3, 30, 12]))
-    r = best_cad(prof, for_gpus(prof, 4), 4, b.lengths)
+    r = best_cad(Cluster.of(prof, 4), b.lengths)
     assert r is not None
-    plan = cad_plan(b, r, for_gpus(prof, 4), prof.name, 4)
+    plan = cad_plan(b, r, Cluster.of(prof, 4))
     assert validate_plan(plan, prof) == []

@@ -2,8 +2,9 @@
 
 import pytest
 
-from hydraplan.costmodel import for_gpus, max_len_for_gpus, micro_batch_time, pipeline_time, seq_time
-from hydraplan.errors import UserError
+from hydraplan.core.cluster import for_gpus, max_len_for_gpus
+from hydraplan.core.cost import micro_batch_time, pipeline_time, seq_time
+from hydraplan.core.errors import UserError
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
 
 

@@ -14,12 +14,12 @@ from helpers import make_plan
 from test_run_plan import _torchrun
 
 import hydraplan.runtime.model as model
-from hydraplan.fileio import write_model
 from hydraplan.runtime import checkpoint
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.model import CONFIGS, init_full, init_range, param_specs
 from hydraplan.runtime.optim import ShardedMaster
 from hydraplan.runtime.run_plan import main
+from hydraplan.store.fileio import write_model
 
 TINY = CONFIGS["tiny"]
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan import baselines as bl
-from hydraplan import compare as cp
-from hydraplan.costmodel import model_flops
-from hydraplan.report import write_report
+from hydraplan.app.report import write_report
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import model_flops
+from hydraplan.methods import baselines as bl
+from hydraplan.methods import compare as cp
 from hydraplan.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
 
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
@@ -49,7 +50,7 @@ def test_idle_gpu_seconds_and_mfu_by_hand():
     view = Profile(name="t", gpu=GPUInfo(name="g", memory_gib=1), model=model, schemes=[s])
     flops = 3 * (6 * 8 * 1 + 6 * 1)  # 8 GEMM weights (4h^2 + 3h*ffn + vocab*h), attention 6*L*h*l^2
     assert float(model_flops(model, lengths).sum()) == pytest.approx(flops)
-    m = cp.iteration_metrics(plan, gpus=6, view=view, peak_flops=flops / 36.0)
+    m = cp.iteration_metrics(plan, Cluster.of(view, 6, "propagation"), peak_flops=flops / 36.0)
     assert m.estimate_s == pytest.approx(3.0)
     assert m.idle_gpu_s == pytest.approx(6 * 3 - (2 * 2 + 2 * 1))
     assert m.mfu == pytest.approx(flops / (6 * (flops / 36.0) * 3.0))
@@ -76,7 +77,7 @@ def test_simulator_differs_from_closed_form_with_slow_micro_batches_at_both_ends
 # --------------------------------------------------------------------------------- tiny end-to-end run
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    opts = cp.CompareOptions(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, tokens_per_iter=48_000,
+    opts = cp.CompareConfig(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, tokens_per_iter=48_000,
                              iterations=3, seed=1, context_len=16384)
     outcome = cp.run_compare(opts)
     out = tmp_path_factory.mktemp("compare")
@@ -127,13 +128,13 @@ def test_tiny_run_json_is_consistent(tiny):
     assert result.schema_ == "hydraplan.compare/v1"
     assert result.objective == "end-to-end"
     mega, mega_e2e = result.methods["megatron"].mean_estimate_s, result.methods["megatron"].mean_iteration_s
-    view = outcome.view
+    cluster = outcome.cluster
     for name, m in result.methods.items():
         plans = outcome.runs[name].plans
         assert m.iterations_s == pytest.approx([p.estimate_s for p in plans])
         assert m.mean_estimate_s == pytest.approx(np.mean(m.iterations_s))
         # end to end: the same formula for every method, on its own schemes
-        assert m.iteration_s == pytest.approx([bl.plan_iteration_s(p, view, 16) for p in plans], rel=1e-12)
+        assert m.iteration_s == pytest.approx([bl.plan_iteration_s(p, cluster) for p in plans], rel=1e-12)
         assert m.sync_s == pytest.approx(np.array(m.iteration_s) - np.array(m.iterations_s), abs=1e-12)
         assert m.mean_iteration_s == pytest.approx(m.mean_estimate_s + m.mean_sync_s)
         assert len(m.sim_iterations_s) == len(m.gap) == len(m.mfu) == len(m.strategies) == 3
@@ -184,12 +185,12 @@ def test_hotspa_picks_the_best_scheme_combination_including_switching(bandwidth)
     rng = np.random.default_rng(5)
     batches = [np.minimum(rng.lognormal(7.5, 1.3, 40).astype(np.int64) + 1, 32768) for _ in range(6)]
     switch = bl.SwitchModel(2e9, bandwidth)
-    got = sum(p.estimate_s for p in cp.run_hotspa(batches, view, 8, 32768, switch))
+    got = sum(p.estimate_s for p in cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch))
     ranges = bl.hotspa_ranges(32768)
     options = [[s for s in schemes if s.max_len >= hi] for _, hi in ranges]
     brute = min(sum(bl.hotspa(b, list(zip(ranges, combo)), 8, switch).estimate_s for b in batches)
                 for combo in itertools.product(*options))
     assert got == pytest.approx(brute, rel=1e-12)
-    plans = cp.run_hotspa(batches, view, 8, 32768, switch)
+    plans = cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch)
     switched = any(p.overhead_s > 0 for p in plans)
     assert switched == (bandwidth == 1e18)  # only free switching makes a second scheme worth it here

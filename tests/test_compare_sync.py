@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan import baselines as bl
-from hydraplan import compare as cp
+from hydraplan.core.cluster import Cluster
+from hydraplan.methods import baselines as bl
+from hydraplan.methods import compare as cp
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Profile, Scheme, TimeCoeffs
-from hydraplan.sync import iteration_estimate
 from tests.test_compare import run_of, scheme
 
 
@@ -24,9 +24,9 @@ def test_one_phase_is_the_design_formula():
     s1, s2 = scheme(tp=1), scheme(tp=2)
     plan = bl.IterationPlan("x", "", np.array([1]), (bl.Phase("p", (run_of(s1, [3, 1]), run_of(s2, [2]), run_of(s1, [])), 0),))
     prof = synced([s1, s2])
-    want = iteration_estimate(prof, 8, [(1, 1, 1), (2, 1, 1), (1, 1, 1)], [4.0, 2.0, 0.0]).iteration_s
+    want = Cluster.of(prof, 8).estimate([(1, 1, 1), (2, 1, 1), (1, 1, 1)], [4.0, 2.0, 0.0]).iteration_s
     # by hand: <1,1,1> t = 2: 4 + (2 - 4/3) + max(0, 2 - 8/3) = 4.667; <2,1,1> t = 1: 2 + 1/3 + 0 = 2.333; idle: 0
-    assert bl.plan_iteration_s(plan, prof, 8) == pytest.approx(want) == pytest.approx(4 + 2 / 3)
+    assert bl.plan_iteration_s(plan, Cluster.of(prof, 8)) == pytest.approx(want) == pytest.approx(4 + 2 / 3)
 
 
 def test_phases_pull_before_the_first_and_push_after_the_last_with_switching_on_top():
@@ -35,7 +35,7 @@ def test_phases_pull_before_the_first_and_push_after_the_last_with_switching_on_
     last = bl.Phase("b", (run_of(s2, [1]),), 0)  # t = 1
     plan = bl.IterationPlan("x", "", np.array([1]), (first, last), overhead_s=0.25)
     # first phase, its pull exposed: max(3 + (2 - 1), 1 + (2 - 1/3)) = 4; last, its push: 1 + (1 - 2/3)
-    assert bl.plan_iteration_s(plan, synced([s1, s2]), 8) == pytest.approx(4 + 4 / 3 + 0.25)
+    assert bl.plan_iteration_s(plan, Cluster.of(synced([s1, s2]), 8)) == pytest.approx(4 + 4 / 3 + 0.25)
     assert plan.estimate_s == pytest.approx(3 + 1 + 0.25)
 
 
@@ -47,15 +47,15 @@ def test_hotspa_end_to_end_picks_the_best_combination_by_its_score(bandwidth):
     rng = np.random.default_rng(5)
     batches = [np.minimum(rng.lognormal(7.5, 1.3, 40).astype(np.int64) + 1, 32768) for _ in range(6)]
     switch = bl.SwitchModel(2e9, bandwidth)
-    score = bl.objective_score(view, 8, "end-to-end")
-    got = cp.run_hotspa(batches, view, 8, 32768, switch, score)
+    score = bl.objective_score(Cluster.of(view, 8))
+    got = cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch, score)
     ranges = bl.hotspa_ranges(32768)
     options = [[s for s in schemes if s.max_len >= hi] for _, hi in ranges]
     brute = min(sum(score(bl.hotspa(b, list(zip(ranges, combo)), 8, switch)) for b in batches)
                 for combo in itertools.product(*options))
     assert sum(score(p) for p in got) == pytest.approx(brute, rel=1e-12)
     # the sync term is real here: it changes what the best propagation choice scores
-    prop = cp.run_hotspa(batches, view, 8, 32768, switch)
+    prop = cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch)
     assert sum(score(p) for p in prop) >= brute
     assert sum(score(p) for p in got) > sum(p.estimate_s for p in got)
 
@@ -66,9 +66,9 @@ def test_megatron_static_choice_is_tuned_on_the_objective():
     s1, s2 = scheme(tp=1, b=1.0, max_len=1), scheme(tp=2, b=0.7, max_len=1)
     prof = synced([s1, s2])
     batches = [np.ones(16, dtype=np.int64) for _ in range(2)]
-    by_prop, prop_plans = cp.run_megatron(batches, prof, 8, 1)
-    by_e2e, e2e_plans = cp.run_megatron(batches, prof, 8, 1, bl.objective_score(prof, 8, "end-to-end"))
+    by_prop, prop_plans = cp.run_megatron(batches, Cluster.of(prof, 8, "propagation"), 1)
+    by_e2e, e2e_plans = cp.run_megatron(batches, Cluster.of(prof, 8), 1, bl.objective_score(Cluster.of(prof, 8)))
     assert (by_prop.tp, by_e2e.tp) == (1, 2)
     assert prop_plans[0].estimate_s == pytest.approx(2.0) and e2e_plans[0].estimate_s == pytest.approx(2.8)
-    assert bl.plan_iteration_s(prop_plans[0], prof, 8) == pytest.approx(4.0)
-    assert bl.plan_iteration_s(e2e_plans[0], prof, 8) == pytest.approx(2.8 + 1 - 2.8 / 3)
+    assert bl.plan_iteration_s(prop_plans[0], Cluster.of(prof, 8)) == pytest.approx(4.0)
+    assert bl.plan_iteration_s(e2e_plans[0], Cluster.of(prof, 8)) == pytest.approx(2.8 + 1 - 2.8 / 3)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from hydraplan.cpshard import shard_per_document, shard_per_sequence
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.context_parallel import attend_gathered, check_ranges, shard_batch, shard_splits
 from hydraplan.schema import BatchSeq
+from hydraplan.solve.cpshard import shard_per_document, shard_per_sequence
 
 H, D = 4, 8
 

@@ -5,27 +5,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import (
-    MIN_MAX_LEN,
-    REFERENCE_GPUS,
-    analytic_memory,
-    analytic_profiles,
-    capacity_bytes,
-    fit_time_coeffs,
-    for_gpus,
-    load_profile,
-    max_len_for_gpus,
-    max_len_from_memory,
-    mfu,
-    model_flops,
-    scheme_space,
-    seq_time,
-    steady_state_mfu,
-    util_len,
-)
-from hydraplan.fileio import load_model, model_json, parse_model, write_model
-from hydraplan.hardware import A800, FRAMEWORK, MODELS
+from hydraplan.core.analytic import MIN_MAX_LEN, REFERENCE_GPUS, analytic_memory, analytic_profiles, capacity_bytes, scheme_space
+from hydraplan.core.cluster import for_gpus, max_len_for_gpus, max_len_from_memory
+from hydraplan.core.cost import mfu, model_flops, seq_time, steady_state_mfu, util_len
+from hydraplan.core.fit import fit_time_coeffs
+from hydraplan.core.hardware import A800, FRAMEWORK, MODELS
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
+from hydraplan.store.fileio import load_model, model_json, parse_model, write_model
+from hydraplan.store.profiles import load_profile
 
 NAMES = [f"{g}-llama2-{m}" for g in ("h100", "a800") for m in ("7b", "13b", "32b")]
 
@@ -45,7 +32,7 @@ def test_bundled_profiles_round_trip(profiles, tmp_path):
 
 
 def test_bundled_files_are_what_the_generator_writes(profiles):
-    """The committed profiles must be regenerated whenever planner/hardware.py or the model changes."""
+    """The committed profiles must be regenerated whenever planner/core/hardware.py or the model changes."""
     generated = {p.name: p for p in analytic_profiles()}
     assert sorted(generated) == sorted(NAMES)
     for name, p in profiles.items():

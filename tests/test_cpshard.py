@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hydraplan.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
+from hydraplan.solve.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
 
 SHARDERS = [shard_per_sequence, shard_per_document]
 
@@ -76,8 +76,8 @@ def test_tile_padding_and_adaptive_choice() -> None:
 def test_padding_follows_the_runtimes_query_segments():
     """attention_work pads exactly the runs the runtime hands the varlen kernel (its own cut of a rank's
     ranges at document boundaries), not one segment per (rank, document)."""
-    from hydraplan.cpshard import TILE, attention_work, shard_per_document, shard_per_sequence
     from hydraplan.runtime.context_parallel import _runs
+    from hydraplan.solve.cpshard import TILE, attention_work, shard_per_document, shard_per_sequence
 
     rng = np.random.default_rng(7)
     for _ in range(40):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hydraplan.cli import app, main
+from hydraplan.app.cli import app, main
 from hydraplan.schema import DatasetStats
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hydraplan.datasets import Dataset, load_dataset, sample_iterations
-from hydraplan.errors import UserError
-from hydraplan.lengthstats import expand_bins, log2_histogram, share_above, summarize
+from hydraplan.core.errors import UserError
+from hydraplan.core.lengthstats import expand_bins, log2_histogram, share_above, summarize
+from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
 
 LENGTHS = [7, 3, 12, 3, 40, 1, 9]
 

@@ -1,4 +1,4 @@
-"""Outlier delay (hydraplan.delay): a hand-checked stream, conservation and the delay bound on random
+"""Outlier delay (hydraplan.solve.delay): a hand-checked stream, conservation and the delay bound on random
 streams, the rule's threshold, and `pack --outlier-delay` (plans validate, --resume equals a full run)."""
 
 import math
@@ -11,17 +11,12 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from hydraplan.delay import (
-    DelayRule,
-    hydraplan_rule,
-    outlier_delay,
-    stream_batches,
-    wlb_rule,
-)
-from hydraplan.errors import UserError
-from hydraplan.iterate import PackOptions, run_pack
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.core.errors import UserError
 from hydraplan.schema import Plan, Strategies, Summary
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay, stream_batches, wlb_rule
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
@@ -143,11 +138,11 @@ def pack_inputs(tmp_path):
     ]))
 
 
-def pack_opts(pack_inputs, out: Path, **kw) -> PackOptions:
+def pack_opts(pack_inputs, out: Path, **kw) -> PackConfig:
     profile, data, strat = pack_inputs
     base = dict(profile=str(profile), dataset=str(data), gpus=4, tokens_per_iter=20000, iterations=6, out=out,
                 strategies=strat, seed=11, workers=1, outlier_delay=True)
-    return PackOptions(**{**base, **kw})
+    return PackConfig(**{**base, **kw})
 
 
 def plans_of(out: Path) -> list[Plan]:

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import seq_cost, seq_time
-from hydraplan.dispatch import Infeasible, dispatch, lower_bound
-from hydraplan.packing import pack
+from hydraplan.core.cost import seq_cost, seq_time
 from hydraplan.schema import Scheme, TimeCoeffs
+from hydraplan.solve.dispatch import Infeasible, dispatch, lower_bound
+from hydraplan.solve.packing import pack
 
 
 def scheme(tp=1, pp=1, a=1e-3, b=1.0, c=20.0, max_len=1000):
@@ -119,36 +119,38 @@ def alg1_reference(lengths, schemes, order):
 
 
 def test_vectorized_greedy_is_algorithm_1():
-    from hydraplan import dispatch as d
+    from hydraplan.solve.dispatch.greedy import greedy_one, greedy_trials, trial_orders
+    from hydraplan.solve.dispatch.pipes import Pipes
 
     rng = np.random.default_rng(1)
     pool = [scheme(), scheme(tp=2, pp=2, a=5e-4, b=0.5, c=10.0, max_len=1500),
             scheme(tp=4, pp=3, a=2e-4, b=0.3, c=5.0, max_len=3000)]
     medium = (rng.integers(20, 3000, size=60), [pool[k] for k in rng.integers(0, 3, size=12)])
     for lengths, schemes in [medium, *instances(30, seed=8)]:
-        P = d._Pipes.of(schemes)
+        P = Pipes.of(schemes)
         J = P.eligible_count(lengths)
-        orders = d._orders(lengths, J, 4, seed=1)
+        orders = trial_orders(lengths, J, 4, seed=1)
         Wg = P.group_cost(lengths)
-        got = d._greedy(lengths, Wg[:, P.gid], J, P, orders)  # sorted-pipeline indices, all trials at once
+        got = greedy_trials(lengths, Wg[:, P.gid], J, P, orders)  # sorted-pipeline indices, all trials at once
         for t in range(len(orders)):
             want = dict(zip(orders[t], alg1_reference(lengths, [schemes[k] for k in P.order], orders[t])))
             want = [want[i] for i in range(len(lengths))]
             assert want == got[t].tolist()
-            assert want == d._greedy_one(lengths, Wg, P, orders[t]).tolist()  # the heap version, one trial
+            assert want == greedy_one(lengths, Wg, P, orders[t]).tolist()  # the heap version, one trial
 
 
 def test_ilp_reaches_brute_force_from_a_poor_hint():
-    from hydraplan import dispatch as d
+    from hydraplan.solve.dispatch.ilp import ilp
+    from hydraplan.solve.dispatch.pipes import Pipes, cost_sorted
 
     for lengths, schemes in instances(15, seed=5):
-        P = d._Pipes.of(schemes)
+        P = Pipes.of(schemes)
         J = P.eligible_count(lengths)
         W = P.group_cost(lengths)[:, P.gid]
         poor = np.zeros(len(lengths), dtype=np.int64)  # everything on the pipeline with the largest MaxLen
-        sol, proven = d._ilp(lengths, W, J, P, poor, d._cost_sorted(lengths, W, P, poor), 10.0, 0)
+        sol, proven = ilp(lengths, W, J, P, poor, cost_sorted(lengths, W, P, poor), 10.0, 0)
         assert proven
-        assert d._cost_sorted(lengths, W, P, sol) == pytest.approx(brute(lengths, schemes), rel=1e-6)
+        assert cost_sorted(lengths, W, P, sol) == pytest.approx(brute(lengths, schemes), rel=1e-6)
 
 
 def test_only_one_pipeline_can_hold_the_longest():

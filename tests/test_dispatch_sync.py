@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan.dispatch import dispatch, pigeonhole_bound, top_sequences_bound
-from hydraplan.sync import end_to_end_s
+from hydraplan.core.sync import end_to_end_s
+from hydraplan.solve.dispatch import dispatch, pigeonhole_bound, top_sequences_bound
 from tests.test_dispatch import eq2, instances, scheme
 
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan.fileio import model_json, write_model
-from hydraplan.iterate import PackOptions, Planner, run_pack
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.engine.planner import Planner
 from hydraplan.schema import ModelInfo, Network, Strategies
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.store.fileio import model_json, write_model
 from tests.helpers import tiny_profile
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
@@ -95,12 +97,12 @@ def test_cli_rejects_a_wrong_sync_s_naming_file_field_and_value(tmp_path):
 
 
 def pack(tmp_path: Path, objective: str, profile_file: Path, data: Path, name: str, resume: bool = False):
-    return run_pack(PackOptions(profile=str(profile_file), dataset=str(data), gpus=4, tokens_per_iter=6000,
+    return run_pack(PackConfig(profile=str(profile_file), dataset=str(data), gpus=4, tokens_per_iter=6000,
                                 iterations=3, out=tmp_path / name, workers=1, objective=objective, resume=resume))
 
 
 def test_propagation_objective_plans_as_without_a_sync_model_and_resume_needs_the_same_objective(tmp_path):
-    from hydraplan.errors import UserError
+    from hydraplan.core.errors import UserError
 
     rng = np.random.default_rng(0)
     data = tmp_path / "lengths.txt"

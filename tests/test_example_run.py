@@ -1,5 +1,5 @@
 """The committed run plans/example is what the current code plans, and it replays in the one command the
-README shows, with the README's strategies, token counts and losses."""
+docs show (whichever page holds it), with the strategies, token counts and losses they show."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import doc_pages, free_port
 
-from hydraplan.paths import ROOT
+from hydraplan.store.paths import ROOT
 
 EXAMPLE = ROOT / "plans" / "example"
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
@@ -49,10 +49,19 @@ def test_the_committed_example_run_is_what_the_planner_plans_today(tmp_path):
         assert normalized(fresh) == normalized(kept), f"plans/example/{name} is out of date: run `make example`"
 
 
-def readme_replay_block() -> tuple[str, list[str]]:
-    """The README's replay command for plans/example and the output lines it shows."""
-    text = (ROOT / "README.md").read_text()
-    command = re.search(r"```\n(torchrun --nproc-per-node 4 runtime/run_plan.py plans/example [^\n]*)\n```", text).group(1)
+REPLAY = re.compile(r"```\n(torchrun --nproc-per-node 4 runtime/run_plan.py plans/example [^\n]*)\n```")
+
+
+def replay_page() -> str:
+    """The one Markdown page that shows the replay of plans/example."""
+    (page,) = [p for p in doc_pages() if REPLAY.search((ROOT / p).read_text())]
+    return page
+
+
+def replay_block() -> tuple[str, list[str]]:
+    """The page's replay command for plans/example and the output lines it shows."""
+    text = (ROOT / replay_page()).read_text()
+    command = REPLAY.search(text).group(1)
     output = re.search(r"```\n((?:attention: [^\n]*\n)?iteration 0 strategy .*?)```", text, re.S).group(1)
     return command, output.strip().splitlines()
 
@@ -68,20 +77,20 @@ def facts(lines: list[str]) -> tuple[list[tuple[str, ...]], list[float]]:
     return its, diffs
 
 
-def test_the_readme_shows_the_example_run():
-    command, shown = readme_replay_block()
+def test_the_docs_show_the_example_run():
+    command, shown = replay_block()
     assert "plans/example" in command
     its, diffs = facts(shown)
     assert 1 <= len(its) == len(diffs) <= len(list(EXAMPLE.glob("iter_*.json")))
     for (it, strategy, *_), path in zip(its, sorted(EXAMPLE.glob("iter_*.json"))):
-        assert json.loads(path.read_text())["strategy"] == strategy, f"README replay output, iteration {it}"
-    text = " ".join((ROOT / "README.md").read_text().replace("\\\n", " ").split())
+        assert json.loads(path.read_text())["strategy"] == strategy, f"{replay_page()} replay output, iteration {it}"
+    text = " ".join((ROOT / replay_page()).read_text().replace("\\\n", " ").split())
     assert f"hydraplan pack {' '.join(example_args())} --out plans/example" in text
 
 
 @pytest.mark.slow
-def test_the_example_replays_in_one_command_as_the_readme_shows():
-    command, shown = readme_replay_block()
+def test_the_example_replays_in_one_command_as_the_docs_show():
+    command, shown = replay_block()
     argv = shlex.split(command)
     assert argv[:3] == ["torchrun", "--nproc-per-node", "4"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
@@ -90,5 +99,5 @@ def test_the_example_replays_in_one_command_as_the_readme_shows():
                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
     assert res.returncode == 0, res.stderr[-2000:]
     its, diffs = facts(res.stdout.splitlines())
-    assert its[:len(facts(shown)[0])] == facts(shown)[0]  # the README may show the first iterations only
+    assert its[:len(facts(shown)[0])] == facts(shown)[0]  # a page may show the first iterations only
     assert len(diffs) == len(its) == len(list(EXAMPLE.glob("iter_*.json"))) and max(diffs) <= 1e-9

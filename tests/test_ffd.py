@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hydraplan.baselines import ffd
-from hydraplan.ffd import first_fit_bins
+from hydraplan.methods.baselines import ffd
+from hydraplan.solve.ffd import first_fit_bins
 
 
 def first_fit_by_item(lengths: list[int], capacity: int) -> list[int]:

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from helpers import free_port, make_plan
 
-from hydraplan.errors import UserError
+from hydraplan.core.errors import UserError
 from hydraplan.runtime import hf
 from hydraplan.runtime.batches import IGNORE, TokenData, micro_batch_seqs
 from hydraplan.runtime.lnk import owner_ranges
@@ -202,8 +202,8 @@ def test_four_ranks_with_tp_and_pp_match_transformers(saved, tmp_path):
 def test_run_plan_init_from_trains_the_hf_weights(saved, tmp_path, monkeypatch, capsys):
     """run_plan --init-from: the first iteration's loss is transformers' loss on the same batch, and
     --verify's single-process reference starts from the same weights."""
-    from hydraplan.fileio import write_model
     from hydraplan.runtime.run_plan import main
+    from hydraplan.store.fileio import write_model
 
     folder, model = saved
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

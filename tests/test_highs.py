@@ -7,7 +7,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import ctypes
-    from hydraplan.highs import run_mip
+    from hydraplan.solve.highs import run_mip
 
     LIBC = ctypes.CDLL(None)
 

@@ -7,23 +7,17 @@ import numpy as np
 import pytest
 from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
 
-from hydraplan import packing
-from hydraplan.costmodel import pipeline_time
-from hydraplan.errors import UserError
-from hydraplan.fileio import model_json
-from hydraplan.iterate import (
-    PackOptions,
-    Planner,
-    ResolvedCandidate,
-    StaticBaseline,
-    as_batch,
-    candidate_bound,
-    canonical_pipeline_estimate,
-    resolve_strategies,
-    run_pack,
-    solver_seed,
-    with_static_candidate,
-)
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
+from hydraplan.app.validate import check_plan, validate_path
+from hydraplan.core.batch import as_batch
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import pipeline_estimate, pipeline_time
+from hydraplan.core.errors import UserError
+from hydraplan.engine.candidate import ResolvedCandidate, candidate_bound
+from hydraplan.engine.planner import Planner
+from hydraplan.engine.plans import solver_seed
+from hydraplan.engine.strategies import resolve_strategies, with_static_candidate
 from hydraplan.schema import (
     GPUInfo,
     ModelInfo,
@@ -33,7 +27,8 @@ from hydraplan.schema import (
     Strategies,
     TimeCoeffs,
 )
-from hydraplan.validate import check_plan, validate_path
+from hydraplan.solve import packing
+from hydraplan.store.fileio import model_json
 
 
 def strategies(ranks: bool = True) -> Strategies:
@@ -48,12 +43,12 @@ def strategies(ranks: bool = True) -> Strategies:
 
 
 # ------------------------------------------------------------------------------------- pure helpers
-def test_canonical_pipeline_estimate_matches_costmodel():
+def test_pipeline_estimate_matches_costmodel():
     s = tiny_profile().schemes[2]
     lengths = np.array([100, 2000, 37, 900, 5])
     groups = [np.array([1]), np.array([0, 3]), np.array([2, 4])]
     expected = pipeline_time(s, [lengths[g].tolist() for g in groups])
-    assert canonical_pipeline_estimate(s, lengths, groups) == pytest.approx(expected, rel=1e-12)
+    assert pipeline_estimate(s, lengths, groups) == pytest.approx(expected, rel=1e-12)
 
 
 def test_solver_seed_depends_on_seed_and_iteration_only():
@@ -70,8 +65,7 @@ def test_as_batch_numbers_plain_lengths_and_rejects_bad_ones():
 
 
 def test_resolve_places_missing_ranks_disjointly():
-    view = tiny_profile()
-    out = resolve_strategies(strategies(ranks=False), view, 4)
+    out = resolve_strategies(strategies(ranks=False), Cluster.of(tiny_profile(), 4))
     assert out.gpus == 4 and out.profile == "tiny"
     for cand in out.candidates:
         ranks = [r for p in cand.pipelines for r in p.ranks]
@@ -81,24 +75,24 @@ def test_resolve_places_missing_ranks_disjointly():
 
 
 def test_static_candidate_is_added_once_with_placed_ranks():
-    view = tiny_profile()
-    base = resolve_strategies(strategies(), view, 4)
-    tp2, pp2, tp1 = (view.scheme(*k) for k in [(2, 1, 1), (1, 2, 1), (1, 1, 1)])
+    cluster = Cluster.of(tiny_profile(), 4)
+    base = resolve_strategies(strategies(), cluster)
+    tp2, pp2, tp1 = (cluster.scheme(k) for k in [(2, 1, 1), (1, 2, 1), (1, 1, 1)])
     # the layout is there already (2x<2,1,1> is "tp2", 2x<1,2,1> is "pp2"): nothing added
-    assert with_static_candidate(base, StaticBaseline(tp2, 4, 2048), view, None) == base
-    assert with_static_candidate(base, StaticBaseline(pp2, 4, 2048), view, None) == base
-    added = with_static_candidate(base, StaticBaseline(tp1, 4, 2048), view, None)
+    assert with_static_candidate(base, tp2, cluster, None) == base
+    assert with_static_candidate(base, pp2, cluster, None) == base
+    added = with_static_candidate(base, tp1, cluster, None)
     assert [c.name for c in added.candidates] == ["mixed", "tp2", "pp2", "static"]
     static = added.candidates[-1]
     assert [p.key for p in static.pipelines] == [(1, 1, 1)] * 4
     assert sorted(r for p in static.pipelines for r in p.ranks) == [0, 1, 2, 3]
-    assert with_static_candidate(added, StaticBaseline(tp1, 4, 2048), view, None) == added  # resume adds nothing
+    assert with_static_candidate(added, tp1, cluster, None) == added  # resume adds nothing
 
 
 def test_resolve_places_only_the_pipelines_without_ranks():
     data = strategies().model_dump(by_alias=True, exclude_none=True)
     data["candidates"][0]["pipelines"][1].pop("ranks")  # <1,1,1> between [0, 1] and [3]
-    out = resolve_strategies(Strategies.model_validate(data), tiny_profile(), 4)
+    out = resolve_strategies(Strategies.model_validate(data), Cluster.of(tiny_profile(), 4))
     assert [p.ranks for p in out.candidates[0].pipelines] == [[0, 1], [2], [3]]
 
 
@@ -113,7 +107,7 @@ def test_resolve_rejects_bad_strategies_with_one_line(mutate, message):
     data = strategies().model_dump(by_alias=True, exclude_none=True)
     mutate(data["candidates"])
     with pytest.raises(UserError, match=message) as e:
-        resolve_strategies(Strategies.model_validate(data), tiny_profile(), 4, source="s.json")
+        resolve_strategies(Strategies.model_validate(data), Cluster.of(tiny_profile(), 4), source="s.json")
     assert "\n" not in str(e.value) and str(e.value).startswith("s.json: field candidates.")
 
 
@@ -196,7 +190,7 @@ def test_strategy_relaxation_admits_the_best_plan_and_rules_out_below():
     """bound.strategy_meets, the LP that prunes a candidate before its dispatch: feasible at the brute-force
     optimum of every candidate (so it never rules out a latency a plan reaches), and infeasible somewhere
     below it (so it can rule candidates out)."""
-    from hydraplan.bound import strategy_meets
+    from hydraplan.solve.bound import strategy_meets
 
     planner = Planner(tiny_profile(), strategies(), 4, prune=False)
     rng = np.random.default_rng(13)
@@ -214,7 +208,7 @@ def test_strategy_relaxation_admits_the_best_plan_and_rules_out_below():
 def test_single_micro_batch_pipelines_are_found_without_search():
     """pp = 1 pipelines whose tokens fit MaxLen (and empty ones) get their one micro-batch at once: exactly
     their sequences, longest first then by position (pack's order); pp > 1 or over-full ones are left to pack."""
-    from hydraplan.iterate import _single_micro_batches
+    from hydraplan.engine.candidate import _single_micro_batches
 
     planner = Planner(tiny_profile(), strategies(), 4, prune=False)
     rng = np.random.default_rng(21)
@@ -256,11 +250,11 @@ def run_inputs(tmp_path):
     return write_run_inputs(tmp_path, lengths, strategies(ranks=False))
 
 
-def opts(run_inputs, out: Path, **kw) -> PackOptions:
+def opts(run_inputs, out: Path, **kw) -> PackConfig:
     profile, data, strat = run_inputs
     base = dict(profile=str(profile), dataset=str(data), gpus=4, tokens_per_iter=20000, iterations=6, out=out,
                 strategies=strat, seed=11, workers=1)
-    return PackOptions(**{**base, **kw})
+    return PackConfig(**{**base, **kw})
 
 
 def plan_bytes(out: Path) -> dict[str, bytes]:
@@ -352,7 +346,7 @@ def test_packing_cpsat_time_per_iteration_is_capped(cpsat_calls):
     for _ in range(2):
         packing._pack_sorted.cache_clear()
         cpsat_calls.clear()
-        planner = Planner(profile, four, 16, pack_kwargs={"time_limit_s": per_call}, pack_budget_s=budget)
+        planner = Planner(profile, four, 16, pack_time_limit_s=per_call, pack_budget_s=budget)
         runs.append(planner.solve(lengths, 0))
         assert len(cpsat_calls) >= 2  # CP-SAT ran on more than one pipeline: uncapped it would spend ~4 x per_call
         assert sum(cpsat_calls) <= budget + 0.01 * len(cpsat_calls)  # a call may overrun its limit by a few ms

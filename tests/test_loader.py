@@ -13,18 +13,27 @@ import torch
 from helpers import free_port
 
 from hydraplan import Planner
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.errors import UserError
-from hydraplan.fileio import load_model, write_model
+from hydraplan.core.errors import UserError
 from hydraplan.loader import PlanLoader
-from hydraplan.paths import ROOT
 from hydraplan.runtime.batches import IGNORE
 from hydraplan.runtime.model import StageModule, get_config, init_full, load_full, param_specs
 from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.fileio import load_model, write_model
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
 VOCAB = get_config("tiny").vocab
+
+
+def test_import_needs_no_torch():
+    """`import hydraplan.loader` stays torch-free (it is the public api, above the runtime); PackedBatch is the
+    runtime's, loaded on first use."""
+    code = ("import sys, hydraplan.loader as m; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from hydraplan.loader import PackedBatch; from hydraplan.runtime.batches import PackedBatch as P; "
+            "assert PackedBatch is P")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.fixture(scope="module")

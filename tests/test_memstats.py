@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hydraplan.measure import rank_memory_bytes
+from hydraplan.core.memory import rank_memory_bytes
 from hydraplan.runtime.memstats import PeakHeap, heap_bytes
 from hydraplan.schema import Scheme, SchemeMemory, TimeCoeffs
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import tiny_profile, write_run_inputs
 
-from hydraplan.iterate import PRUNE_RTOL
+from hydraplan.engine.candidate import PRUNE_RTOL
 from hydraplan.schema import Scheme, Strategies, Summary
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))

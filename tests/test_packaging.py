@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hydraplan.paths import ROOT
+from hydraplan.store.paths import ROOT
 
 SOURCES = ("pyproject.toml", "README.md", "planner", "runtime", "profiles", "data")
 
@@ -43,11 +43,11 @@ def test_the_wheel_has_one_top_level_package_and_the_bundled_files(wheel):
     for folder in ("profiles", "data"):
         bundled = {p.name for p in (ROOT / folder).iterdir() if p.suffix in (".json", ".parquet")}
         assert bundled and {f"hydraplan/{folder}/{n}" for n in bundled} <= set(names)
-    for module in ("hydraplan/__init__.py", "hydraplan/cli.py", "hydraplan/loader.py", "hydraplan/runtime/run_plan.py",
+    for module in ("hydraplan/__init__.py", "hydraplan/app/cli.py", "hydraplan/loader.py", "hydraplan/runtime/run_plan.py",
                    "hydraplan/runtime/profile.py", "hydraplan/runtime/batches.py"):
         assert module in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "hydraplan = hydraplan.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "hydraplan = hydraplan.app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_the_installed_package_finds_its_bundled_profiles_and_data(wheel, tmp_path):
@@ -58,9 +58,9 @@ def test_the_installed_package_finds_its_bundled_profiles_and_data(wheel, tmp_pa
     probe = (
         "import importlib.util, json\n"
         "import hydraplan\n"
-        "from hydraplan import paths\n"
-        "from hydraplan.costmodel import load_profile\n"
-        "from hydraplan.datasets import builtin_names, load_dataset\n"
+        "from hydraplan.store import paths\n"
+        "from hydraplan.store.profiles import load_profile\n"
+        "from hydraplan.store.datasets import builtin_names, load_dataset\n"
         "print(json.dumps({'package': hydraplan.__file__, 'profiles': str(paths.PROFILES_DIR), 'data': str(paths.DATA_DIR),\n"
         "  'tiny': load_profile('cpu-tiny').name, 'builtin': builtin_names(),\n"
         "  'docs': len(load_dataset('builtin:prolong').lengths),\n"

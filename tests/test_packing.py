@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from hydraplan import packing
-from hydraplan.costmodel import pipeline_time
-from hydraplan.dispatch import Infeasible
-from hydraplan.packing import pack, pack_fixed_v, v_range
+from hydraplan.core.cost import pipeline_time
 from hydraplan.schema import Scheme, TimeCoeffs
+from hydraplan.solve import packing
+from hydraplan.solve.dispatch import Infeasible
+from hydraplan.solve.packing import pack, pack_fixed_v, v_range
 
 
 def scheme(pp=2, a=1e-3, b=1.0, c=50.0, max_len=1000, util_len=1):

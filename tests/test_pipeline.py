@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hydraplan.errors import UserError
-from hydraplan.pipeline import (
+from hydraplan.core.errors import UserError
+from hydraplan.core.schedules import (
     Action,
     Schedule,
     ScheduleError,
@@ -154,7 +154,7 @@ def test_seq1f1b_beats_1f1b_at_paper_scale() -> None:
 def _run(args: list[str]):
     from typer.testing import CliRunner
 
-    from hydraplan.cli import app
+    from hydraplan.app.cli import app
 
     return CliRunner().invoke(app, args)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hydraplan.errors import UserError
-from hydraplan.placement import place_ranks
+from hydraplan.core.errors import UserError
 from hydraplan.schema import PipelineSpec
+from hydraplan.solve.placement import place_ranks
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (2, 1, 2), (8, 1, 1), (4, 2, 1),
           (2, 1, 4), (8, 2, 1), (4, 4, 1), (8, 1, 2), (16, 1, 1)]

@@ -10,7 +10,7 @@ import numpy as np
 from helpers import write_run_inputs
 
 from hydraplan.schema import Strategies
-from hydraplan.validate import split_groups
+from hydraplan.solve.placement import split_groups
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 

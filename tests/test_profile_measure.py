@@ -17,28 +17,25 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hydraplan.cli import app
-from hydraplan.costmodel import fit_micro_batches, fit_time_coeffs, load_profile, pipeline_time
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_model
-from hydraplan.measure import (
+from hydraplan.app import measure
+from hydraplan.app.cli import app
+from hydraplan.app.measure import check_summary, pipeline_estimate
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.cost import pipeline_time
+from hydraplan.core.errors import UserError
+from hydraplan.core.fit import (
     LENGTH_QUANTUM,
     PACKED_DOCS,
-    StageMemory,
-    activation_fit,
-    check_summary,
-    compare,
     fit_bandwidth,
+    fit_micro_batches,
     fit_points,
+    fit_time_coeffs,
     network_slices,
-    peak_fit,
-    pipeline_estimate,
-    rank_memory_bytes,
-    scheme_max_len,
-    stage_max_len,
     time_grid,
 )
-from hydraplan.pipeline import fb_split, schedule_seq1f1b, simulate
+from hydraplan.core.memory import StageMemory, activation_fit, peak_fit, rank_memory_bytes, scheme_max_len, stage_max_len
+from hydraplan.core.schedules import fb_split, schedule_seq1f1b, simulate
+from hydraplan.core.sync import has_sync_model
 from hydraplan.runtime.profile import critical_path
 from hydraplan.schema import (
     BatchSeq,
@@ -53,7 +50,8 @@ from hydraplan.schema import (
     Scheme,
     TimeCoeffs,
 )
-from hydraplan.sync import has_sync_model
+from hydraplan.store.fileio import write_model
+from hydraplan.store.profiles import load_profile
 
 runner = CliRunner()
 
@@ -176,12 +174,11 @@ def test_network_slices_count_bytes_as_sync_transfer_does():
     samples = [{"tp": 1, "pp": 1, "pull_s": 0.02, "push_s": 0.03}, {"tp": 2, "pp": 2, "pull_s": 0.01, "push_s": 0.011}]
     sizes, secs = network_slices(1000, samples)
     assert sizes == [2000.0, 2000.0, 500.0, 500.0] and secs == [0.02, 0.03, 0.01, 0.011]
-    # a profile with the fitted bandwidth predicts those transfers through hydraplan.sync
-    from hydraplan.sync import transfer_s
+    # a profile with the fitted bandwidth predicts those transfers through hydraplan.core.sync
 
     prof = tiny_profile().model_copy(update={"network": Network(intra_node_GBps=2e-4, inter_node_GBps=2e-4)})
     prof.model.params = 1000
-    assert transfer_s(prof, 2, 2, 4) == pytest.approx(500 / 2e5)
+    assert Cluster.of(prof, 4).transfer_s(2, 2) == pytest.approx(500 / 2e5)
 
 
 # ------------------------------------------------------------------------------------------- check
@@ -232,6 +229,11 @@ def test_pipeline_estimate_is_canonical_without_splits_and_the_schedule_with_the
     assert pipeline_estimate(s2, plan.pipelines[1], lengths) == pytest.approx(want, rel=1e-12)
 
 
+def compare(plans, got, profile):
+    """measure.compare on the cluster of the plans' GPUs, as `profile --check` builds it."""
+    return measure.compare(plans, got, Cluster.of(profile, plans[0].gpus))
+
+
 def measured(pull, pipes, push, step, exposed=None) -> dict:
     """The runtime's --check row; `exposed` defaults to pull + push (nothing hidden)."""
     exposed = pull + push if exposed is None else exposed
@@ -250,7 +252,7 @@ def test_compare_takes_the_slowest_pipeline_and_names_a_missing_scheme():
     assert r.rel_err == pytest.approx(abs(max(est) - 0.0535) / 0.0535)
     assert [p[2] for p in r.pipelines] == [0.02, 0.05]
     plan.pipelines[0].tp = 4
-    with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p"):
+    with pytest.raises(UserError, match=r"pipelines\.0: scheme <4,1,1> is not in profile p for 3 GPUs"):
         compare([plan], {"plans": [measured(0.001, [0.02, 0.05], 0.002, 0.0005)]}, prof)
 
 
@@ -349,7 +351,7 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     printed = json.loads(res.stdout)
     assert printed["schemes"][0]["scheme"] == "<1,1,1>" and printed["schemes"][0]["max_len"] == s.max_len
     # network: LNK pull/push of <1,1> on 4 ranks, fitted to one bandwidth; params: the tiny config's count
-    from hydraplan.measure import model_params
+    from hydraplan.app.measure import model_params
 
     assert has_sync_model(prof) and prof.model.params == model_params("tiny") == printed["params"]
     assert prof.network.intra_node_GBps > 0 and prof.network.inter_node_GBps == prof.network.intra_node_GBps
@@ -373,8 +375,8 @@ def test_profile_measures_a_context_parallel_scheme(tmp_path):
 
 def with_cp(plan: Plan) -> Plan:
     """Its one pipeline at cp=2 with per-document CP shards, as `pack --cp-shard` records them."""
-    from hydraplan.cpshard import shard_per_document
     from hydraplan.schema import CPShard
+    from hydraplan.solve.cpshard import shard_per_document
 
     p = plan.pipelines[0]
     p.cp = 2
@@ -433,7 +435,7 @@ def test_profile_check_rejects_a_run_of_mixed_gpu_counts(tmp_path):
 def test_launches_combine_by_their_median():
     """Each grid point (matched by its lengths) takes the median of the launches' medians and keeps every run;
     a --check phase likewise per plan, the plan number untouched."""
-    from hydraplan.measure import median_check, median_points
+    from hydraplan.app.measure import median_check, median_points
 
     a = [{"lengths": [64], "seconds": 1.0, "runs": [1.0]}, {"lengths": [16] * 4, "seconds": 5.0, "runs": [5.0]}]
     b = [{"lengths": [16] * 4, "seconds": 3.0, "runs": [3.0]}, {"lengths": [64], "seconds": 2.0, "runs": [2.0]}]

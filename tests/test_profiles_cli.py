@@ -7,11 +7,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from hydraplan.cli import app
-from hydraplan.costmodel import load_profile, max_len_for_gpus
-from hydraplan.fileio import parse_model, write_model
-from hydraplan.paths import PROFILES_DIR
+from hydraplan.app.cli import app
+from hydraplan.core.cluster import max_len_for_gpus
 from hydraplan.schema import Profile
+from hydraplan.store.fileio import parse_model, write_model
+from hydraplan.store.paths import PROFILES_DIR
+from hydraplan.store.profiles import load_profile
 
 SIX = [f"{g}-llama2-{m}" for g in ("h100", "a800") for m in ("7b", "13b", "32b")]
 WIDE = {"COLUMNS": "200"}

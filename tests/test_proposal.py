@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydraplan import proposal
-from hydraplan.costmodel import for_gpus, seq_cost
-from hydraplan.errors import UserError
-from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.core.cluster import Cluster, for_gpus
+from hydraplan.core.cost import seq_cost
+from hydraplan.core.errors import UserError
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, TimeCoeffs
+from hydraplan.solve.proposal import build_cells, candidates, propose, round_relaxed, solve_integer, solve_relaxed
 
 STEP = 128
 HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
@@ -230,7 +230,7 @@ def test_candidates_fit_support_their_range_and_include_the_best_homogeneous():
     prof = mid_profile()
     gpus, L = 32, 30000
     lengths = wiki_like(1)
-    s = propose(prof, lengths, gpus, L, max_candidates=0)
+    s = propose(Cluster.of(prof, gpus), lengths, L, max_candidates=0)
     view = {p.key: p for p in for_gpus(prof, gpus).schemes}
     assert [c.name for c in s.candidates] == [f"S{i}" for i in range(len(s.candidates))]
     for c in s.candidates:
@@ -267,30 +267,30 @@ def test_by_default_candidates_are_kept_by_the_sequences_an_iteration_bounds(mon
     """No --max-candidates: as many as CANDIDATE_SEQUENCES / (expected sequences per iteration), so every
     iteration's bounding work (O(sequences) per candidate) stays the same whatever the batch size."""
     prof, lengths = mid_profile(), wiki_like(2)
-    full = propose(prof, lengths, 32, 30000, max_candidates=0)
+    full = propose(Cluster.of(prof, 32), lengths, 30000, max_candidates=0)
     per_iteration = 200_000 / np.minimum(lengths, 30000).mean()
-    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 3 * per_iteration + 1)  # room for three candidates
-    assert propose(prof, lengths, 32, 30000, tokens_per_iter=200_000) == \
-        propose(prof, lengths, 32, 30000, tokens_per_iter=200_000, max_candidates=3)
-    monkeypatch.setattr(proposal, "CANDIDATE_SEQUENCES", 10**9)
-    assert len(propose(prof, lengths, 32, 30000).candidates) == len(full.candidates) > 3
+    monkeypatch.setattr(candidates, "CANDIDATE_SEQUENCES", 3 * per_iteration + 1)  # room for three candidates
+    assert propose(Cluster.of(prof, 32), lengths, 30000, tokens_per_iter=200_000) == \
+        propose(Cluster.of(prof, 32), lengths, 30000, tokens_per_iter=200_000, max_candidates=3)
+    monkeypatch.setattr(candidates, "CANDIDATE_SEQUENCES", 10**9)
+    assert len(propose(Cluster.of(prof, 32), lengths, 30000).candidates) == len(full.candidates) > 3
 
 
 def test_max_candidates_keeps_integer_and_homogeneous():
     prof, lengths = mid_profile(), wiki_like(2)
-    full = propose(prof, lengths, 32, 30000, max_candidates=0)
-    few = propose(prof, lengths, 32, 30000, max_candidates=3)
+    full = propose(Cluster.of(prof, 32), lengths, 30000, max_candidates=0)
+    few = propose(Cluster.of(prof, 32), lengths, 30000, max_candidates=3)
     assert len(full.candidates) > 3 >= len(few.candidates)
     assert {"integer-dp", "homogeneous"} <= {src for c in few.candidates for src in c.sources}
     assert full.proposed == few.proposed == len(full.candidates)
 
 
 def test_propose_is_deterministic_and_ranks_are_placed():
-    from hydraplan.fileio import model_json
+    from hydraplan.store.fileio import model_json
 
     prof, lengths = mid_profile(), wiki_like(3)
-    a = propose(prof, lengths, 24, 30000, gpus_per_node=4)
-    b = propose(prof, lengths, 24, 30000, gpus_per_node=4)
+    a = propose(Cluster.of(prof, 24), lengths, 30000, gpus_per_node=4)
+    b = propose(Cluster.of(prof, 24), lengths, 30000, gpus_per_node=4)
     assert model_json(a) == model_json(b)
     for c in a.candidates:
         ranks = [r for p in c.pipelines for r in p.ranks]
@@ -304,13 +304,13 @@ def test_context_longer_than_any_scheme_names_the_longest_supported():
     prof = mid_profile()
     longest = max(s.max_len for s in for_gpus(prof, 8).schemes)
     with pytest.raises(UserError, match=f"longest supported length is {longest}"):
-        propose(prof, wiki_like(4), 8, longest + 1)
+        propose(Cluster.of(prof, 8), wiki_like(4), longest + 1)
 
 
 def test_too_few_gpus_for_any_scheme():
     prof = make_profile([scheme(2, 1, 1, 8000, 1024, 1e-9, 1e-4, 0.01), scheme(4, 1, 1, 16000, 1024, 1e-9, 1e-4, 0.01)])
     with pytest.raises(UserError, match=r"no scheme fits in 1 GPUs \(the smallest job it fits has 2 GPUs\)"):
-        propose(prof, wiki_like(5), 1, 4000)
+        propose(Cluster.of(prof, 1), wiki_like(5), 4000)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -8,10 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset
-from hydraplan.fileio import model_json
-from hydraplan.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.core.cluster import Cluster
+from hydraplan.solve.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.fileio import model_json
+from hydraplan.store.profiles import load_profile
 from tests.test_proposal import cells_of, interval_latency, interval_terms, partitions, small_instance
 
 
@@ -135,8 +136,8 @@ def test_propagation_objective_is_the_proposal_without_a_sync_model():
     prof = load_profile("h100-llama2-7b")
     bare = prof.model_copy(update={"network": None, "model": prof.model.model_copy(update={"params": None})})
     ds = load_dataset("builtin:wikipedia", 16384)
-    a = propose(prof, ds, 32, 16384, objective="propagation")
-    b = propose(bare, ds, 32, 16384)
+    a = propose(Cluster.of(prof, 32, "propagation"), ds, 16384)
+    b = propose(Cluster.of(bare, 32), ds, 16384)
     assert model_json(a) == model_json(b)
-    e2e = propose(prof, ds, 32, 16384)
+    e2e = propose(Cluster.of(prof, 32), ds, 16384)
     assert model_json(e2e) != model_json(a)  # the default objective sees the sync term

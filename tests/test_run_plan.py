@@ -17,17 +17,17 @@ import torch.multiprocessing as mp
 from helpers import free_port, make_plan, overlap_plans
 from overlap_worker import record as record_overlap
 
-from hydraplan.costmodel import load_profile
-from hydraplan.cpshard import shard_per_document
-from hydraplan.datasets import load_dataset
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_model
-from hydraplan.paths import ROOT
+from hydraplan.core.errors import UserError
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import CONFIGS, check_layout
 from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.run_plan import main
 from hydraplan.schema import BatchSeq, CPShard, Plan
+from hydraplan.solve.cpshard import shard_per_document
+from hydraplan.store.datasets import load_dataset
+from hydraplan.store.fileio import write_model
+from hydraplan.store.paths import ROOT
+from hydraplan.store.profiles import load_profile
 
 SCRIPT = ROOT / "runtime" / "run_plan.py"
 PY = sys.executable
@@ -312,10 +312,10 @@ def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
 
 @pytest.mark.slow
 def test_pack_with_cpu_tiny_then_replay(tmp_path):
-    """The README's two steps: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
+    """The two steps of docs/runtime.md: `hydraplan pack` on the bundled cpu-tiny profile, then replay with --verify."""
     from typer.testing import CliRunner
 
-    from hydraplan.cli import app
+    from hydraplan.app.cli import app
     from hydraplan.schema import Candidate, PipelineSpec, Strategies
 
     strategies = Strategies(candidates=[

@@ -7,10 +7,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from hydraplan.cli import app
-from hydraplan.errors import UserError
-from hydraplan.fileio import atomic_write_text, load_model, model_json, write_model
+from hydraplan.app.cli import app
+from hydraplan.core.errors import UserError
 from hydraplan.schema import Plan, Profile, Strategies
+from hydraplan.store.fileio import atomic_write_text, load_model, model_json, write_model
 
 # The examples of the v1 file contracts as first published, verbatim: other tools write exactly these.
 PROFILE = {
@@ -113,7 +113,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     def boom(*_):
         raise OSError("disk full")
 
-    monkeypatch.setattr("hydraplan.fileio.os.replace", boom)
+    monkeypatch.setattr("hydraplan.store.fileio.os.replace", boom)
     with pytest.raises(UserError, match="out.json: cannot write: disk full"):
         atomic_write_text(path, "new")
     assert path.read_text() == "old"
@@ -136,8 +136,8 @@ def test_cli_user_error_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({**PROFILE, "schemes": []}))
     code = (
-        "import sys; from hydraplan.cli import main, app\n"
-        "from hydraplan.fileio import load_model; from hydraplan.schema import Profile\n"
+        "import sys; from hydraplan.app.cli import main, app\n"
+        "from hydraplan.store.fileio import load_model; from hydraplan.schema import Profile\n"
         "@app.command('load-test')\n"
         "def _t(p: str): load_model(Profile, p)\n"
         "sys.argv = ['hydraplan', 'load-test', sys.argv[1]]; main()\n"

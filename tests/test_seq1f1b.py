@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from hydraplan.errors import UserError
-from hydraplan.fileio import write_model
-from hydraplan.paths import ROOT
-from hydraplan.pipeline import check_schedule, schedule_seq1f1b
+from hydraplan.core.errors import UserError
+from hydraplan.core.schedules import check_schedule, schedule_seq1f1b
 from hydraplan.runtime.attention import varlen_attention
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import CONFIGS, StageModule, init_full, load_full, param_specs
 from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, check_splits, p2p_batches, run_in_process, split_views
 from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
-from hydraplan.seqsplit import computation_splits
+from hydraplan.solve.seqsplit import computation_splits
+from hydraplan.store.fileio import write_model
+from hydraplan.store.paths import ROOT
 
 TINY = CONFIGS["tiny"]
 DT = torch.float64

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydraplan.costmodel import micro_batch_time, pipeline_time
-from hydraplan.pipeline import schedule_1f1b, schedule_seq1f1b, simulate
+from hydraplan.core.cost import micro_batch_time, pipeline_time
+from hydraplan.core.schedules import schedule_1f1b, schedule_seq1f1b, simulate
 from hydraplan.schema import Scheme, SchemeMemory, TimeCoeffs
-from hydraplan.seqsplit import (
+from hydraplan.solve.seqsplit import (
     auto_seq1f1b,
     computation_splits,
     cumulative_cost,
@@ -124,8 +124,8 @@ def test_plan_and_auto() -> None:
 
 
 def test_parse_and_raised_scheme() -> None:
-    from hydraplan.errors import UserError
-    from hydraplan.seqsplit import parse_seq1f1b, seq1f1b_scheme
+    from hydraplan.core.errors import UserError
+    from hydraplan.solve.seqsplit import parse_seq1f1b, seq1f1b_scheme
 
     assert parse_seq1f1b("4") == 4 and parse_seq1f1b("auto") == "auto"
     for bad in ("0", "x", "-2"):
@@ -139,7 +139,7 @@ def test_parse_and_raised_scheme() -> None:
 
 def test_refine_plan_records_splits_estimates_and_cp_ranges() -> None:
     from hydraplan.schema import Estimate, MicroBatch, Plan, PlanPipeline
-    from hydraplan.seqsplit import refine_plan
+    from hydraplan.solve.seqsplit import refine_plan
 
     lengths = np.array([9000, 3000, 500, 12_000, 4000, 700, 2048])
     s_pp, s_cp = scheme(tp=2, pp=4), scheme(tp=2, pp=1, cp=2)
@@ -166,16 +166,16 @@ def test_refine_plan_records_splits_estimates_and_cp_ranges() -> None:
     assert covered == list(range(int(lengths[groups[1][0]].sum())))
     assert pp_pipe.micro_batches[0].cp_shard is None  # cp = 1
     # the extra fields survive a JSON round trip through the plan model
-    from hydraplan.fileio import model_json
+    from hydraplan.store.fileio import model_json
 
     back = Plan.model_validate_json(model_json(plan))
     assert back.pipelines[0].seq1f1b_splits == 2 and back.pipelines[1].micro_batches[0].cp_shard.strategy == shard.strategy
 
 
 def test_planner_plans_seq1f1b_and_cp_shards() -> None:
-    from hydraplan.costmodel import pipeline_time
-    from hydraplan.errors import UserError
-    from hydraplan.iterate import Planner
+    from hydraplan.core.cost import pipeline_time
+    from hydraplan.core.errors import UserError
+    from hydraplan.engine.planner import Planner
     from hydraplan.schema import Candidate, GPUInfo, ModelInfo, PipelineSpec, Profile, Strategies
 
     pp4, cp2 = scheme(tp=2, pp=4, max_len=22_000), scheme(tp=2, pp=1, cp=2, max_len=30_000)

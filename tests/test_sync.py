@@ -2,25 +2,26 @@
 
 import pytest
 
-from hydraplan.costmodel import load_profile
-from hydraplan.sync import effective_bandwidth_GBps, exposed_s, iteration_estimate, transfer_s
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.sync import exposed_s
+from hydraplan.store.profiles import load_profile
 from tests.helpers import tiny_profile
 
 
 def test_bandwidth_mixes_intra_and_inter_node_harmonically():
     p = load_profile("h100-llama2-7b")  # 360 GB/s NVLink, 40 GB/s IB per GPU, 8 GPUs per node
     # 64 GPUs: 1/8 of the owners share the node -> 1 / (0.125/360 + 0.875/40) = 45 GB/s
-    assert effective_bandwidth_GBps(p, 64) == pytest.approx(45.0, rel=1e-12)
-    assert effective_bandwidth_GBps(p, 8) == pytest.approx(360.0)  # one node: NVLink only
-    assert effective_bandwidth_GBps(p, 4) == pytest.approx(360.0)  # G = min(gpus_per_node, N)
+    assert Cluster.of(p, 64).bandwidth_GBps == pytest.approx(45.0, rel=1e-12)
+    assert Cluster.of(p, 8).bandwidth_GBps == pytest.approx(360.0)  # one node: NVLink only
+    assert Cluster.of(p, 4).bandwidth_GBps == pytest.approx(360.0)  # G = min(gpus_per_node, N)
 
 
 def test_transfer_is_the_stage_slice_over_bandwidth():
     p = load_profile("h100-llama2-7b")
     phi = p.model.params
-    assert transfer_s(p, 1, 1, 64) == pytest.approx(2 * phi / 45e9)
-    assert transfer_s(p, 2, 4, 64) == pytest.approx(2 * phi / 8 / 45e9)
-    assert transfer_s(p, 8, 1, 64) == pytest.approx(transfer_s(p, 2, 4, 64))  # cp does not divide the slice
+    assert Cluster.of(p, 64).transfer_s(1, 1) == pytest.approx(2 * phi / 45e9)
+    assert Cluster.of(p, 64).transfer_s(2, 4) == pytest.approx(2 * phi / 8 / 45e9)
+    assert Cluster.of(p, 64).transfer_s(8, 1) == pytest.approx(Cluster.of(p, 64).transfer_s(2, 4))  # cp does not divide the slice
 
 
 def test_exposure_hides_pull_behind_forward_and_push_behind_backward():
@@ -34,7 +35,7 @@ def test_iteration_estimate_takes_the_slowest_pipeline_end_to_end():
     p = load_profile("h100-llama2-7b")
     t11 = 2 * p.model.params / 45e9  # ~0.2995 s per direction
     keys = [(8, 1, 1), (1, 1, 1), (1, 1, 1)]
-    est = iteration_estimate(p, 64, keys, [0.40, 0.35, 0.0])
+    est = Cluster.of(p, 64).estimate(keys, [0.40, 0.35, 0.0])
     one = 2 * t11 - 0.35  # both directions exposed past a third and two thirds of 0.35
     assert est.exposed_s[2] == 0.0
     assert est.exposed_s[1] == pytest.approx(max(0, t11 - 0.35 / 3) + max(0, t11 - 0.7 / 3))
@@ -44,7 +45,7 @@ def test_iteration_estimate_takes_the_slowest_pipeline_end_to_end():
 
 def test_tie_goes_to_the_first_pipeline_and_no_model_means_no_sync():
     p = load_profile("h100-llama2-7b")
-    est = iteration_estimate(p, 64, [(2, 1, 1), (1, 2, 1)], [0.5, 0.5])  # same slice, same time
+    est = Cluster.of(p, 64).estimate([(2, 1, 1), (1, 2, 1)], [0.5, 0.5])  # same slice, same time
     assert est.sync_s == est.exposed_s[0]
     bare = tiny_profile()  # no model.params / network: the propagation estimate alone
-    assert iteration_estimate(bare, 4, [(1, 1, 1)], [0.2]) == (0.2, 0.0, [0.0])
+    assert Cluster.of(bare, 4).estimate([(1, 1, 1)], [0.2]) == (0.2, 0.0, [0.0])

@@ -4,12 +4,14 @@ than the candidates alone, and it reuses rank lists (process groups) already in 
 import numpy as np
 from helpers import tiny_profile
 
-from hydraplan.costmodel import load_profile
-from hydraplan.datasets import load_dataset, sample_iterations
-from hydraplan.iterate import Planner
-from hydraplan.proposal import propose
+from hydraplan.core.cluster import Cluster
+from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
-from hydraplan.synthesis import place_reusing, process_groups, synthesize
+from hydraplan.solve.placement import place_reusing, process_groups
+from hydraplan.solve.proposal import propose
+from hydraplan.solve.synthesis import synthesize
+from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.store.profiles import load_profile
 
 
 def _strategies() -> Strategies:
@@ -73,7 +75,7 @@ def test_pruning_synthesized_strategies_before_dispatch_keeps_the_plan():
     wikipedia batches of 50K tokens, four proposed candidates)."""
     profile = load_profile("h100-llama2-7b")
     ds = load_dataset("builtin:wikipedia", 32768)
-    strategies = propose(profile, ds, 16, 32768, tokens_per_iter=50_000, max_candidates=4)
+    strategies = propose(Cluster.of(profile, 16), ds, 32768, tokens_per_iter=50_000, max_candidates=4)
     pruned = Planner(profile, strategies, 16, context_len=32768, synthesize=True)
     full = Planner(profile, strategies, 16, context_len=32768, synthesize=True, prune=False)
     before_dispatch = 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hydraplan.fileio import model_json, write_model
+from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.schema import (
     BatchSeq,
     Estimate,
@@ -23,7 +23,8 @@ from hydraplan.schema import (
     Summary,
     TimeCoeffs,
 )
-from hydraplan.validate import check_plan, check_ranks, validate_path
+from hydraplan.solve.placement import check_ranks
+from hydraplan.store.fileio import model_json, write_model
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 

@@ -1,0 +1,44 @@
+"""The `hydraplan` command line: the typer app and its commands (app/cmd_*.py: thin, they call into the layers below)."""
+
+from __future__ import annotations
+
+import typer
+
+from hydraplan.app import cliopts, cmd_files, cmd_plan, cmd_profile
+from hydraplan.app.cliopts import CONTEXT_SETTINGS
+
+app = typer.Typer(
+    help="Plan heterogeneous, length-aware LLM training: propose strategies, pack iterations, compare.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
+)
+profiles_app = typer.Typer(help="Bundled GPU profiles (cost model per <TP,PP,CP> scheme).", no_args_is_help=True,
+                           context_settings=CONTEXT_SETTINGS)
+dataset_app = typer.Typer(help="Sequence-length datasets.", no_args_is_help=True, context_settings=CONTEXT_SETTINGS)
+app.add_typer(profiles_app, name="profiles")
+app.add_typer(dataset_app, name="dataset")
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=cliopts.version_callback, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
+    """Plan heterogeneous, length-aware LLM training: propose strategies, pack iterations, compare."""
+
+
+for command in (cmd_files.schema, cmd_plan.propose, cmd_plan.pack, cmd_plan.validate, cmd_plan.compare,
+                cmd_files.pipeline):
+    app.command()(command)
+app.command("profile")(cmd_profile.profile_cmd)
+dataset_app.command("stats")(cmd_files.dataset_stats)
+profiles_app.command("list")(cmd_files.profiles_list)
+profiles_app.command("show")(cmd_files.profiles_show)
+profiles_app.command("generate")(cmd_files.profiles_generate)
+cliopts.reflow_help(app, profiles_app, dataset_app)
+
+
+def main() -> None:
+    cliopts.run(app)

@@ -1,0 +1,227 @@
+"""The commands that show or write files and models: schema, pipeline, dataset stats, profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hydraplan.app import cliopts
+from hydraplan.app.cliopts import (
+    check_context_len,
+    console,
+    context_len_option,
+    json_option,
+    positive,
+)
+from hydraplan.core.errors import UserError
+
+
+def schema(
+    out_dir: Path | None = typer.Option(None, "--out", help="folder to write <name>.schema.json into"),
+    json_out: bool = json_option('print {"<name>": <JSON Schema>, ...} instead of writing files'),
+) -> None:
+    """Write the JSON Schemas of every file format (profile, strategies, plan, summary)."""
+    import json
+
+    from hydraplan.core.schema import SCHEMAS
+    from hydraplan.store.fileio import atomic_write_text
+
+    schemas = {name: model.model_json_schema(by_alias=True) for name, model in SCHEMAS.items()}
+    if out_dir is None and not json_out:
+        raise UserError("schema: pass --out DIR (write the files) or --json (print them)")
+    if out_dir is not None:
+        cliopts.out_folder(out_dir)
+        for name, doc in schemas.items():
+            path = out_dir / f"{name}.schema.json"
+            atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+            if not json_out:
+                console.print(f"wrote {path}")
+    if json_out:
+        typer.echo(json.dumps(schemas, indent=1))
+
+
+def pipeline(
+    schedule: str = typer.Option(..., "--schedule", help="1f1b | interleaved | seq1f1b | seq1f1b-interleaved"),
+    stages: int = typer.Option(..., "--stages", help="pipeline stages P (devices)"),
+    micro_batches: int = typer.Option(..., "--micro-batches", help="micro-batches M"),
+    splits: int = typer.Option(4, "--splits", help="Seq1F1B sub-sequences per micro-batch K (seq1f1b kinds)"),
+    chunks: int = typer.Option(2, "--chunks", help="model chunks per device V (interleaved kinds)"),
+    json_out: bool = json_option('print {"stages": [[{"op","mb","split","chunk"}, ...], ...], ...}'),
+    plot: Path | None = typer.Option(None, "--plot", help="also draw the timeline (Gantt) as a PNG"),
+) -> None:
+    """Per-stage action lists of a pipeline schedule, checked for deadlock by executing them, with the
+    bubble ratio and peak live activations for uniform micro-batches (T = 1 per micro-batch and stage,
+    forward 1/3, backward 2/3). Actions read F3 (forward of micro-batch 3), F3.1 (its split 1), F3c1 (chunk 1).
+    """
+    import json
+
+    from rich.table import Table
+
+    from hydraplan.app.plots import plot_timeline
+    from hydraplan.core.schedules import action_label, forwards_before_first_backward, make_schedule, unit_timeline
+
+    if plot is not None:
+        cliopts.png_file(plot)
+    for value, flag in ((stages, "--stages"), (micro_batches, "--micro-batches"), (splits, "--splits"), (chunks, "--chunks")):
+        positive(value, flag)
+    k = splits if schedule.startswith("seq1f1b") else 1
+    v = chunks if schedule.endswith("interleaved") else 1
+    actions = 2 * stages * micro_batches * k * v
+    if actions > MAX_PIPELINE_ACTIONS:
+        raise UserError(f"pipeline: {stages} stages x {micro_batches} micro-batches x {k} splits x {v} chunks is "
+                        f"{actions:,} forward and backward actions; at most {MAX_PIPELINE_ACTIONS:,} are simulated "
+                        "(a few seconds); lower --stages or --micro-batches")
+    sch = make_schedule(schedule, stages, micro_batches, splits, chunks)
+    tl = unit_timeline(sch)
+    if plot is not None:
+        plot_timeline(tl, plot, unit="T")
+    live_mb = [round(b, 4) for b in tl.peak_live_bytes or []]
+    if json_out:
+        out = sch.to_json() | {"schedule": sch.name, "P": sch.P, "M": sch.M, "K": sch.K, "V": sch.V,
+                               "latency": tl.latency_s, "bubble_ratio": tl.bubble_ratio,
+                               "peak_live": tl.peak_live, "peak_live_micro_batches": live_mb}
+        typer.echo(json.dumps(out, indent=1))  # rich's print_json highlights: minutes for 100K actions
+        return
+    table = Table("stage", "F before 1st B", "peak live", "peak live (micro-batches)", "actions",
+                  title=f"{sch.name} P={sch.P} M={sch.M} K={sch.K} V={sch.V}")
+    for r, acts in enumerate(sch.stages):
+        table.add_row(str(r), str(forwards_before_first_backward(sch.P, sch.M, sch.K, sch.V, r)), str(tl.peak_live[r]),
+                      f"{live_mb[r]:g}", " ".join(action_label(a, sch.K, sch.V) for a in acts))
+    console.print(table)
+    console.print(f"latency {tl.latency_s:g} T (1F1B with uniform micro-batches: M + P - 1 = "
+                  f"{sch.M + sch.P - 1}), bubble ratio {tl.bubble_ratio:.4f}, no deadlock")
+    if plot is not None:
+        console.print(f"wrote {plot}")
+
+
+def dataset_stats(
+    dataset: str = typer.Argument(..., help="a length file (.csv .parquet .txt .npy .json .jsonl .idx, .gz of the text "
+                                  "forms), a Megatron prefix, or builtin:wikipedia / builtin:prolong"),
+    context_len: int | None = context_len_option(),
+    json_out: bool = json_option("print one JSON object (hydraplan.dataset-stats/v1)"),
+    plot: Path | None = typer.Option(None, "--plot", help="also write the log2 histogram as a PNG"),
+) -> None:
+    """Length distribution: count, tokens, min/median/mean/p90/p99/max, long-tail shares, log2 histogram."""
+    from hydraplan.core.lengthstats import summarize
+    from hydraplan.store.datasets import load_dataset
+    from hydraplan.store.fileio import model_json
+
+    check_context_len(context_len)
+    if plot is not None:
+        cliopts.png_file(plot)
+    ds = load_dataset(dataset, context_len)
+    stats = summarize(ds.lengths, dataset=ds.name, context_len=ds.context_len, truncated=ds.truncated, empty=ds.empty)
+    if plot is not None:
+        from hydraplan.app.plots import plot_stats
+
+        plot_stats(stats, plot)
+    if json_out:
+        typer.echo(model_json(stats))
+        return
+    _print_stats(stats)
+    if plot is not None:
+        console.print(f"wrote {plot}")
+
+
+def _print_stats(stats) -> None:  # noqa: ANN001 (schema.DatasetStats, imported lazily)
+    from rich.table import Table
+
+    from hydraplan.core.lengthstats import format_tokens
+
+    title = f"{stats.dataset}"
+    if stats.context_len:
+        title += f" (context {stats.context_len:,}: {stats.truncated:,} documents truncated)"
+    if stats.empty:
+        title += f" ({stats.empty:,} empty documents skipped)"
+    console.print(title, markup=False, highlight=False)
+    summary = Table("statistic", "value")
+    for key in ("count", "tokens", "min", "median", "mean", "p90", "p99", "max"):
+        value = getattr(stats, key)
+        summary.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:,.1f}")
+    for s in stats.share_above:
+        summary.add_row(f"> {format_tokens(s.threshold)} tokens",
+                        f"{s.tokens:.1%} of tokens, {s.docs:.2%} of documents")
+    console.print(summary)
+    hist = Table("length (lo, hi]", "documents", "% docs", "% tokens", "tokens share", title="log2 histogram",
+                 title_justify="left")
+    top = max(b.tokens for b in stats.histogram)
+    for b in stats.histogram:
+        hist.add_row(f"({format_tokens(b.lo)}, {format_tokens(b.hi)}]", f"{b.docs:,}", f"{b.docs / stats.count:.2%}",
+                     f"{b.tokens / stats.tokens:.2%}", "█" * round(24 * b.tokens / top))
+    console.print(hist)
+
+
+def profiles_list(json_out: bool = json_option("print a JSON list instead of the table")) -> None:
+    """The bundled profiles: the name --profile accepts, GPU, model, number of <TP,PP,CP> schemes, source."""
+    import json
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from hydraplan.store.profiles import list_bundled
+
+    entries = list_bundled()
+    if json_out:
+        typer.echo(json.dumps([asdict(e) for e in entries], indent=1))
+        return
+    table = Table("name", "GPU", "model", "schemes", "source", title="bundled profiles (use as --profile NAME)",
+                  title_justify="left")
+    for e in entries:
+        table.add_row(e.name, e.gpu, e.model, str(e.schemes), e.source)
+    console.print(table)
+
+
+def profiles_show(
+    name: str = typer.Argument(..., help="bundled profile name (see `profiles list`) or a profile JSON path"),
+    gpus: int | None = typer.Option(None, "--gpus", help="cluster size: MaxLen recomputed for N GPUs, larger "
+                                    "schemes hidden (default: the profile's reference_gpus)"),
+    json_out: bool = json_option("print the profile itself (v1 JSON; for --gpus N, as seen by N GPUs)"),
+) -> None:
+    """Schemes of a profile: GPUs, MaxLen, UtilLen, T(4K) and steady-state tokens/s per GPU at 4K and 32K."""
+    from rich.table import Table
+
+    from hydraplan.core.cluster import for_gpus
+    from hydraplan.core.cost import seq_time, tokens_per_gpu_s
+    from hydraplan.store.fileio import model_json
+    from hydraplan.store.profiles import load_profile
+
+    positive(gpus, "--gpus")
+    profile = load_profile(name)
+    n = gpus if gpus is not None else profile.reference_gpus
+    view = for_gpus(profile, n)
+    if json_out:
+        typer.echo(model_json(view if gpus is not None else profile))
+        return
+    table = Table("scheme", "GPUs", "MaxLen", "UtilLen", "T(4K) ms", "tok/s/GPU 4K", "tok/s/GPU 32K",
+                  title=f"{profile.name}: {profile.gpu.name}, {profile.model.name}, MaxLen for {n} GPUs "
+                  f"({profile.source})", title_justify="left")
+    for s in sorted(view.schemes, key=lambda s: (s.gpus, s.key)):
+        speed = [tokens_per_gpu_s(s, length) for length in (4096, 32768)]
+        table.add_row(s.label, str(s.gpus), f"{s.max_len:,}", f"{s.util_len:,}", f"{seq_time(s, 4096) * 1e3:,.0f}",
+                      *("OOM" if v is None else f"{v:,.0f}" for v in speed))
+    console.print(table)
+
+
+def profiles_generate(
+    out_dir: Path | None = typer.Option(None, "--out", "--out-dir", help="folder to write into (default: the bundled "
+                                        "profiles/)"),
+    json_out: bool = json_option("print the written paths as a JSON list"),
+) -> None:
+    """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/core/hardware.py; deterministic."""
+    import json
+
+    from hydraplan.store.paths import PROFILES_DIR
+    from hydraplan.store.profiles import write_analytic_profiles
+
+    paths = write_analytic_profiles(cliopts.out_folder(out_dir or PROFILES_DIR))
+    if json_out:
+        typer.echo(json.dumps([str(p) for p in paths], indent=1))
+        return
+    for path in paths:
+        console.print(f"wrote {path}")
+
+
+# The simulator is pure Python, tens of thousands of actions per second: the limit keeps the answer within
+# seconds instead of a silent minute for millions of actions.
+MAX_PIPELINE_ACTIONS = 100_000

@@ -1,0 +1,311 @@
+"""The planning commands: propose, pack, validate, compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from hydraplan.app import cliopts
+from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
+
+if TYPE_CHECKING:  # the commands import what they run when they run: `hydraplan --help` stays fast
+    from hydraplan.core.schema import IterationSummary, Summary
+
+
+def propose(
+    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
+    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
+    out: Path = typer.Option(..., "--out", help="strategies file to write (hydraplan.strategies/v1)"),
+    context_len: int | None = context_len_option(),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for rank placement "
+                                             "(default: the profile's)"),
+    tokens_per_iter: int | None = typer.Option(None, "--tokens-per-iter", help="nominal batch the expected cost is "
+                                               "taken on (default: 4096 per GPU)"),
+    max_candidates: int | None = typer.Option(None, "--max-candidates", help="keep at most this many candidates, "
+                                              "preferring the L' ranges that most often hold an iteration's longest "
+                                              "sequence (0: all; default: all while candidates x sequences per "
+                                              "iteration stay within a budget, so fewer only at thousands of GPUs)"),
+    json_out: bool = json_option("print the strategies file instead of the table"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
+) -> None:
+    """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
+    relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
+
+    The candidates are written with concrete ranks (TP, then CP groups inside a node) to OUT.
+    """
+    from rich.table import Table
+
+    from hydraplan.app.config import ProposeConfig, build
+    from hydraplan.core.cluster import Cluster
+    from hydraplan.solve.proposal import propose as run_propose
+    from hydraplan.solve.proposal import strategy_label
+    from hydraplan.store.datasets import load_dataset
+    from hydraplan.store.fileio import model_json, write_model
+    from hydraplan.store.profiles import load_profile
+
+    config = build(ProposeConfig, profile=profile, dataset=dataset, gpus=gpus, out=out, context_len=context_len,
+                   gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter, max_candidates=max_candidates,
+                   objective=objective)
+    cliopts.out_file(config.out)
+    cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
+    ds = load_dataset(config.dataset, config.context_len)
+    length = config.context_len or int(ds.lengths.max())
+    strategies = run_propose(cluster, ds, length, gpus_per_node=config.gpus_per_node,
+                             tokens_per_iter=config.tokens_per_iter, max_candidates=config.max_candidates)
+    write_model(out, strategies)
+    if json_out:
+        typer.echo(model_json(strategies))
+        return
+    labels = [strategy_label(c) for c in strategies.candidates]
+    table = Table(title=f"{cluster.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
+    table.add_column("name")
+    table.add_column("strategy", no_wrap=True, min_width=max(map(len, labels)))
+    for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
+        table.add_column(header, justify="right" if header != "from" else "left")
+    for c, label in zip(strategies.candidates, labels, strict=True):
+        lo, hi = c.optimal_for
+        table.add_row(c.name, label, str(c.gpus), f"{c.max_len:,}", f"{c.expected_s_per_token * 1e6:.3f}",
+                      f"{lo:,}-{hi:,}", f"{c.p_longest:.3f}", ", ".join(s.split("-")[0] for s in c.sources))
+    # rich wraps to 80 columns when stdout is not a terminal; the strategy column needs more
+    (console if console.is_terminal else Console(width=160)).print(table)
+    console.print(f"wrote {out}")
+
+
+def pack(
+    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
+    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
+    tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
+    iterations: int = typer.Option(..., "--iterations", help="iterations to plan"),
+    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json, strategies.json, summary.json"),
+    strategies: Path | None = typer.Option(
+        None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
+        "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
+    context_len: int | None = context_len_option(),
+    seed: int = typer.Option(0, "--seed", help="sampling and solver seed: same seed, same plans"),
+    workers: int | None = workers_option(),
+    dispatch: str = typer.Option("greedy", "--dispatch", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (same arguments required)"),
+    seq1f1b: str | None = typer.Option(
+        None, "--seq1f1b", help="K|auto: plan Seq1F1B for pp > 1 pipelines (K sub-sequences per micro-batch; raises their "
+        "MaxLen; plans record splits and seq1f1b_estimate_s)"),
+    cp_shard: bool = typer.Option(False, "--cp-shard", help="record adaptive WLB-LLM CP sharding (per-rank token ranges) "
+                                  "for cp > 1 pipelines"),
+    outlier_delay: bool = typer.Option(
+        False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
+        "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
+    no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
+                                   "'static' (so a hand-written --strategies file is used as given)"),
+    synthesize: bool | None = typer.Option(
+        None, "--synthesize/--candidates-only", help="also make a strategy for each batch from the any-strategy MILP "
+        "(plans marked synthesized), or use only the candidates; default: made with --objective propagation, where it "
+        "wins most iterations, not end to end, where it rarely does and costs several times the planning time"),
+    json_out: bool = json_option("print summary.json instead of the summary lines"),
+    cad: bool = typer.Option(
+        False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
+        "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
+) -> None:
+    """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
+
+    Plans are written atomically in iteration order and do not depend on --workers.
+
+    Without --resume an existing run in OUT is replaced; with it, planning continues after the last complete iteration.
+    OUT is locked while the run lasts: a second run on it is refused.
+    """
+    from hydraplan.app.config import PackConfig, build
+    from hydraplan.app.pack import run_pack
+    from hydraplan.store.fileio import model_json
+
+    config = build(PackConfig, profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
+                   iterations=iterations, out=out, strategies=None if strategies is None else str(strategies),
+                   context_len=context_len, seed=seed, workers=workers, dispatch=dispatch, resume=resume,
+                   seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
+                   static=not no_static, synthesize=synthesize, cad=cad)
+    progress = PackBar(out)
+    cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
+    with progress.bar, cliopts.Heartbeat(progress.line):
+        summary = run_pack(config, progress)
+    if json_out:
+        typer.echo(model_json(summary))
+        return
+    print_pack_summary(summary, out)
+
+
+class PackBar:
+    """pack's progress: a bar on a terminal (iterations/s, the running mean estimate), a line in logs."""
+
+    def __init__(self, out: Path) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.out = out
+        self.done: int | None = None
+        self.total: int | None = None
+        self.bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                            TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
+                            disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
+
+    def start(self, done: int, total: int) -> None:
+        self.task = self.bar.add_task("pack", total=total, completed=done, rate="", mean="-")
+        self.t0, self.n, self.sum = self.bar.get_time(), 0, 0.0
+        self.done, self.total = done, total
+
+    def advance(self, it: IterationSummary) -> None:
+        self.n += 1
+        self.done = (self.done or 0) + 1
+        self.sum += it.iteration_s if it.iteration_s is not None else it.estimate_s
+        rate = self.n / max(self.bar.get_time() - self.t0, 1e-9)
+        self.bar.update(self.task, advance=1, rate=f"{rate:.2f} it/s", mean=f"{self.sum / self.n:.3f} s")
+
+    def line(self) -> str:
+        if self.total is None:
+            return "pack: preparing (dataset, static baseline, candidates)"
+        return f"pack: {self.done}/{self.total} iterations planned into {self.out}"
+
+
+def print_pack_summary(summary: Summary, out: Path) -> None:
+    its = summary.iterations
+    order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
+    chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")}, key=lambda n: (order.get(n, len(order)), n))
+    made = f", {summary.synthesized_iterations} made for their batch" if summary.synthesized_iterations else ""
+    e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
+    console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
+                  f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
+                  f"{summary.new_process_groups} process groups", soft_wrap=True)
+    if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
+            and summary.mean_iteration_s is not None):
+        console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
+                      f"{summary.mean_baseline_iteration_s:.4f} s end to end, "
+                      f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
+                      f"({summary.mean_baseline_s:.4f} s propagation, "
+                      f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
+    if summary.empty_documents:
+        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
+    delay = summary.outlier_delay
+    if delay is not None and delay.avg_delay_iters_per_token is not None:
+        console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
+                      f"{delay.avg_delay_iters_per_token:.3f} iterations per token", soft_wrap=True)
+
+
+def validate(
+    path: Path = typer.Argument(..., help="a run folder or one iter_NNNNNN.json plan"),
+    profile: str = typer.Option(..., "--profile", help="the profile the plans were made with"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for the placement warnings "
+                                             "(default: the profile's)"),
+    json_out: bool = json_option("machine-readable report"),
+) -> None:
+    """Check plans against every constraint of docs/formats.md and recompute every estimate; exit 1 on a violation.
+
+    Warnings (exit 0): TP or CP groups that span nodes although they fit in one, and candidates whose
+    largest MaxLen is below the run's context length."""
+    import json
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from hydraplan.app.validate import validate_path
+    from hydraplan.store.profiles import load_profile
+
+    positive(gpus_per_node, "--gpus-per-node")
+    report = validate_path(path, load_profile(profile), gpus_per_node)
+    if json_out:
+        console.print_json(json.dumps({
+            "ok": report.ok, "plans": report.plans, "pipelines": report.pipelines,
+            "micro_batches": report.micro_batches, "violations": [asdict(v) for v in report.errors],
+            "warnings": [asdict(v) for v in report.warnings],
+        }))
+    else:
+        if report.violations:
+            table = Table("file", "pipeline", "micro-batch", "kind", "problem")
+            for v in report.violations:
+                table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
+                              "" if v.micro_batch is None else str(v.micro_batch),
+                              v.kind + (" (warning)" if v.severity == "warning" else ""), v.message)
+            console.print(table)
+        warned = f" ({len(report.warnings)} warnings)" if report.warnings else ""
+        if report.ok:
+            console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
+                          f"{report.micro_batches} micro-batches satisfy every constraint{warned}")
+        else:
+            console.print(f"{len(report.errors)} violations in {report.plans} plans{warned}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def compare(
+    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
+    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
+    tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
+    iterations: int = typer.Option(..., "--iterations", help="iterations to sample and compare"),
+    out: Path = typer.Option(..., "--out", help="report folder: compare.json, report.html, *.png"),
+    context_len: int | None = context_len_option(),
+    seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
+    methods: list[str] | None = typer.Option(
+        None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
+        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad"),
+    json_out: bool = json_option("print compare.json instead of the table"),
+    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
+                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
+) -> None:
+    """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
+    same sampled batches and the same cost model; write compare.json, PNG plots and report.html.
+
+    Static baselines get their best scheme, tuned on the compared batches themselves.
+    """
+    from rich import box
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Column, Table
+
+    from hydraplan.app.config import build
+    from hydraplan.app.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
+    from hydraplan.methods.compare import CompareConfig, run_compare
+    from hydraplan.store.fileio import model_json
+    from hydraplan.store.runlock import locked_folder
+
+    chosen = None if methods is None else tuple(m for part in methods for m in part.replace(",", " ").split())
+    config = build(CompareConfig, profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
+                   iterations=iterations, seed=seed, context_len=context_len, methods=chosen, objective=objective)
+    bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
+                   TimeElapsedColumn(), console=err_console,
+                   disable=not err_console.is_terminal)  # logs get the table, not bar frames
+
+    class _Progress:
+        done = total = None
+
+        def start(self, total: int) -> None:
+            self.task = bar.add_task("compare", total=total, what="")
+            self.done, self.total = 0, total
+
+        def advance(self, what: str) -> None:
+            bar.update(self.task, advance=1, what=what)
+            self.done += 1
+
+        def line(self) -> str:
+            return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
+
+    progress = _Progress()
+    with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
+        outcome = run_compare(config, progress)
+        paths = write_report(outcome, out)
+    if json_out:
+        console.print_json(model_json(outcome.result))
+        return
+    r = outcome.result
+    columns = [Column(TABLE_HEADER[i], no_wrap=True, overflow="ellipsis", max_width=18 if i == 1 else None)
+               for i in STDOUT_COLUMNS]
+    table = Table(*columns, box=box.SIMPLE_HEAD, title=f"{r.profile} {r.dataset} {r.gpus} GPUs "
+                  f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations, {r.objective} objective")
+    for row in table_rows(r):
+        table.add_row(*(row[i] for i in STDOUT_COLUMNS))
+    (console if console.is_terminal else Console(width=120)).print(table)  # not 80 columns in logs: 9 columns
+    line = wlb_line(r)
+    if line:
+        console.print(line)
+    console.print(f"wrote {paths['report.html']} and {paths['compare.json']}")

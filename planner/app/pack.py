@@ -1,0 +1,170 @@
+"""`hydraplan pack`: plan a run's iterations into a run folder (store/run.py), resumable at any point.
+
+Batches are sampled in the parent, solved in a process pool and written in iteration order, so the output
+depends only on the config and its seed, never on the worker count or on timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import closing
+from itertools import islice
+from typing import Protocol
+
+import numpy as np
+
+from hydraplan.app.config import PackConfig
+from hydraplan.core.batch import Batch
+from hydraplan.core.cluster import Cluster
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Plan, Strategies, Summary
+from hydraplan.engine.groups import GroupLedger
+from hydraplan.engine.planner import Planner
+from hydraplan.engine.strategies import resolve_strategies, strategies_digest, warn_placement, with_static_candidate
+from hydraplan.methods.static import StaticBaseline, static_baseline
+from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay
+from hydraplan.solve.proposal import propose
+from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
+from hydraplan.store.fileio import atomic_write_text, load_model, model_json, write_model
+from hydraplan.store.profiles import load_profile
+from hydraplan.store.run import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
+from hydraplan.store.runlock import locked_folder
+
+SAMPLE_CHUNK = 64  # iterations sampled at once: bounds parent memory on long runs
+
+
+class PackProgress(Protocol):
+    def start(self, done: int, total: int) -> None: ...
+    def advance(self, it: IterationSummary) -> None: ...
+
+
+def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summary:
+    """Plan `config.iterations` sampled batches into config.out. The folder is locked for the run
+    (store/runlock.py): a second run on it fails at once instead of mixing plans."""
+    with locked_folder(config.out):
+        return _run_pack_locked(config, progress)
+
+
+def _run_pack_locked(config: PackConfig, progress: PackProgress | None) -> Summary:
+    profile = load_profile(config.profile)
+    cluster = Cluster.of(profile, config.gpus, config.objective)
+    args = config.args(hashlib.sha256(model_json(profile).encode()).hexdigest())
+    resumed = _resume_state(config, args)
+    dataset = load_dataset(config.dataset, config.context_len)
+    context_len = config.context_len or int(dataset.lengths.max())
+    strategies = _load_strategies(config, cluster, dataset, resumed)  # a bad --strategies fails before the baseline runs
+    warn_placement(strategies, cluster, context_len)
+    baseline = static_baseline(cluster, dataset, context_len, config.tokens_per_iter, config.iterations, config.seed)
+    if baseline is not None and config.static:
+        strategies = with_static_candidate(strategies, baseline.scheme, cluster, config.context_len)
+    digest = strategies_digest(strategies)
+    if resumed is not None and resumed.strategies_sha256 != digest:
+        raise UserError(f"{config.out / STRATEGIES_FILE}: the candidates changed since the run started; "
+                        "--resume needs the same strategies")
+    planner = Planner.for_cluster(cluster, strategies, config.settings(), config.context_len, resolved=True)
+
+    done = resumed.iterations if resumed is not None else []
+    summary = Summary(
+        profile=profile.name, gpus=config.gpus, dataset=dataset.name, tokens_per_iter=config.tokens_per_iter,
+        seed=config.seed, iterations=list(done), args=args, strategies_sha256=digest,
+        iterations_requested=config.iterations, context_len=config.context_len, objective=config.objective,
+        empty_documents=dataset.empty,
+    )
+    rule = None
+    if config.outlier_delay:
+        rule = hydraplan_rule(dataset.lengths, config.tokens_per_iter)
+        summary.outlier_delay = OutlierDelay(threshold=rule.thresholds[0], release_tokens=rule.tokens,
+                                             max_wait=rule.max_wait)
+    summary.baseline = baseline.label if baseline is not None else None
+    remove_plans_from(config.out, len(done))
+    write_model(config.out / STRATEGIES_FILE, planner.strategies)
+    if progress is not None:
+        progress.start(len(done), config.iterations)
+    _plan_all(config, planner, _batches(dataset, config, len(done), rule), summary, baseline, progress)
+    return summary
+
+
+def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], summary: Summary,
+              baseline: StaticBaseline | None, progress: PackProgress | None) -> None:
+    """Plan the batches in order, writing each plan and (now and then) the summary; the summary is written
+    last whatever stops the run, so it records every plan written."""
+    groups = GroupLedger(planner.strategies, config.gpus, planner.cluster.gpus_per_node)
+    for it in summary.iterations:  # a resumed run: the groups and placements its plans already use
+        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(config.out, it.iteration)), place=False)
+    summary.new_process_groups = groups.created
+    writer = SummaryWriter(config.out, summary)
+    workers = config.workers or os.cpu_count() or 1
+    try:
+        with closing(planner.plan_stream(batches, workers=workers)) as stream:
+            for result in stream:
+                summary.synthesized_iterations += groups.record(result.plan)  # reuses ranks already in use
+                summary.new_process_groups = groups.created
+                if baseline is not None:
+                    lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
+                    prop, e2e = baseline.estimates_s(lengths)
+                    result.summary.baselines_s["megatron"] = prop
+                    result.summary.baselines_iteration_s["megatron"] = e2e
+                atomic_write_text(plan_path(config.out, result.plan.iteration), model_json(result.plan) + "\n")
+                summary.iterations.append(result.summary)
+                writer.maybe_write()
+                if progress is not None:
+                    progress.advance(result.summary)
+    finally:  # interrupted or not, record every plan written so far
+        writer.write()
+
+
+def _resume_state(config: PackConfig, args: PackArgs) -> Summary | None:
+    """The interrupted run's summary, checked against this run's arguments and its plan files."""
+    path = config.out / SUMMARY_FILE
+    if not config.resume or not path.exists():
+        return None
+    summary = load_model(Summary, path)
+    if summary.args is None:
+        raise UserError(f"{path}: field args: missing, so this run cannot be resumed safely")
+    old, new = summary.args.model_dump(), args.model_dump()
+    diff = [k for k in new if old.get(k) != new[k]]
+    if diff:
+        k = diff[0]
+        raise UserError(f"{path}: field args.{k}: the run was started with {old.get(k)!r}, now {new[k]!r}; "
+                        "--resume needs the same arguments")
+    if config.outlier_delay and summary.iterations_requested != config.iterations:
+        raise UserError(f"{path}: field iterations_requested: the run was started with {summary.iterations_requested}, "
+                        f"now {config.iterations}; --outlier-delay drains its queue at the last iteration, so --resume "
+                        "needs the same --iterations")
+    for i, it in enumerate(summary.iterations):
+        if it.iteration != i:
+            raise UserError(f"{path}: field iterations.{i}.iteration: expected {i} (got {it.iteration})")
+        if not plan_path(config.out, i).exists():
+            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(config.out, i)} is missing")
+    return summary
+
+
+def _load_strategies(config: PackConfig, cluster: Cluster, dataset: Dataset, resumed: Summary | None) -> Strategies:
+    """--strategies, or a resumed run's strategies.json, resolved; else the proposal's candidates."""
+    source = config.strategies_path or (config.out / STRATEGIES_FILE if resumed is not None else None)
+    if source is not None:
+        return resolve_strategies(load_model(Strategies, source), cluster, context_len=config.context_len,
+                                  source=str(source))
+    context_len = config.context_len or int(dataset.lengths.max())
+    longest = max(s.max_len for s in cluster.schemes)
+    if config.context_len is None and context_len > longest:
+        raise UserError(f"dataset {config.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
+                        f"MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest}); pass --context-len")
+    return propose(cluster, dataset, context_len, tokens_per_iter=config.tokens_per_iter)
+
+
+def _sampled(dataset: Dataset, config: PackConfig, start: int) -> Iterator[Batch]:
+    for first in range(start, config.iterations, SAMPLE_CHUNK):
+        n = min(SAMPLE_CHUNK, config.iterations - first)
+        yield from sample_iterations(dataset, config.tokens_per_iter, n, config.seed, start=first)
+
+
+def _batches(dataset: Dataset, config: PackConfig, start: int, rule: DelayRule | None) -> Iterator[Batch]:
+    """The batches of iterations [start, iterations). Under an outlier delay rule the queue is a function of
+    the whole stream, so it is replayed from iteration 0 (sampling is cheap): a resumed run plans exactly
+    what an uninterrupted one would."""
+    if rule is None:
+        return _sampled(dataset, config, start)
+    return islice(outlier_delay(_sampled(dataset, config, 0), rule, config.iterations), start, None)

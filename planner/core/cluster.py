@@ -1,0 +1,151 @@
+"""What a job of N GPUs sees of a profile: the schemes that fit, MaxLen recomputed for N (appendix C.1:
+fp32 master weights and optimizer states are sharded over all N GPUs)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from hydraplan.core import sync
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import PipelineSpec, Profile, Scheme, SchemeMemory
+
+
+# --------------------------------------------------------------------------------- profiles / MaxLen
+def max_len_for_gpus(profile: Profile, scheme: Scheme, gpus: int) -> int:
+    """MaxLen of a scheme when the fp32 optimizer states are sharded over `gpus` GPUs.
+
+    A scheme without memory constants (hand-written or measured) keeps its stated max_len for any N.
+    """
+    if scheme.memory is None or profile.memory is None:
+        return scheme.max_len
+    return max_len_from_memory(profile.memory.capacity_bytes, scheme.memory, gpus)
+
+
+def max_len_from_memory(capacity_bytes: float, m: SchemeMemory, gpus: int) -> int:
+    """Appendix C.1: the l at which sharded/N + local + per_token*l reaches the usable capacity."""
+    free = capacity_bytes - m.sharded_bytes / gpus - m.local_bytes
+    return max(0, int(free // m.act_bytes_per_token))
+
+
+MAX_JOB_GPUS = 1 << 16  # how far for_gpus looks for the smallest job a profile's model fits in
+
+
+def for_gpus(profile: Profile, gpus: int) -> Profile:
+    """The profile as seen by a job of `gpus` GPUs: schemes that fit, MaxLen recomputed for N."""
+    if gpus < 1:
+        raise UserError(f"--gpus must be positive (got {gpus})")
+    schemes = []
+    for s in profile.schemes:
+        if s.gpus > gpus:
+            continue
+        ml = max_len_for_gpus(profile, s, gpus)
+        if ml > 0:
+            schemes.append(s.model_copy(update={"max_len": ml, "util_len": min(s.util_len, ml)}))
+    if not schemes:  # too few GPUs for any scheme, or for the sharded weights and optimizer states
+        need = next((n for n in range(gpus + 1, MAX_JOB_GPUS + 1)
+                     if any(s.gpus <= n and max_len_for_gpus(profile, s, n) > 0 for s in profile.schemes)), None)
+        smallest = f" (the smallest job it fits has {need} GPUs)" if need else ""
+        raise UserError(f"profile {profile.name}: no scheme fits in {gpus} GPUs{smallest}")
+    return profile.model_copy(update={"schemes": schemes})
+
+
+Objective = Literal["end-to-end", "propagation"]
+OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
+
+
+def is_end_to_end(objective: str | None) -> bool:
+    """Whether plans (or a compare.json) ranked by this objective are ranked end to end; files from before the
+    end-to-end estimate carry none: propagation."""
+    return objective == "end-to-end"
+
+
+def default_synthesize(objective: str) -> bool:
+    """Per-batch strategy synthesis unless asked otherwise only with the propagation objective, where it wins
+    most iterations; end to end the candidates, proposed with their sync, rarely lose to it (docs/results.md)."""
+    return not is_end_to_end(objective)
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """One run's view of the cluster: a profile on `gpus` GPUs, scored in one objective. Built once per run
+    (`Cluster.of`) and passed whole, so the schemes for N GPUs, their transfer times and what a plan's score
+    is are derived in one place and no other module interprets the objective.
+
+    `objective` "end-to-end" (the default) ranks plans by iteration_s, propagation plus the exposed LNK
+    pull/push of docs/formats.md; "propagation" by the canonical propagation estimate alone (the paper's)."""
+
+    profile: Profile
+    gpus: int
+    objective: Objective
+    view: Profile = field(repr=False)
+
+    @classmethod
+    def of(cls, profile: Profile, gpus: int, objective: str = "end-to-end") -> Cluster:
+        if objective not in OBJECTIVES:
+            raise UserError(f"--objective must be end-to-end or propagation (got {objective!r})")
+        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.profile.gpu.gpus_per_node
+
+    @property
+    def schemes(self) -> list[Scheme]:
+        """The schemes that fit in the job, MaxLen for its size."""
+        return self.view.schemes
+
+    @functools.cached_property
+    def _by_key(self) -> dict[tuple[int, int, int], Scheme]:
+        return {s.key: s for s in self.view.schemes}
+
+    def scheme(self, key: tuple[int, int, int]) -> Scheme | None:
+        return self._by_key.get(tuple(key))  # type: ignore[arg-type]
+
+    @property
+    def end_to_end(self) -> bool:
+        return is_end_to_end(self.objective)
+
+    @property
+    def synthesizes_by_default(self) -> bool:
+        return default_synthesize(self.objective)
+
+    @functools.cached_property
+    def bandwidth_GBps(self) -> float | None:
+        """Per-GPU GB/s of the LNK pull and push in this job (None: the profile has no sync model)."""
+        if not sync.has_sync_model(self.profile):
+            return None
+        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]
+
+    def transfer_s(self, tp: int | np.ndarray, pp: int | np.ndarray) -> np.ndarray | float:
+        """Seconds of one direction (pull or push) for one GPU of a <tp, pp, *> pipeline (0 without a sync model)."""
+        return sync.transfer_s(self.profile.model.params, self.bandwidth_GBps, tp, pp)
+
+    def charged_s(self, tp: np.ndarray, pp: np.ndarray) -> np.ndarray:
+        """Per pipeline, the transfer the planner optimizes with: the sync model's end to end, zeros (every
+        end-to-end mapping the identity) with the propagation objective."""
+        tp, pp = np.asarray(tp, dtype=np.float64), np.asarray(pp, dtype=np.float64)
+        if not self.end_to_end:
+            return np.zeros(tp.shape)
+        return np.asarray(self.transfer_s(tp, pp), dtype=np.float64).reshape(tp.shape)
+
+    def charged_for(self, pipelines: Sequence[Scheme] | Sequence[PipelineSpec]) -> np.ndarray:
+        return self.charged_s(np.array([p.tp for p in pipelines]), np.array([p.pp for p in pipelines]))
+
+    def estimate(self, keys: Sequence[tuple[int, int, int]], propagation_s: Sequence[float]) -> sync.IterationEstimate:
+        """The end-to-end estimate of one plan: pipelines given by their (tp, pp, cp) and canonical times."""
+        tp = np.array([k[0] for k in keys], dtype=np.float64)
+        pp = np.array([k[1] for k in keys], dtype=np.float64)
+        return sync.iteration_estimate(self.transfer_s(tp, pp), propagation_s)
+
+    def score(self, propagation_s: float, iteration_s: float | None) -> float:
+        """A plan's number in the objective (iteration_s end to end when known, else propagation)."""
+        return iteration_s if self.end_to_end and iteration_s is not None else propagation_s
