@@ -25,7 +25,7 @@ class GroupLedger:
     def record(self, plan: Plan, place: bool = True) -> bool:
         """Count the plan's groups (re-placing its ranks first if it is synthesized and `place`); returns
         whether it is synthesized."""
-        specs = [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=p.ranks) for p in plan.pipelines]
+        specs = [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, recompute=p.recompute, ranks=p.ranks) for p in plan.pipelines]
         if plan.synthesized and place:
             bare = [s.model_copy(update={"ranks": None}) for s in specs]
             specs = place_reusing(bare, self.known, self.gpus, self.gpus_per_node)

@@ -37,7 +37,7 @@ def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int
     for i in todo:
         g = pipelines[i].gpus
         out[i] = nodes.whole(g) if g >= gpus_per_node else nodes.within_one(g)
-    return [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=r) for p, r in zip(pipelines, out, strict=True)]
+    return [PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, recompute=p.recompute, ranks=r) for p, r in zip(pipelines, out, strict=True)]
 
 
 class _Nodes:
@@ -153,7 +153,7 @@ def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], 
         pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
         if pick is not None:
             taken.update(pick)
-        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=None if pick is None else list(pick)))
+        out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, recompute=p.recompute, ranks=None if pick is None else list(pick)))
     return place_ranks(out, gpus, gpus_per_node)
 
 

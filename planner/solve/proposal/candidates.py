@@ -140,7 +140,7 @@ def _most_useful(entries: Iterable[_Entry], cells: CellCosts, max_candidates: in
 
 def _candidate(n: int, e: _Entry, cells: CellCosts, gpus: int, gpus_per_node: int) -> Candidate:
     """Candidate S{n}: its pipelines widest first, ranks placed."""
-    specs = [PipelineSpec(tp=s.tp, pp=s.pp, cp=s.cp) for k, d in
+    specs = [PipelineSpec(tp=s.tp, pp=s.pp, cp=s.cp, recompute=s.recompute) for k, d in
              sorted(e.counts, key=lambda kd: (-cells.schemes[kd[0]].gpus, cells.schemes[kd[0]].key))
              for s in [cells.schemes[k]] * d]
     return Candidate(
