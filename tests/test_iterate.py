@@ -84,7 +84,7 @@ def test_static_candidate_is_added_once_with_placed_ranks():
     added = with_static_candidate(base, tp1, cluster, None)
     assert [c.name for c in added.candidates] == ["mixed", "tp2", "pp2", "static"]
     static = added.candidates[-1]
-    assert [p.key for p in static.pipelines] == [(1, 1, 1)] * 4
+    assert [p.key for p in static.pipelines] == [(1, 1, 1, "none")] * 4
     assert sorted(r for p in static.pipelines for r in p.ranks) == [0, 1, 2, 3]
     assert with_static_candidate(added, tp1, cluster, None) == added  # resume adds nothing
 

@@ -273,7 +273,7 @@ def compare(plans: Sequence[Plan], measured: dict, cluster: Cluster) -> list[Che
         for i, (pipe, m) in enumerate(zip(plan.pipelines, got["pipelines"], strict=True)):
             scheme = cluster.scheme(pipe.key)
             if scheme is None:
-                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
+                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme {pipe.label} "
                                 f"is not in profile {cluster.name} for {cluster.gpus} GPUs")
             pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
         prop, sync, source = plan_estimate(plan, cluster, [p[1] for p in pipes])

@@ -33,7 +33,7 @@ def resolve_strategies(strategies: Strategies, cluster: Cluster, *, context_len:
             if scheme is None:
                 have = " ".join(s.label for s in cluster.schemes)
                 raise UserError(
-                    f"{where}.pipelines.{pi}: scheme <{p.tp},{p.pp},{p.cp}> is not in profile {cluster.name} "
+                    f"{where}.pipelines.{pi}: scheme {p.label} is not in profile {cluster.name} "
                     f"for {gpus} GPUs (it has {have})"
                 )
             schemes.append(scheme)

@@ -142,15 +142,15 @@ def place_reusing(specs: Sequence[PipelineSpec], known: Iterable[PipelineSpec], 
     """Ranks for `specs`, reusing the rank lists of `known` pipelines of the same scheme where they are still
     free (in the order given: earlier ones are preferred); the rest placed node-aware around them."""
     pool: dict[tuple[int, int, int], dict[tuple[int, ...], None]] = {}  # insertion-ordered sets
-    for p in known:
+    for p in known:  # by <tp,pp,cp>: recomputing or not, a layout's process groups are the same
         if p.ranks is not None:
-            pool.setdefault(p.key, {})[tuple(p.ranks)] = None
+            pool.setdefault(p.key[:3], {})[tuple(p.ranks)] = None
     # a rank list found taken stays taken: each scheme's scan only moves on (one iterator per scheme)
     scan = {k: iter(v) for k, v in pool.items()}
     taken: set[int] = set()
     out = []
     for p in specs:
-        pick = next((r for r in scan.get(p.key, ()) if taken.isdisjoint(r)), None)
+        pick = next((r for r in scan.get(p.key[:3], ()) if taken.isdisjoint(r)), None)
         if pick is not None:
             taken.update(pick)
         out.append(PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, recompute=p.recompute, ranks=None if pick is None else list(pick)))

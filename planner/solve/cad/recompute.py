@@ -16,7 +16,7 @@ def estimate(profile: Profile, section: CADSection, lengths_by_seq: dict[int, in
     problems: list[str] = []
     scheme = profile.scheme(*section.key)
     if scheme is None:
-        return 0.0, [f"cad: scheme <{section.tp},{section.pp},{section.cp}> not in profile {profile.name}"]
+        return 0.0, [f"cad: scheme {section.label} not in profile {profile.name}"]
     d = section.replicas
     cm = comm_model(profile, scheme, d)
     times = []

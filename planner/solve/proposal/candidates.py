@@ -11,7 +11,7 @@ import numpy as np
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Candidate, PipelineSpec, Strategies
+from hydraplan.core.schema import Candidate, PipelineSpec, Strategies, scheme_label
 from hydraplan.solve.placement import place_ranks
 from hydraplan.solve.proposal.cells import LENGTH_STEP, CellCosts, best_homogeneous, build_cells
 from hydraplan.solve.proposal.integer import solve_integer
@@ -181,7 +181,7 @@ def propose(cluster: Cluster, lengths_or_dataset: np.ndarray | _HasHistogram, co
 
 def strategy_label(candidate: Candidate) -> str:
     """'2x<8,1,1> + 4x<2,2,1>' in pipeline order."""
-    groups: dict[tuple[int, int, int], int] = {}
+    groups: dict[tuple[int, int, int, str], int] = {}
     for p in candidate.pipelines:
         groups[p.key] = groups.get(p.key, 0) + 1
-    return " + ".join(f"{n}x<{t},{p},{c}>" for (t, p, c), n in groups.items())
+    return " + ".join(f"{n}x{scheme_label(k)}" for k, n in groups.items())
