@@ -85,7 +85,7 @@ class Runs:
 
 
 def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int, str]], capacity_bytes: float,
-                    *, gpus_per_node: int, timeout_s: float = 600.0,
+                    *, gpus_per_node: int, timeout_s: float = 3600.0,
                     progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
     """Measure every <tp, pp, cp> with its recomputation mode in the runtime and build a v1 profile with
     "source": "measured". Each scheme is
