@@ -169,6 +169,12 @@ class PackBar:
         return f"pack: {self.done}/{self.total} iterations planned into {self.out}"
 
 
+def _groups(summary: Summary) -> str:
+    outside = f", {summary.groups_outside_family} outside them" if summary.groups_outside_family else ""
+    return (f"{summary.new_process_groups} process groups used of the {summary.startup_process_groups} made at start-up "
+            f"({summary.process_groups_per_rank} per rank at most){outside}")
+
+
 def print_pack_summary(summary: Summary, out: Path) -> None:
     its = summary.iterations
     order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
@@ -177,7 +183,7 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
     e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
     console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
                   f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
-                  f"{summary.new_process_groups} process groups", soft_wrap=True)
+                  f"{_groups(summary)}", soft_wrap=True)
     if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
             and summary.mean_iteration_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "

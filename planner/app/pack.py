@@ -22,6 +22,7 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Plan, Strategies, Summary
 from hydraplan.engine.groups import GroupLedger
 from hydraplan.engine.planner import Planner
+from hydraplan.engine.pool import freeze_heap
 from hydraplan.engine.strategies import resolve_strategies, strategies_digest, warn_placement, with_static_candidate
 from hydraplan.methods.static import StaticBaseline, static_baseline
 from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay
@@ -90,17 +91,19 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
               baseline: StaticBaseline | None, progress: PackProgress | None) -> None:
     """Plan the batches in order, writing each plan and (now and then) the summary; the summary is written
     last whatever stops the run, so it records every plan written."""
-    groups = GroupLedger(planner.strategies, config.gpus, planner.cluster.gpus_per_node)
-    for it in summary.iterations:  # a resumed run: the groups and placements its plans already use
-        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(config.out, it.iteration)), place=False)
-    summary.new_process_groups = groups.created
+    groups = GroupLedger(planner.scheme_keys, config.gpus)
+    summary.startup_process_groups, summary.process_groups_per_rank = len(groups.family), groups.per_rank
+    for it in summary.iterations:  # a resumed run: the groups its plans already use
+        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(config.out, it.iteration)))
+    summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
     writer = SummaryWriter(config.out, summary)
     workers = config.workers or os.cpu_count() or 1
+    freeze_heap()
     try:
         with closing(planner.plan_stream(batches, workers=workers)) as stream:
             for result in stream:
-                summary.synthesized_iterations += groups.record(result.plan)  # reuses ranks already in use
-                summary.new_process_groups = groups.created
+                summary.synthesized_iterations += groups.record(result.plan)
+                summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
                 if baseline is not None:
                     lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
                     prop, e2e = baseline.estimates_s(lengths)

@@ -112,7 +112,10 @@ def _sift_down(hk: np.ndarray, hj: np.ndarray, base: int, size: int) -> None:
         i = small
 
 
-@numba.njit(cache=True)
+_I, _F = "int64[::1]", "float64[::1]"
+
+
+@numba.njit(f"{_I}({_I}, float64[:, ::1], {_I}, {_I}, {_I}, {_I}, {_F}, {_F}, {_I}, {_F})", cache=True)  # loaded at import
 def _greedy_heaps(lengths: np.ndarray, W: np.ndarray, order: np.ndarray, members: np.ndarray, starts: np.ndarray,
                   by_len: np.ndarray, gc: np.ndarray, gp: np.ndarray, gm: np.ndarray, gt: np.ndarray) -> np.ndarray:
     """greedy_one's loop. Group g owns slots starts[g]:starts[g+1] of the heap arrays (keys hk: load, ties by
