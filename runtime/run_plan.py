@@ -4,10 +4,11 @@
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
              [--no-overlap] [--memory]
 
-Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
-(collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
-pipeline's micro-batches with 1F1B (pipeline_exec.py; a CP rank on its share of the tokens,
-context_parallel.py), pushes its gradients to the owners, and each owner takes one AdamW step on its shard.
+Before the first iteration every rank creates the TP, CP and CAD groups of all the plans it belongs to
+(runtime/groups.py: members only, one global order). Per iteration every rank pulls its stage's parameters
+from the owners' master shards (lnk.py), runs its pipeline's micro-batches with 1F1B (pipeline_exec.py; a
+CP rank on its share of the tokens, context_parallel.py), pushes its gradients to the owners, and each
+owner takes one AdamW step on its shard.
 Pull and push go one layer group at a time: layer k+1 is pulled while layer k computes, and a layer's
 gradients are pushed as soon as the last backward has produced them (`--no-overlap`: all before / after).
 Each iteration prints its phases (replay.StepStats): pull, propagate, push and step times, how long compute
@@ -35,6 +36,7 @@ if __name__ == "__main__":
 import argparse
 import gc
 import os
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -46,6 +48,7 @@ from hydraplan.core.schema import Plan
 from hydraplan.runtime import checkpoint, hf
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import plan_groups
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
@@ -54,6 +57,7 @@ from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
+from hydraplan.solve.placement import groups_per_rank
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
@@ -133,6 +137,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
         if reference is not None:
             reference.load(hf_weights.full(torch.float64))
+    _make_groups(replayer, plan_groups(plan for _, plan in plans))
     worst = 0.0
     for _, plan in plans:
         before = replayer.gather_weights() if args.verify and not exact else None
@@ -179,6 +184,17 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
             print(f"verify: FAILED, {what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
+    """Every TP, CP and CAD group of the run, before its first iteration (runtime/groups.py)."""
+    t0 = time.perf_counter()
+    replayer.groups.create(sets)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        per_rank = int(groups_per_rank(sets, dist.get_world_size()).max(initial=0))
+        print(f"groups: {len(sets)} process groups made before the first iteration ({per_rank} per rank at most) "
+              f"in {time.perf_counter() - t0:.2f}s", flush=True)
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
