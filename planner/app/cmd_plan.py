@@ -82,7 +82,7 @@ def pack(
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
     tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
     iterations: int = typer.Option(..., "--iterations", help="iterations to plan"),
-    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json, strategies.json, summary.json"),
+    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json (or .parquet), strategies.json, summary.json"),
     strategies: Path | None = typer.Option(
         None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
         "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
@@ -111,6 +111,8 @@ def pack(
     cad: bool = typer.Option(
         False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
         "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
+    plan_format: str = typer.Option("json", "--format", help="plan files: json (readable) or compact (Parquet, "
+                                    "iter_NNNNNN.parquet: a tenth of the bytes at thousands of GPUs; docs/formats.md)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -127,7 +129,7 @@ def pack(
                    iterations=iterations, out=out, strategies=None if strategies is None else str(strategies),
                    context_len=context_len, seed=seed, workers=workers, dispatch=dispatch, resume=resume,
                    seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
-                   static=not no_static, synthesize=synthesize, cad=cad)
+                   static=not no_static, synthesize=synthesize, cad=cad, format=plan_format)
     progress = PackBar(out)
     cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
     with progress.bar, cliopts.Heartbeat(progress.line):

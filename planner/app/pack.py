@@ -19,7 +19,7 @@ from hydraplan.app.config import PackConfig
 from hydraplan.core.batch import Batch
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Plan, Strategies, Summary
+from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Strategies, Summary
 from hydraplan.engine.groups import GroupLedger
 from hydraplan.engine.planner import Planner
 from hydraplan.engine.pool import freeze_heap
@@ -28,7 +28,8 @@ from hydraplan.methods.static import StaticBaseline, static_baseline
 from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay
 from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
-from hydraplan.store.fileio import atomic_write_text, load_model, model_json, write_model
+from hydraplan.store.fileio import load_model, model_json, write_model
+from hydraplan.store.planfile import read_plan, write_plan
 from hydraplan.store.profiles import load_profile
 from hydraplan.store.run import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
 from hydraplan.store.runlock import locked_folder
@@ -94,7 +95,7 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
     groups = GroupLedger(planner.scheme_keys, config.gpus)
     summary.startup_process_groups, summary.process_groups_per_rank = len(groups.family), groups.per_rank
     for it in summary.iterations:  # a resumed run: the groups its plans already use
-        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(config.out, it.iteration)))
+        summary.synthesized_iterations += groups.record(read_plan(plan_path(config.out, it.iteration, config.format)))
     summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
     writer = SummaryWriter(config.out, summary)
     workers = config.workers or os.cpu_count() or 1
@@ -109,7 +110,7 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
                     prop, e2e = baseline.estimates_s(lengths)
                     result.summary.baselines_s["megatron"] = prop
                     result.summary.baselines_iteration_s["megatron"] = e2e
-                atomic_write_text(plan_path(config.out, result.plan.iteration), model_json(result.plan) + "\n")
+                write_plan(plan_path(config.out, result.plan.iteration, config.format), result.plan)
                 summary.iterations.append(result.summary)
                 writer.maybe_write()
                 if progress is not None:
@@ -139,8 +140,8 @@ def _resume_state(config: PackConfig, args: PackArgs) -> Summary | None:
     for i, it in enumerate(summary.iterations):
         if it.iteration != i:
             raise UserError(f"{path}: field iterations.{i}.iteration: expected {i} (got {it.iteration})")
-        if not plan_path(config.out, i).exists():
-            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(config.out, i)} is missing")
+        if not plan_path(config.out, i, config.format).exists():
+            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(config.out, i, config.format)} is missing")
     return summary
 
 

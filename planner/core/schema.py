@@ -317,6 +317,8 @@ class PackArgs(_Model):
                              "(--synthesize; --candidates-only: it does not; default: only with the propagation "
                              "objective)")
     cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
+    format: Literal["json", "compact"] = Field("json", description="--format: plan files as JSON (iter_NNNNNN.json) or "
+                                               "compact (iter_NNNNNN.parquet)")
 
 
 class IterationSummary(_Model):
