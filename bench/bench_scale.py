@@ -64,8 +64,19 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
         "mean_estimate_s": summary.mean_estimate_s, "mean_baseline_s": summary.mean_baseline_s,
         **sizes, "compact_ratio": sizes["compact_bytes_per_plan"] / sizes["json_bytes_per_plan"],
         "process_groups": {"startup": summary.startup_process_groups, "per_rank_max": summary.process_groups_per_rank,
-                           "used_by_plans": summary.new_process_groups, "outside_family": summary.groups_outside_family},
+                           "used_by_plans": summary.new_process_groups, "outside_family": summary.groups_outside_family,
+                           **_any_scheme_family(gpus)},
     }
+
+
+def _any_scheme_family(gpus: int) -> dict:
+    """The family when every scheme of the cluster may be used (strategies made per batch, --synthesize)."""
+    from hydraplan.core.cluster import Cluster
+    from hydraplan.solve.placement import family, groups_per_rank
+    from hydraplan.store.profiles import load_profile
+
+    fam = family([s.key for s in Cluster.of(load_profile("h100-llama2-7b"), gpus).schemes], gpus)
+    return {"startup_any_scheme": len(fam), "per_rank_max_any_scheme": int(groups_per_rank(fam, gpus).max())}
 
 
 def _plan_bytes(run: Path) -> dict:
