@@ -24,7 +24,7 @@ from hydraplan.solve.placement import process_groups
 RankSet = tuple[int, ...]
 
 
-def cad_groups(plan: Plan) -> list[RankSet]:
+def plan_cad_groups(plan: Plan) -> list[RankSet]:
     """A CAD plan's exchange groups: the replicas' ranks at each TP rank (runtime/cad.py)."""
     if plan.cad is None:
         return []
@@ -36,7 +36,7 @@ def plan_groups(plans: Iterable[Plan]) -> list[RankSet]:
     out: set[RankSet] = set()
     for plan in plans:
         out |= process_groups(plan.pipelines)  # type: ignore[arg-type]
-        out.update(g for g in cad_groups(plan) if len(g) > 1)
+        out.update(g for g in plan_cad_groups(plan) if len(g) > 1)
     return sorted(out)
 
 

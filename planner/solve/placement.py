@@ -212,3 +212,21 @@ def groups_per_rank(groups: Iterable[Sequence[int]], gpus: int) -> np.ndarray:
     """How many of the groups each rank belongs to (each group a communicator its members set up)."""
     members = [r for g in groups for r in g]
     return np.bincount(np.asarray(members, dtype=np.int64), minlength=gpus)
+
+
+def replica_ranks(gpus_per_replica: int, replica: int) -> list[int]:
+    """CAD's layout (engine/cad_plan.py): replica j of a homogeneous cp = 1 scheme on ranks [j*g, (j+1)*g), so
+    its stages sit on aligned blocks too."""
+    return list(range(replica * gpus_per_replica, (replica + 1) * gpus_per_replica))
+
+
+def cad_groups(keys: Iterable[tuple[int, int, int]], gpus: int) -> list[tuple[int, ...]]:
+    """The exchange groups of CAD plans on these cp = 1 schemes, as many replicas as fit: per scheme and TP
+    rank t, the replicas' ranks at t (runtime/cad.py)."""
+    out: dict[tuple[int, ...], None] = {}
+    for tp, pp, cp in sorted(set(keys)):
+        g = tp * pp * cp
+        replicas = [replica_ranks(g, j) for j in range(gpus // g)]
+        if len(replicas) > 1:
+            out.update((tuple(r[t] for r in replicas), None) for t in range(tp))
+    return list(out)
