@@ -69,6 +69,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--format", default="json", choices=("json", "compact"), help="--save-plans file form")
 
 
+ONLINE_ONLY = ("profile", "strategies", "tokens_per_iter", "context_len", "seq1f1b", "synthesize", "plan_ahead",
+               "stop_at", "save_plans")
+
+
+def check_replay_args(args: argparse.Namespace) -> None:
+    """UserError for a planning option given with a plan argument (it would be ignored)."""
+    given = [name for name in ONLINE_ONLY if getattr(args, name) is not None]
+    given += [name for name in ("cp_shard", "outlier_delay", "no_static", "cad") if getattr(args, name)]
+    if given:
+        raise UserError(f"--{given[0].replace('_', '-')}: planning options apply only without a plan argument "
+                        f"(the job then plans its own iterations); {args.plan} is replayed as planned")
+
+
 def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     """The run's planning arguments, checked as pack checks them."""
     if args.dataset is None or args.profile is None or args.tokens_per_iter is None or args.iterations is None:
@@ -115,10 +128,11 @@ class Topology:
     leaders: tuple[int, ...]  # the first rank of each node
 
     @classmethod
-    def of(cls) -> Topology:
+    def of(cls, group: dist.ProcessGroup) -> Topology:
+        """Over `group`, a gloo group of every rank (CPU tensors, whatever the training's backend)."""
         mine = torch.tensor([int(os.environ.get("GROUP_RANK", 0))], dtype=torch.int64)
         every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, mine)
+        dist.all_gather(every, mine, group=group)
         nodes = [int(t) for t in every]
         order = sorted(set(nodes))
         return cls(order.index(int(mine)), tuple(nodes.index(n) for n in order))
@@ -231,6 +245,9 @@ class PlanFeed:
                 return
             self._offer(self.ready, plan if plan is not None else decode(raw, f"plan of iteration {i} from node "
                                                                               f"{self.topology.planner_of(i)}"))
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
 
     def __iter__(self) -> Iterator[Plan]:
         for i in range(self.start, self.stop):

@@ -1,8 +1,13 @@
 """Replay hydraplan plans: heterogeneous pipelines per iteration, LNK resharding, one global update.
 
-    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
+    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_FILE [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
              [--no-overlap] [--memory]
+    torchrun ... runtime/run_plan.py --profile P --dataset D --tokens-per-iter T --iterations K [pack's options]
+             [--planners-per-node 2] [--plan-ahead A] [--save-plans DIR [--format compact]] [--stop-at I] ...
+
+Without a plan argument the job plans its own iterations while it trains, exactly `hydraplan pack`'s plans
+for the same options (runtime/online.py).
 
 Before the first iteration every rank creates the TP, CP and CAD groups of all the plans it belongs to
 (runtime/groups.py: members only, one global order). Per iteration every rank pulls its stage's parameters
@@ -38,7 +43,7 @@ import gc
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 
 import torch
@@ -121,7 +126,7 @@ def describe(plan: Plan) -> str:
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def train(cfg: ModelConfig, data: TokenData, plans: Iterable[Plan], groups: list[RankSet], args: argparse.Namespace,
+def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
           device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None,
           trained: Callable[[Plan], None] | None = None) -> int:
     """Train on `plans` in order (replayed, or planned while training), after making `groups`; `trained` is
@@ -142,7 +147,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: Iterable[Plan], groups: list
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
-            print(f"resume: {args.resume} after iteration {done}", flush=True)
+            print(f"resume: {args.resume} after iteration {done}, {len(plans)} plans to go", flush=True)
     elif hf_weights is not None:
         lo, hi = owner_ranges(replayer.numels, dist.get_world_size())
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
@@ -335,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             return _online(args, device)
         error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
+            online.check_replay_args(args)
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
             plans, done = _replayed(args, cfg, data)
@@ -351,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
 def _online(args: argparse.Namespace, device: torch.device) -> int:
     """Plan while training (runtime/online.py): the run prepared on each node's first rank, the start-up
     groups from rank 0, plans fed by a thread; one line and exit 2 for a bad argument or plan."""
-    world, error, run, feed = dist.get_world_size(), None, None, None
+    world, error, run = dist.get_world_size(), None, None
     plan_group = dist.new_group(backend="gloo")  # plans travel beside training, on CPU
-    topology = online.Topology.of()
+    topology = online.Topology.of(plan_group)
     try:
         config = online.run_config(args, world)
         cfg, weights = _model(args)

@@ -15,7 +15,7 @@ from hydraplan.app.pack import run_pack
 from hydraplan.loader import read_plans
 from hydraplan.methods.run import PlanRun
 from hydraplan.runtime.groups import plan_groups
-from hydraplan.runtime.online import run_config, startup_groups
+from hydraplan.runtime.online import check_replay_args, run_config, startup_groups
 from hydraplan.runtime.run_plan import parse_args
 from hydraplan.store.profiles import load_profile
 
@@ -116,6 +116,8 @@ def test_missing_planning_options_are_one_line():
         run_config(parse_args([*TINY, "--iterations", "2", "--planners-per-node", "0"]), 4)
     with pytest.raises(UserError, match="--dispatch must be"):
         run_config(parse_args([*TINY, "--iterations", "2", "--dispatch", "x"]), 4)
+    with pytest.raises(UserError, match="--outlier-delay: planning options apply only without a plan argument"):
+        check_replay_args(parse_args(["plans/example", "--outlier-delay"]))
 
 
 @pytest.mark.parametrize("args,gpus", [

@@ -20,7 +20,7 @@ from hydraplan.store.planfile import COMPACT_SCHEMA, decode, encode, read_plan, 
 from hydraplan.store.profiles import load_profile
 from hydraplan.store.run import plan_files
 
-RUN = dict(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=32, context_len=32768, tokens_per_iter=120_000,
+RUN = dict(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, context_len=16384, tokens_per_iter=50_000,
            iterations=3, workers=1)
 
 
@@ -35,9 +35,10 @@ def flagged(tmp_path_factory) -> list[Plan]:
     tmp = tmp_path_factory.mktemp("flags")
     strategies = tmp / "strategies.json"  # pp and cp > 1 everywhere: every plan has splits and shards
     strategies.write_text(json.dumps({"schema": "hydraplan.strategies/v1", "candidates": [
-        {"name": "S", "pipelines": [{"tp": 2, "pp": 2, "cp": 2}] * 4}]}))
+        {"name": "S", "pipelines": [{"tp": 2, "pp": 2, "cp": 2}] * 2}]}))
     return (_pack(tmp / "a", strategies=str(strategies), static=False, seq1f1b="2", cp_shard=True, outlier_delay=True)
-            + _pack(tmp / "b", cad=True, objective="propagation", iterations=2))
+            + _pack(tmp / "b", profile="cpu-tiny", dataset="builtin:wikipedia", gpus=4, context_len=768,
+                    tokens_per_iter=1536, seed=2, cad=True, iterations=2))
 
 
 def test_every_plan_round_trips_exactly(flagged):

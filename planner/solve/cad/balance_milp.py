@@ -11,8 +11,11 @@ import numpy as np
 from hydraplan.solve.cad.step import StepProblem, step_time
 from hydraplan.solve.highs import run_mip
 
-MILP_MAX_VARS = 4000  # task x rank binaries up to which the exact refinement runs
-MILP_MAX_NODES = 1000  # branch-and-bound nodes: a work limit, so plans never depend on the machine's speed or load
+# The refinement is limited by work, never by a clock, so plans do not depend on the machine's speed or load:
+# it runs on steps of up to MILP_MAX_VARS variables (2 x tasks x ranks; larger ones spend seconds on the root
+# node alone) and stops after MILP_MAX_NODES branch-and-bound nodes.
+MILP_MAX_VARS = 512
+MILP_MAX_NODES = 200
 
 
 @dataclass(frozen=True)
