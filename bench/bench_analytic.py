@@ -33,8 +33,9 @@ def main(run: Run) -> None:
                    shipped_over_hydraulis=s.max_len / ref, with_sp_over_hydraulis=with_sp / ref)
         rows.append(row)
     counts = [v["schemes"] for v in analytic.values()]
+    coef = [r[f"{x}_ratio"] for r in rows for x in "abc" if f"{x}_ratio" in r]
     run.write({"profiles": analytic, "schemes_min": min(counts), "schemes_max": max(counts),
-               "hydraulis_profile": PROFILE, "hydraulis": rows,
+               "hydraulis_profile": PROFILE, "hydraulis": rows, "coefficient_ratio_range": [min(coef), max(coef)],
                "shipped_max_len_min": min(r["max_len_shipped"] for r in rows),
                "shipped_max_len_max": max(r["max_len_shipped"] for r in rows)})
     for r in rows:

@@ -108,7 +108,8 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
     ds = load_dataset("builtin:wikipedia", CONTEXT)
     batches = sample_iterations(ds, tokens, iterations, 0)
     strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
-    out = {"id": str(gpus), "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations}
+    out = {"id": str(gpus), "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations,
+           "candidates": len(strategies.candidates)}
     for name, synth in (("synthesis", True), ("candidates_only", False)):
         planner = Planner(profile, strategies, gpus, context_len=CONTEXT, synthesize=synth)
         t0 = time.perf_counter()
@@ -117,7 +118,9 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
         out[f"{name}_mean_iteration_s"] = float(np.mean([r.iteration_s for r in res]))
         if synth:
             out["synthesized_won"] = sum(r.strategy.startswith("batch:") for r in res)
+            out["candidates_held"] = iterations - out["synthesized_won"]
     out["time_ratio"] = out["synthesis_s_per_iter"] / out["candidates_only_s_per_iter"]
+    out["synthesis_mean_lower_by"] = 1 - out["synthesis_mean_iteration_s"] / out["candidates_only_mean_iteration_s"]
     return out
 
 
@@ -131,7 +134,7 @@ def sweep_summary(cases: list[dict]) -> dict:
     if not rest:
         return {}
     ratios = [c["default_over_bound_mean"] for c in rest]
-    return {"others_over_bound_min": min(ratios), "others_over_bound_max": max(ratios),
+    return {"others_over_bound": [min(ratios), max(ratios)],
             "others_synthesis_won": [c["id"] for c in rest if c["synthesized_iterations"]],
             "others_synthesis_lower": [c["id"] for c in rest
                                        if c["default_over_bound_mean"] < c["candidates_only_over_bound_mean"] - 1e-9]}

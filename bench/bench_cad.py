@@ -75,14 +75,15 @@ def main(run: Run) -> None:
         r = run_config(*cfg, gpus=gpus, iterations=iterations)
         configs[r["id"]] = r
         print(json.dumps(r), flush=True)
-        run.write(summarize(list(configs.values()), gpus), merged=part is not None)  # a stopped run keeps what it measured
+        target = config_id(*(SMOKE if run.smoke else TARGET))  # the smoke run's one configuration stands in for it
+        run.write(summarize(list(configs.values()), gpus, target), merged=part is not None)  # a stopped run keeps it
 
 
-def summarize(configs: list[dict], gpus: int) -> dict:
+def summarize(configs: list[dict], gpus: int, target_id: str) -> dict:
     """The configurations and how the target configuration (when measured) meets its target."""
     out: dict = {"model": "end to end (propagation + exposed LNK sync)", "gpus": gpus, "seed": SEED}
     ran = [c for c in configs if "skipped" not in c]
-    target = next((c for c in ran if c["id"] == config_id(*TARGET)), None)
+    target = next((c for c in ran if c["id"] == target_id), None)
     if target is not None:
         s, e = target["speedup_vs_wlb_nodelay"], target["end_to_end_s"]
         out["target"] = {"id": target["id"], "hydraplan_cad_vs_wlb_nodelay": s["hydraplan-cad"],

@@ -31,6 +31,7 @@ import numpy as np
 from bench.run import Run
 from hydraplan.app.report import write_report
 from hydraplan.core.cluster import Cluster
+from hydraplan.methods.baselines import SwitchModel, model_param_bytes
 from hydraplan.methods.compare import CompareConfig, run_compare
 from hydraplan.schema import CompareResult
 from hydraplan.store.profiles import load_profile
@@ -82,9 +83,13 @@ def lnk(profile: str, gpus: int, strategies: dict[str, str]) -> dict:
             tp, pp, _ = (int(v) for v in label[1:label.index(">")].split(","))
             keys[label[:label.index(">") + 1]] = (tp, pp)
     params = cluster.profile.model.params or 0
+    pp1 = [s for s in cluster.view.schemes if s.pp == 1][:2]
+    switch_gbs = CompareConfig.model_fields["switch_bandwidth_gbs"].default
+    switch = SwitchModel(model_param_bytes(cluster.profile.model), switch_gbs * 1e9)
     return {"bandwidth_GBps": cluster.bandwidth_GBps,
             "per_direction": {k: {"GB": 2 * params / (tp * pp) / 1e9, "s": float(cluster.transfer_s(tp, pp))}
-                              for k, (tp, pp) in keys.items()}}
+                              for k, (tp, pp) in keys.items()},
+            "hotspa_switch_GBps": switch.bandwidth_Bps / 1e9, "hotspa_switch_s_pp1": switch.switch_s(*pp1)}
 
 
 def summary(setup: Setup, profile: str, dataset: str, tokens: int, objective: str) -> dict:

@@ -50,25 +50,25 @@ def main(run: Run) -> None:
     iters, repeats = run.pick(1000, 20), run.pick(3, 1)
     rows: dict[str, float] = {}
     load_wiki = lambda: load_dataset("builtin:wikipedia", CONTEXT)  # noqa: E731
-    rows["load builtin:wikipedia (parquet histogram)"], wiki = best_of(load_wiki, repeats)
+    rows["load_wikipedia_histogram"], wiki = best_of(load_wiki, repeats)
     with tempfile.TemporaryDirectory() as tmp:
         lengths = np.random.default_rng(1).permutation(wiki.lengths)
         np.savetxt(Path(tmp) / "w.txt", lengths, fmt="%d")
         np.save(Path(tmp) / "w.npy", lengths)
-        rows["load 1M lengths .txt"], _ = best_of(lambda: load_dataset(Path(tmp) / "w.txt", CONTEXT), repeats)
-        rows["load 1M lengths .npy"], raw = best_of(lambda: load_dataset(Path(tmp) / "w.npy", CONTEXT), repeats)
+        rows["load_lengths_txt"], _ = best_of(lambda: load_dataset(Path(tmp) / "w.txt", CONTEXT), repeats)
+        rows["load_lengths_npy"], raw = best_of(lambda: load_dataset(Path(tmp) / "w.npy", CONTEXT), repeats)
     # A new Dataset object per repeat: nothing cached from the previous run.
-    rows["load + sample"], batches = best_of(lambda: sample_iterations(load_wiki(), BUDGET, iters, SEED), repeats)
+    rows["load_and_sample"], batches = best_of(lambda: sample_iterations(load_wiki(), BUDGET, iters, SEED), repeats)
     fresh = [load_wiki() for _ in range(repeats)]
-    rows["sample (dataset loaded)"], batches = best_of(
+    rows["sample"], batches = best_of(
         lambda: sample_iterations(fresh.pop(), BUDGET, iters, SEED), repeats)
     fresh = [load_wiki() for _ in range(repeats)]
-    rows["resume: the last 10 iterations only"], _ = best_of(
+    rows["resume_last_10"], _ = best_of(
         lambda: sample_iterations(fresh.pop(), BUDGET, 10, SEED, start=iters - 10), repeats)
-    rows["python loop sampling (reference)"], ref = best_of(lambda: python_loop_sampling(wiki.lengths, iters), 1)
-    rows["stats of 1M lengths"], _ = best_of(lambda: summarize(raw.lengths, dataset="w"), repeats)
+    rows["python_loop_sample"], ref = best_of(lambda: python_loop_sampling(wiki.lengths, iters), 1)
+    rows["stats"], _ = best_of(lambda: summarize(raw.lengths, dataset="w"), repeats)
     same = all(b.lengths.tolist() == wiki.lengths[r].tolist() for b, r in zip(batches, ref))
-    speedup = rows["python loop sampling (reference)"] / rows["sample (dataset loaded)"]
+    speedup = rows["python_loop_sample"] / rows["sample"]
     sampled = sum(b.ids.size for b in batches)
     out = {
         "dataset": "builtin:wikipedia", "documents": int(wiki.lengths.size), "context_len": CONTEXT,

@@ -1,5 +1,6 @@
 """`make demo`, recorded: the Makefile's demo commands (dataset stats, propose, pack, validate, compare, with its
-RUN arguments) run through the `hydraplan` command, and what each printed, so the README shows today's output.
+RUN arguments) run through the `hydraplan` command, what each printed and how long they took together (wall
+seconds on this shared machine), so the README shows today's output.
 Also the proposed candidates (name, layout, lengths each is optimal for) and the dataset's long tail (share of
 documents and tokens above 4K). The smoke run plans 2 iterations on 8 GPUs at 20K tokens. Writes
 bench/results/demo.json.
@@ -14,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.run import Run
@@ -62,6 +64,7 @@ def main(run: Run) -> None:
     args = run.pick(makefile_run(), with_args(makefile_run(), SMOKE))
     iterations = str(run.pick(demo_iterations(), 2))
     profile, dataset, context = (args[args.index(f) + 1] for f in ("--profile", "--dataset", "--context-len"))
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:  # run in a scratch folder with the Makefile's paths
         cwd, out = Path(tmp), DEMO
         stats = json.loads("\n".join(hydraplan(cwd, "dataset", "stats", dataset, "--context-len", context, "--json")))
@@ -72,6 +75,8 @@ def main(run: Run) -> None:
         compare = hydraplan(cwd, "compare", *args, "--iterations", iterations, "--out", f"{out}/compare")
         strategies = Strategies.model_validate_json((cwd / out / "strategies.json").read_text())
         summary = json.loads((cwd / out / "run" / "summary.json").read_text())
+        compared = json.loads((cwd / out / "compare" / "compare.json").read_text())["methods"]
+    wall_s = time.perf_counter() - t0
     above_4k = next(s for s in stats["share_above"] if s["threshold"] == 4096)
     full = [c for c in strategies.candidates if c.optimal_for and c.optimal_for[1] >= int(context)]
     header = next(i for i, line in enumerate(compare) if line.split()[:2] == ["method", "strategy"])
@@ -85,6 +90,8 @@ def main(run: Run) -> None:
         "candidate_count": len(strategies.candidates),
         "full_length_candidate": candidate(full[0]) if full else None,
         "pack_mean_iteration_s": summary.get("mean_iteration_s"), "pack_mean_estimate_s": summary["mean_estimate_s"],
+        "compare_hydraplan_mean_iteration_s": compared["hydraplan"]["mean_iteration_s"],
+        "wall_s": wall_s, "cores": os.cpu_count(),
         "output": {"propose": propose, "pack": pack, "validate": validate, "compare": compare,
                    "pack_tail": pack[-2:], "compare_table": table},
     })

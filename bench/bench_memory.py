@@ -49,7 +49,7 @@ def main(run: Run) -> None:
     capacity_mib = load_profile("cpu-tiny").gpu.memory_gib * 1024  # the stand-in for GPU memory
     ratios = [r["ratio"] for r in rows]
     run.write({"profile": "cpu-tiny", "ranks": WORLD, "dtype": "fp32", "capacity_mib": capacity_mib,
-               "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "ratio_range": [min(ratios), max(ratios)],
                "peak_over_capacity_max": max(r["peak_mib"] for r in rows) / capacity_mib - 1,
                "per_scheme_stage": [{"id": f"{s}_{st}", **worst[(s, st)]} for s, st in worst], "rows": rows})
     print(f"{'scheme':8s} {'stage':>5s} {'tokens':>6s} {'peak MiB':>9s} {'model MiB':>9s} {'ratio':>6s}")

@@ -142,6 +142,8 @@ def main(run: Run) -> None:
            "split_balance_prolong_32k": split_balance(mbs), "cp_sharding_prolong_32k_cp4": cp_sharding(mbs),
            "pack_prolong_16gpus_2x_2_4_1": pack_with_seq1f1b(run.pick(3, 1))}
     one, seq = sch["1f1b"], sch["seq1f1b"]
+    res["table6_throughput_k4_over_k1"] = trend[2]["tokens_per_s"] / trend[0]["tokens_per_s"]
+    res["split_balance_prolong_32k"]["spread_K4"] = res["split_balance_prolong_32k"]["K4_worst_max_over_min"] - 1
     res["targets"] = {
         "seq1f1b_bubble_lower": seq["bubble_ratio"] < one["bubble_ratio"],
         "peak_live_ratio_seq1f1b_over_1f1b": seq["peak_live_micro_batches"] / one["peak_live_micro_batches"],

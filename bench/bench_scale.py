@@ -12,6 +12,7 @@ size and keeps the others.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
         summary = run_pack(PackConfig(profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=gpus,
                                        tokens_per_iter=tokens, iterations=iterations, out=out / "run",
                                        context_len=32768, workers=1), clock)
+        proposed = json.loads((out / "run" / "strategies.json").read_text()).get("proposed")
     finally:
         shutil.rmtree(out)
     wall = [b[0] - a[0] for a, b in zip(clock.marks, clock.marks[1:])]
@@ -57,7 +59,7 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
     dispatched = [[c for c in it.candidates if c.dispatch_solver] for it in later]
     return {
         "id": str(gpus), "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations,
-        "candidates": len(summary.iterations[0].candidates),
+        "candidates": len(summary.iterations[0].candidates), "proposed": proposed,
         "first_plan_wall_s": clock.marks[0][0], "first_plan_cpu_s": clock.marks[0][1],
         "s_per_iter_wall_mean": sum(wall) / len(wall), "s_per_iter_cpu_mean": sum(cpu) / len(cpu),
         "s_per_iter_cpu": [round(c, 3) for c in cpu],

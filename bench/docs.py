@@ -8,7 +8,8 @@ Two kinds of marks, both invisible on a rendered page:
 - an inline figure, a Markdown reference link `[1.39x][name]` with its definition `[name]: PATH "SELECTOR FORMAT"`:
   PATH is the results file (relative to the page, so the figure links to it), SELECTOR the value's place in it
   (keys and list items by `id` or index, separated by `/`; `*` for all of a level, inside `min(...)`, `max(...)`,
-  `range(...)`, `sum(...)`, `count(...)`), FORMAT a Python format string (`{:.2f}x`; `{:.3K}` writes thousands).
+  `range(...)`, `sum(...)`, `count(...)`), FORMAT a Python format string (`{:.2f}x`; `{:.3K}` writes thousands,
+  `{:?ahead of|behind}` words for a yes/no, a pair of numbers is a range `lo-hi`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hydraplan.store.paths import ROOT
 REGION = re.compile(r"(<!-- bench: (\w+)((?: [^ >]+)*) -->\n)(.*?)(<!-- /bench -->)", re.S)
 DEFINITION = re.compile(r'^\[([^\]\n]+)\]: (\S+) "([^"\n]*)"[ \t]*$', re.M)
 REFERENCE = re.compile(r"\[([^\]\n]*)\]\[([^\]\n]+)\]")
+CODE_SPAN = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 PLACEHOLDER = re.compile(r"\{(?::([^{}]*))?\}")
 REDUCERS: dict[str, Callable[[list], Any]] = {"min": min, "max": max, "sum": sum, "count": len,
                                                 "range": lambda v: (min(v), max(v))}
@@ -64,6 +66,8 @@ class Results:
         if reducer is not None and reducer not in REDUCERS:
             raise FigureError(f"{selector}: unknown function {reducer} (one of {', '.join(REDUCERS)})")
         values = list(self._walk(self[name], path.split("/") if path else [], name))
+        if reducer == "count":
+            return len(values)
         if not values:
             raise FigureError(f"{name}.json: nothing at {path}")
         if reducer is not None:
@@ -77,9 +81,13 @@ class Results:
             yield node
             return
         key, rest = keys[0], keys[1:]
-        if key == "*":
+        if key == "*":  # every item that has the rest of the path
             for child in (node.values() if isinstance(node, dict) else node):
-                yield from self._walk(child, rest, where)
+                try:
+                    found = list(self._walk(child, rest, where))
+                except FigureError:
+                    continue
+                yield from found
             return
         if isinstance(node, dict):
             if key not in node:
@@ -104,17 +112,32 @@ class Results:
 
 
 def format_value(fmt: str, value: Any) -> str:
-    """`fmt` with its one placeholder filled; a pair (range) as `lo-hi`, each end in the placeholder's spec."""
+    """`fmt` with its one placeholder filled: a pair of numbers (a range) as `lo-hi`, each end in the placeholder's
+    spec; a list as its items joined by commas (`none` if empty); a yes/no by `{?WORDS IF TRUE|WORDS IF FALSE}`."""
     m = PLACEHOLDER.search(fmt)
     if m is None:
         raise FigureError(f"format {fmt!r}: no {{}} placeholder")
     spec = m.group(1) or ""
     one = lambda v: _spec(v, spec)  # noqa: E731
-    text = f"{one(value[0])}-{one(value[1])}" if isinstance(value, tuple | list) and len(value) == 2 else one(value)
+    if isinstance(value, tuple | list) and len(value) == 2 and all(_number(v) for v in value):
+        text = f"{one(value[0])}-{one(value[1])}"
+    elif isinstance(value, tuple | list):
+        text = ", ".join(map(one, value)) or "none"
+    else:
+        text = one(value)
     return fmt[:m.start()] + text + fmt[m.end():]
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _spec(value: Any, spec: str) -> str:
+    if spec.startswith("?"):
+        if not isinstance(value, bool):
+            raise FigureError(f"{{:{spec}}} needs a yes/no value, got {value!r}")
+        yes, _, no = spec[1:].partition("|")
+        return yes if value else no
     if isinstance(value, float) and not math.isfinite(value):
         raise FigureError(f"value {value} is not a number")
     if spec.endswith("K"):  # thousands, significant digits: {:.3K} of 14599 is 14.6K
@@ -153,14 +176,26 @@ def _results_name(page: Path, url: str) -> str:
 
 
 def figures(page: Path, text: str, results: Results) -> Iterator[tuple[re.Match, Mark]]:
+    """Every figure link outside code, with its value; a figure without a definition, or a definition Markdown
+    would not see (it must follow a blank line or another definition), is an error."""
     defs = {m.group(1).lower(): m for m in DEFINITION.finditer(text)}
+    code = [m.span() for m in CODE_SPAN.finditer(text)]
+    for d in defs.values():
+        before = text[:d.start()].rstrip("\n").rpartition("\n")[2]
+        if d.start() and text[d.start() - 2:d.start()] != "\n\n" and not DEFINITION.fullmatch(before):
+            yield d, Mark(page, _line(text, d.start()), f"definition [{d.group(1)}]", "", None,
+                          "a definition must follow a blank line or another definition")
     for use in REFERENCE.finditer(text):
+        if any(a <= use.start() < b for a, b in code):
+            continue
         d = defs.get(use.group(2).lower())
-        if d is None or not d.group(2).rstrip("/").endswith(".json"):
+        if d is not None and not d.group(2).endswith(".json"):
             continue  # an ordinary reference link
-        selector, _, fmt = d.group(3).partition(" ")
         mark = Mark(page, _line(text, use.start()), f"figure [{use.group(2)}]", use.group(1), None)
         try:
+            if d is None:
+                raise FigureError("no definition of this figure")
+            selector, _, fmt = d.group(3).partition(" ")
             mark.expected = format_value(fmt, results.select(_results_name(page, d.group(2)), selector))
         except (FigureError, TypeError, ValueError) as e:
             mark.error = str(e)
@@ -177,7 +212,7 @@ def regions(page: Path, text: str, results: Results) -> Iterator[tuple[re.Match,
             if name not in tables.TABLES:
                 raise FigureError(f"no table {name} in bench/tables.py")
             mark.expected = tables.TABLES[name](results, **args).rstrip("\n") + "\n"
-        except (FigureError, KeyError, TypeError, ValueError) as e:
+        except (FigureError, IndexError, KeyError, TypeError, ValueError) as e:
             mark.error = f"{type(e).__name__}: {e}"
         yield m, mark
 
@@ -245,5 +280,7 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # run as bench.docs, the module bench/tables.py imports (one FigureError class)
+    from bench.docs import main as module_main
+
+    sys.exit(module_main(sys.argv[1:]))
