@@ -89,6 +89,8 @@ def summarize(configs: list[dict], gpus: int, target_id: str) -> dict:
         out["target"] = {"id": target["id"], "hydraplan_cad_vs_wlb_nodelay": s["hydraplan-cad"],
                          "met_1_15x": s["hydraplan-cad"] >= 1.15,
                          "ahead_of_both": e["hydraplan-cad"] < min(e["hydraplan"], e["cad"])}
-    out["cad_wins"] = [c["id"] for c in ran if c["winner"] == "cad"]
-    out["hydraplan_wins"] = [c["id"] for c in ran if c["winner"] == "hydraplan"]
+    name = lambda c: (f"{c['profile']} {c['dataset'].removeprefix('builtin:')} {c['context_len'] // 1024}K "  # noqa: E731
+                      f"{c['tokens_per_iter'] / 1e6:g}M")
+    out["cad_wins"] = [name(c) for c in ran if c["winner"] == "cad"]
+    out["hydraplan_wins"] = [name(c) for c in ran if c["winner"] == "hydraplan"]
     return {**out, "configs": configs}

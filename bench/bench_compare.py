@@ -116,12 +116,34 @@ def summary(setup: Setup, profile: str, dataset: str, tokens: int, objective: st
         "hydraplan_delay_iters_per_token": m["hydraplan-delay"].avg_delay_iters_per_token,
         "hydraplan_delay_vs_wlb_llm_end_to_end": e2e["wlb-llm"] / delay,
         "hydraplan_vs_wlb_nodelay_end_to_end": e2e["wlb-nodelay"] / hydra,
+        "hydraplan_behind_wlb_llm_end_to_end": bool(hydra > e2e["wlb-llm"]),
         "sim_vs_closed_max_rel": max(sim.values()), "sim_vs_closed_max_rel_by_method": sim,
         "lnk": lnk(profile, setup.gpus, strategy),
         "target_1_35x_end_to_end_over_megatron": bool(m["hydraplan"].end_to_end_speedup_vs_megatron >= 1.35),
         "target_ahead_of_undelayed_end_to_end": bool(all(hydra <= e2e[n] for n in UNDELAYED if n in e2e)),
         "target_delay_ahead_of_wlb_llm_end_to_end": bool(delay <= e2e["wlb-llm"]),
     }
+
+
+def overall(configs: list[dict]) -> dict:
+    """Under the end-to-end objective, where a method that trains each batch in its own iteration (CAD aside)
+    is faster than hydraplan, and which; the fastest method per configuration; where the 1F1B simulator
+    differs most from the closed form."""
+    e2e = [c for c in configs if c["objective"] == "end-to-end"]
+    faster = {c["id"]: [m for m in UNDELAYED if c["mean_iteration_s"][m] < c["mean_iteration_s"]["hydraplan"]]
+              for c in e2e}
+    def name(c: dict) -> str:
+        t = c["tokens_per_iter"]
+        return f"{c['profile']} {c['dataset'].removeprefix('builtin:')} {f'{t / 1e6:g}M' if t >= 1e6 else f'{t // 1000}K'}"
+
+    sim = [(v, m, c["id"]) for c in configs for m, v in c["sim_vs_closed_max_rel_by_method"].items()]
+    worst = max(sim)
+    return {"end_to_end_configs": len(e2e), "hydraplan_ahead_of_undelayed": sum(not f for f in faster.values()),
+            "undelayed_ahead_of_hydraplan": [f"{name(c)}: {', '.join(faster[c['id']])}" for c in e2e if faster[c["id"]]],
+            "fastest_end_to_end": [f"{name(c)}: {max(c['mean_iteration_s'], key=lambda m: -c['mean_iteration_s'][m])}"
+                                   for c in e2e],
+            "sim_vs_closed": {"max_rel": worst[0], "method": worst[1], "config": worst[2],
+                              "max_rel_other_methods": max((v for v, m, _ in sim if m != worst[1]), default=0.0)}}
 
 
 def main(bench: Run) -> None:
@@ -146,7 +168,7 @@ def main(bench: Run) -> None:
     if args.only is not None:
         return
     configs = [summary(setup, *c) for c in todo if (setup.folder(*c) / "wall_s.txt").exists()]
-    bench.write({"gpus": setup.gpus, "context_len": CONTEXT, "seed": SEED, "configs": configs})
+    bench.write({"gpus": setup.gpus, "context_len": CONTEXT, "seed": SEED, **overall(configs), "configs": configs})
     _print(configs)
 
 
