@@ -6,8 +6,10 @@ planner to the first plan written (imports, loading, proposing, the static basel
 per iteration after it (mean over the iterations), both as wall time and as this process's CPU time: on a
 shared machine wall time also counts the other processes, CPU time is the one-core cost. Also per
 iteration how many candidates were dispatched (the rest ruled out by their bounds before dispatch) and the
-seconds each dispatch took. Writes bench/results/scale.json; `python -m bench scale 8192` re-measures one
-size and keeps the others.
+seconds each dispatch took, the bytes of a plan as JSON and compact (store/planfile.py), and the run's
+process groups: the family the runtime makes at start-up (total, and the most one rank belongs to) and those
+the plans use. Writes bench/results/scale.json; `python -m bench scale 8192` re-measures one size and keeps
+the others.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
                                        tokens_per_iter=tokens, iterations=iterations, out=out / "run",
                                        context_len=32768, workers=1), clock)
         proposed = json.loads((out / "run" / "strategies.json").read_text()).get("proposed")
+        sizes = _plan_bytes(out / "run")
     finally:
         shutil.rmtree(out)
     wall = [b[0] - a[0] for a, b in zip(clock.marks, clock.marks[1:])]
@@ -67,7 +70,31 @@ def measure(gpus: int, tokens: int, iterations: int = ITERATIONS) -> dict:
         "dispatch_s_mean": sum(c.dispatch_s for d in dispatched for c in d) / max(sum(map(len, dispatched)), 1),
         "objective": getattr(summary, "objective", None) or "propagation",
         "mean_estimate_s": summary.mean_estimate_s, "mean_baseline_s": summary.mean_baseline_s,
+        **sizes, "compact_ratio": sizes["compact_bytes_per_plan"] / sizes["json_bytes_per_plan"],
+        "process_groups": {"startup": summary.startup_process_groups, "per_rank_max": summary.process_groups_per_rank,
+                           "used_by_plans": summary.new_process_groups, "outside_family": summary.groups_outside_family,
+                           **_any_scheme_family(gpus)},
     }
+
+
+def _any_scheme_family(gpus: int) -> dict:
+    """The family when every scheme of the cluster may be used (strategies made per batch, --synthesize)."""
+    from hydraplan.core.cluster import Cluster
+    from hydraplan.solve.placement import family, groups_per_rank
+    from hydraplan.store.profiles import load_profile
+
+    fam = family([s.key for s in Cluster.of(load_profile("h100-llama2-7b"), gpus).schemes], gpus)
+    return {"startup_any_scheme": len(fam), "per_rank_max_any_scheme": int(groups_per_rank(fam, gpus).max())}
+
+
+def _plan_bytes(run: Path) -> dict:
+    """Mean bytes of a plan file as JSON (as written) and in the compact form."""
+    from hydraplan.store.planfile import encode, read_plan
+    from hydraplan.store.run import plan_files
+
+    files = plan_files(run)
+    return {"json_bytes_per_plan": sum(f.stat().st_size for f in files) / len(files),
+            "compact_bytes_per_plan": sum(len(encode(read_plan(f))) for f in files) / len(files)}
 
 
 def main(run: Run) -> None:
@@ -80,10 +107,10 @@ def main(run: Run) -> None:
         with multiprocessing.get_context("spawn").Pool(1) as pool:  # the first plan is timed separately
             r = pool.apply(measure, (gpus, tokens, run.pick(ITERATIONS, 2) + 1))
         old = sorted([x for x in old if x["gpus"] != gpus] + [r], key=lambda x: x["gpus"])
-        run.write({"runs": old, "targets": {"64": {"s_per_iter": 0.3}, "1024": {"s_per_iter": 1.0},
-                                            "8192": {"s_per_iter": 2.0, "first_plan_s": 15.0}},
+        run.write({"runs": old, "targets": {"8192": {"s_per_iter": 0.45, "first_plan_s": 5.0, "compact_ratio": 0.10}},
                    "note": "one process (--workers 1); CPU time is the one-core cost on a shared machine"}, merged=partial)
         print(f"{gpus:6d} GPUs {tokens:>11,d} tok  first plan {r['first_plan_wall_s']:6.1f} s wall "
               f"({r['first_plan_cpu_s']:.1f} s CPU)  per iteration {r['s_per_iter_wall_mean']:6.2f} s wall "
               f"({r['s_per_iter_cpu_mean']:.2f} s CPU), {r['dispatched_per_iter_mean']:.1f} candidates dispatched "
-              f"per iteration, {r['dispatch_s_mean']:.2f} s each", flush=True)
+              f"per iteration, {r['dispatch_s_mean']:.2f} s each, compact {r['compact_ratio']:.1%} of JSON, "
+              f"groups {r['process_groups']}", flush=True)

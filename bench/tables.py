@@ -71,14 +71,31 @@ def demo(results: Results, output: str) -> str:
     return _code(results["demo"]["output"][output])
 
 
+def _bytes(n: float) -> str:
+    v, unit = (n / 1e6, "MB") if n >= 1e6 else (n / 1e3, "KB")
+    return f"{v:.1f} {unit}" if v < 10 else f"{v:.0f} {unit}"
+
+
+def _percent(x: float) -> str:
+    """Two significant digits (6.8%, 41%, 146%)."""
+    return f"{float(f'{x * 100:.2g}'):g}%" if x < 1 else f"{x:.0%}"
+
+
+TARGET_WORDS = {"s_per_iter": "{:g} s per iteration", "first_plan_s": "{:g} s first plan", "compact_ratio": "compact {:.0%}"}
+
+
 def scale(results: Results) -> str:
-    """`pack` at each size, one process: candidates, time to the first plan and per iteration (CPU seconds)."""
+    """`pack` at each size, one process: candidates, time to the first plan and per iteration (CPU seconds),
+    dispatches, plan bytes, process groups, and the targets set per size."""
     data = results["scale"]
     runs, targets = data["runs"], data["targets"]
 
     def target(r: dict) -> str:
         t = targets.get(str(r["gpus"]), {})
-        return ", ".join(f"{v:g} s" + (" first plan" if k == "first_plan_s" else "") for k, v in t.items()) or "-"
+        return ", ".join(TARGET_WORDS[k].format(v) for k, v in t.items()) or "-"
+
+    def groups(r: dict, total: str, most: str) -> str:
+        return f"{r['process_groups'][total]:,} ({r['process_groups'][most]})"
 
     head = ["`pack`, one process", *(f"{r['gpus']} GPUs, {_tokens(r['tokens_per_iter'])}" for r in runs)]
     return _table(head, [
@@ -89,8 +106,28 @@ def scale(results: Results) -> str:
         ["candidates dispatched per iteration (the rest ruled out before)",
          *(f"{r['dispatched_per_iter_mean']:.1f}" for r in runs)],
         ["seconds per dispatch", *(f"{r['dispatch_s_mean']:.2g} s" for r in runs)],
-        ["target per iteration (and to the first plan)", *(target(r) for r in runs)],
+        ["a plan as JSON", *(_bytes(r["json_bytes_per_plan"]) for r in runs)],
+        ["a plan compact (`--format compact`)", *(f"{_bytes(r['compact_bytes_per_plan'])} ({_percent(r['compact_ratio'])})"
+                                                  for r in runs)],
+        ["process groups made at start-up (at most per rank)", *(groups(r, "startup", "per_rank_max") for r in runs)],
+        [f"of them used by the {runs[0]['iterations']} plans", *(f"{r['process_groups']['used_by_plans']:,}" for r in runs)],
+        ["the family when any scheme may be used (at most per rank)",
+         *(groups(r, "startup_any_scheme", "per_rank_max_any_scheme") for r in runs)],
+        ["target", *(target(r) for r in runs)],
     ])
+
+
+def online(results: Results) -> str:
+    """online.json: rank 0's wait for each plan when the job plans while it trains, per planning layout."""
+    def what(r: dict) -> str:
+        procs = f"{r['planners_per_node']} planner process{'es' if r['planners_per_node'] > 1 else ''}"
+        return f"1 node, {procs}" if r["nodes"] == 1 else f"{r['nodes']} nodes (torchrun agents), {procs} each"
+
+    rows = [[what(r), f"{r['first_wait_s']:.2f} s", f"{r['max_later_wait_s']:.3f} s",
+             "yes" if r["plans_equal_pack"] else "**no**", f"{r['max_abs_param_diff']:.2g}"]
+            for r in results["online"]["runs"]]
+    return _table(["planning", "first plan", "later plans, at most", "plans equal `pack`'s", "max parameter difference"],
+                  rows)
 
 
 def bound(results: Results) -> str:
@@ -181,5 +218,5 @@ def hydraulis(results: Results) -> str:
                    "MaxLen ours, with sequence parallelism", "MaxLen Hydraulis"], rows)
 
 
-TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, bound, cad, overlap, memory,
-                                                                   profile_check, cpu_tiny, hydraulis)}
+TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, cad, overlap,
+                                                                   memory, profile_check, cpu_tiny, hydraulis)}

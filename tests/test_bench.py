@@ -12,7 +12,7 @@ from bench.docs import REGION, FigureError, Results, format_value, marks, pages
 from bench.run import RESULTS, names, run_bench
 from hydraplan.store.paths import ROOT
 
-RUNTIME = {"memory", "overlap", "profile"}  # benches that launch gloo jobs under torchrun
+RUNTIME = {"memory", "online", "overlap", "profile"}  # benches that launch gloo jobs under torchrun
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in RUNTIME else n for n in names()])
