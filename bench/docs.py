@@ -1,6 +1,6 @@
 """The docs' figures, generated from bench/results: `python -m bench.docs` rewrites every generated table and
 figure in README.md and docs/*.md from the results files, `--check` lists every one that differs and exits 1
-(tests/test_bench_docs.py runs it), `--status` shows how and when each results file was made.
+(tests/test_bench.py runs it), `--status` shows how and when each results file was made.
 
 Two kinds of marks, both invisible on a rendered page:
 - a region `<!-- bench: TABLE ARGS -->` ... `<!-- /bench -->`: its lines are what bench/tables.py's TABLE
@@ -245,7 +245,7 @@ def rewrite(page: Path, results: Results) -> list[Mark]:
 
 
 def status(results: Results) -> list[str]:
-    """Per results file: its commit, date, command, and whether the code changed since that commit."""
+    """Per results file: its commit, date, what the run took, command, and whether the code changed since."""
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = []
     for path in sorted(results.folder.glob("*.json")):
@@ -256,7 +256,8 @@ def status(results: Results) -> list[str]:
             diff = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", c, head, "--", *CODE, ":!bench/results"])
             changed = "code changed since" if diff.returncode else "code unchanged since"
         earlier = f", parts from {len(meta['earlier'])} earlier run(s)" if meta.get("earlier") else ""
-        out.append(f"{path.name:18s} {(c or 'no commit')[:10]} {meta.get('date', 'no date')} "
+        took = f"{meta['wall_s']:7.0f} s wall {meta['cpu_s']:7.0f} s CPU" if "cpu_s" in meta else f"{'(time not recorded)':32s}"
+        out.append(f"{path.name:18s} {(c or 'no commit')[:10]} {meta.get('date', 'no date')} {took} "
                    f"{'dirty ' if meta.get('dirty') else ''}{changed}{earlier}: {meta.get('command', 'no command')}")
     return out
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import resource
 import subprocess
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,6 +41,12 @@ def dirty() -> bool | None:
     return None if out is None else bool(out)
 
 
+def _clock() -> tuple[float, float]:
+    """Wall seconds, and CPU seconds of this process and of the children it has waited for (torchrun, pools)."""
+    cpu = sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    return time.perf_counter(), cpu
+
+
 @dataclass(frozen=True)
 class Run:
     """One bench's run: `name` is its module's (bench_NAME.py), `argv` what follows the name on the command
@@ -48,6 +56,7 @@ class Run:
     argv: tuple[str, ...] = ()
     smoke: bool = False
     results: Path = RESULTS
+    started: tuple[float, float] = field(default_factory=_clock, compare=False)
 
     @property
     def path(self) -> Path:
@@ -63,11 +72,14 @@ class Run:
 
     def meta(self, merged: bool) -> dict:
         """How this file was made. When a partial run merged into an older file, the older record stays under
-        `earlier`: those parts come from its commit."""
+        `earlier`: those parts come from its commit. `wall_s` and `cpu_s`: what the run took until this write
+        (CPU of all its processes: on a shared machine the wall time also counts the other jobs)."""
+        (wall, cpu), (wall0, cpu0) = _clock(), self.started
         out = {"commit": commit(), "dirty": dirty(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "command": " ".join(["python -m bench", *(["--smoke"] if self.smoke else []), self.name, *self.argv]),
-               "smoke": self.smoke, "cores": os.cpu_count()}
+               "smoke": self.smoke, "cores": os.cpu_count(), "wall_s": round(wall - wall0, 1),
+               "cpu_s": round(cpu - cpu0, 1)}
         old = self.previous().get("meta") if merged else None
         if old:
             out["earlier"] = [{k: v for k, v in old.items() if k != "earlier"}, *old.get("earlier", [])]
