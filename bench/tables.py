@@ -218,5 +218,21 @@ def hydraulis(results: Results) -> str:
                    "MaxLen ours, with sequence parallelism", "MaxLen Hydraulis"], rows)
 
 
+def timings(results: Results) -> str:
+    """What each bench's last full run took (its file's meta), longest first, and the sum: what `make bench` costs."""
+    from bench.run import names
+
+    metas = {n: results[n]["meta"] for n in names()}
+    rows = sorted(metas.items(), key=lambda kv: -kv[1].get("wall_s", 0))
+
+    def secs(m: dict, key: str) -> str:
+        return f"{m[key] / 60:.1f} min" if key in m else "not recorded"
+
+    total = {k: sum(m.get(k, 0) for m in metas.values()) for k in ("wall_s", "cpu_s")}
+    return _table(["bench", "wall", "CPU (all its processes)", "made"],
+                  [[f"`{n}`", secs(m, "wall_s"), secs(m, "cpu_s"), m["date"][:10]] for n, m in rows]
+                  + [["all", secs(total, "wall_s"), secs(total, "cpu_s"), ""]])
+
+
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, cad, overlap,
-                                                                   memory, profile_check, cpu_tiny, hydraulis)}
+                                                                   memory, profile_check, cpu_tiny, hydraulis, timings)}
