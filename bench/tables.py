@@ -222,7 +222,7 @@ def timings(results: Results) -> str:
     """What each bench's last full run took (its file's meta), longest first, and the sum: what `make bench` costs."""
     from bench.run import names
 
-    metas = {n: results[n]["meta"] for n in names()}
+    metas = {n: results[n].get("meta", {}) for n in names()}
     rows = sorted(metas.items(), key=lambda kv: -kv[1].get("wall_s", 0))
 
     def secs(m: dict, key: str) -> str:
@@ -230,7 +230,7 @@ def timings(results: Results) -> str:
 
     total = {k: sum(m.get(k, 0) for m in metas.values()) for k in ("wall_s", "cpu_s")}
     return _table(["bench", "wall", "CPU (all its processes)", "made"],
-                  [[f"`{n}`", secs(m, "wall_s"), secs(m, "cpu_s"), m["date"][:10]] for n, m in rows]
+                  [[f"`{n}`", secs(m, "wall_s"), secs(m, "cpu_s"), m.get("date", "unknown")[:10]] for n, m in rows]
                   + [["all", secs(total, "wall_s"), secs(total, "cpu_s"), ""]])
 
 
