@@ -42,8 +42,8 @@ example: setup
 test: setup
 	$(PY) -m pytest -q -n 2 --durations=10
 
-# Every benchmark with today's code (bench/results/*.json; an hour or more on 2 cores), then the docs' tables
-# and figures rewritten from them.
+# Every benchmark with today's code (bench/results/*.json; what each took: the timings table of
+# docs/architecture.md, `compare` the longest), then the docs' tables and figures rewritten from them.
 bench: setup
 	$(PY) -m bench
 	$(PY) -m bench.docs
