@@ -9,18 +9,17 @@ end to end, the plans of pack's default (`--objective end-to-end`, candidates on
 case (h100-llama2-7b, 64 GPUs, 200K tokens) runs more iterations. Speed: seconds per iteration of both paths
 on the same batches (one process; the ratio is what to read on a shared machine), at 64 GPUs and at 1024
 GPUs / 3.2M tokens. Each bound probe gets PROBE_LIMIT_S of wall time (an open probe counts as feasible, so a
-loaded machine can only loosen the bound, never invalidate it). Writes bench/results/bound.json.
+loaded machine can only loosen the bound, never invalidate it). Writes bench/results/bound.json;
+`python -m bench bound headline` re-measures the headline cases, `... bound speed` the speed runs, keeping the rest.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.sync import has_sync_model
 from hydraplan.engine.planner import Planner
@@ -29,7 +28,6 @@ from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import bundled_profiles, load_profile
 
-RESULTS = Path(__file__).parent / "results" / "bound.json"
 CONTEXT = 32768
 SEED = 3
 TOKENS_PER_GPU = 3125  # 200K tokens at 64 GPUs
@@ -44,7 +42,7 @@ def end_to_end(cluster: Cluster, plan) -> float:
     return cluster.estimate([p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines]).iteration_s
 
 
-def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
+def case(profile_name: str, dataset: str, gpus: int, iterations: int, probe_limit_s: float = PROBE_LIMIT_S) -> dict:
     profile = load_profile(profile_name)
     cluster = Cluster.of(profile, gpus)
     view = cluster.view
@@ -74,13 +72,14 @@ def case(profile_name: str, dataset: str, gpus: int, iterations: int) -> dict:
         rows["synthesized"].append(bool(plans["default"].synthesized))
         best = min(rows["default_s"][-1], rows["candidates_only_s"][-1])
         rows["bound_s"].append(any_strategy_bound(lengths, view.schemes, gpus, upper=best, rel_tol=2e-3,
-                                                  time_limit_s=PROBE_LIMIT_S).latency_s)
+                                                  time_limit_s=probe_limit_s).latency_s)
         if transfer is not None:
             rows["e2e_plan_s"].append(e2e_planner.solve(lengths, b.iteration).plan.estimate.iteration_s)
             upper = min(rows["e2e_plan_s"][-1], rows["default_e2e_s"][-1])
             rows["bound_e2e_s"].append(any_strategy_bound(lengths, view.schemes, gpus, transfer=transfer, upper=upper,
-                                                          rel_tol=2e-3, time_limit_s=PROBE_LIMIT_S).latency_s)
-    out = {"profile": profile_name, "dataset": dataset, "gpus": gpus, "tokens_per_iter": tokens, "context_len": context,
+                                                          rel_tol=2e-3, time_limit_s=probe_limit_s).latency_s)
+    out = {"id": f"{profile_name}_{dataset.removeprefix('builtin:')}_{gpus}", "profile": profile_name,
+           "dataset": dataset, "gpus": gpus, "tokens_per_iter": tokens, "context_len": context,
            "iterations": iterations, "seed": SEED}
     bound = np.array(rows["bound_s"])
     for name in paths:
@@ -109,7 +108,8 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
     ds = load_dataset("builtin:wikipedia", CONTEXT)
     batches = sample_iterations(ds, tokens, iterations, 0)
     strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
-    out = {"gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations}
+    out = {"id": str(gpus), "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations,
+           "candidates": len(strategies.candidates)}
     for name, synth in (("synthesis", True), ("candidates_only", False)):
         planner = Planner(profile, strategies, gpus, context_len=CONTEXT, synthesize=synth)
         t0 = time.perf_counter()
@@ -118,62 +118,70 @@ def speed(gpus: int, tokens: int, iterations: int) -> dict:
         out[f"{name}_mean_iteration_s"] = float(np.mean([r.iteration_s for r in res]))
         if synth:
             out["synthesized_won"] = sum(r.strategy.startswith("batch:") for r in res)
+            out["candidates_held"] = iterations - out["synthesized_won"]
     out["time_ratio"] = out["synthesis_s_per_iter"] / out["candidates_only_s_per_iter"]
+    out["synthesis_mean_lower_by"] = 1 - out["synthesis_mean_iteration_s"] / out["candidates_only_mean_iteration_s"]
     return out
 
 
-def _write(out: dict) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-
-
 SPEED_RUNS = ((64, 200_000, 9), (1024, 3_200_000, 3))
+TARGETS = {"plan_over_bound_mean": 1.05, "plan_over_bound_max": 1.20, "s_per_iter_64": 0.3, "s_per_iter_1024": 1.0}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The headline case and the speed runs first, then the sweep; the file is rewritten after every case, so
-    an interrupted run keeps what it measured. With argument `speed` only the speed runs, with `headline` only
-    the headline cases (the other cases kept)."""
-    if argv and argv[0] == "headline":
-        out = json.loads(RESULTS.read_text())
-        for d in DATASETS:
-            c = case(HEADLINE[0], d, HEADLINE[1], HEADLINE_ITERATIONS)
-            out["cases"] = [c if (x["profile"], x["gpus"], x["dataset"]) == (*HEADLINE, d) else x for x in out["cases"]]
-            _write(out)
-            print(json.dumps({k: v for k, v in c.items() if not isinstance(v, list)}, indent=1), flush=True)
-        return
-    if argv and argv[0] == "speed":
-        out = json.loads(RESULTS.read_text())
-        out["speed"] = []
-        for args in SPEED_RUNS:
-            out["speed"].append(speed(*args))
-            _write(out)
-        print(json.dumps(out["speed"], indent=1))
-        return
-    out: dict = {"cases": [], "speed": [], "targets": {"plan_over_bound_mean": 1.05, "plan_over_bound_max": 1.20,
-                                                       "s_per_iter_64": 0.3, "s_per_iter_1024": 1.0}}
-    runs = [(*HEADLINE, d, HEADLINE_ITERATIONS) for d in DATASETS]
-    for path in bundled_profiles():
-        if load_profile(path.stem).source != "analytic":
-            continue
-        runs += [(path.stem, g, d, ITERATIONS) for g in (64, 256) for d in DATASETS if (path.stem, g) != HEADLINE]
-    for k, (name, gpus, dataset, its) in enumerate(runs):
-        c = case(name, dataset, gpus, its)
-        out["cases"].append(c)
-        e2e = c.get("e2e_objective_over_e2e_bound_mean")
-        print(f"{c['profile']:16s} {c['dataset']:18s} {gpus:4d} GPUs  plan/bound {c['default_over_bound_mean']:.3f} "
-              f"(max {c['default_over_bound_max']:.3f}; candidates only {c['candidates_only_over_bound_mean']:.3f})"
-              f"  end to end {'n/a' if e2e is None else f'{e2e:.3f}'}", flush=True)
-        _write(out)
-        if k == len(DATASETS) - 1:
-            for args in SPEED_RUNS:
-                s = speed(*args)
-                out["speed"].append(s)
-                print(f"speed {s['gpus']:5d} GPUs  with synthesis {s['synthesis_s_per_iter']:.3f} s/iter  candidates only "
-                      f"{s['candidates_only_s_per_iter']:.3f} s/iter  (x{s['time_ratio']:.2f})", flush=True)
-                _write(out)
-    print(f"wrote {RESULTS}")
+def sweep_summary(cases: list[dict]) -> dict:
+    """What the text says of the cases besides the headline: the range of plan / bound, where synthesis won."""
+    rest = [c for c in cases if (c["profile"], c["gpus"]) != HEADLINE]
+    if not rest:
+        return {}
+    ratios = [c["default_over_bound_mean"] for c in rest]
+    return {"others_over_bound": [min(ratios), max(ratios)],
+            "others_synthesis_won": [c["id"] for c in rest if c["synthesized_iterations"]],
+            "others_synthesis_lower": [c["id"] for c in rest
+                                       if c["default_over_bound_mean"] < c["candidates_only_over_bound_mean"] - 1e-9]}
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def _report(c: dict) -> None:
+    e2e = c.get("e2e_objective_over_e2e_bound_mean")
+    print(f"{c['profile']:16s} {c['dataset']:18s} {c['gpus']:4d} GPUs  plan/bound {c['default_over_bound_mean']:.3f} "
+          f"(max {c['default_over_bound_max']:.3f}; candidates only {c['candidates_only_over_bound_mean']:.3f})"
+          f"  end to end {'n/a' if e2e is None else f'{e2e:.3f}'}", flush=True)
+
+
+def main(run: Run) -> None:
+    """The headline cases and the speed runs first, then the sweep; the file is rewritten after every case, so
+    an interrupted run keeps what it measured. With argument `speed` only the speed runs, with `headline`
+    only the headline cases (the other cases kept)."""
+    part = run.argv[0] if run.argv else None
+    if part not in (None, "headline", "speed"):
+        raise SystemExit(f"bench bound: unknown part {part!r} (headline, speed)")
+    out = run.previous() if part else {}
+    out.update(targets=TARGETS, probe_limit_s=run.pick(PROBE_LIMIT_S, 1.0))
+    headline = [(*HEADLINE, d, HEADLINE_ITERATIONS) for d in DATASETS]
+    runs = run.pick(headline, [("h100-llama2-7b", 16, "builtin:wikipedia", 1)])
+    speeds = run.pick(SPEED_RUNS, ((16, 50_000, 1),))
+    if part is None and not run.smoke:
+        runs += [(p.stem, g, d, ITERATIONS) for p in bundled_profiles() if load_profile(p.stem).source == "analytic"
+                 for g in (64, 256) for d in DATASETS if (p.stem, g) != HEADLINE]
+    if part != "speed":
+        cases = {c["id"]: c for c in out.get("cases", [])} if part else {}
+        for name, gpus, dataset, its in runs:
+            c = case(name, dataset, gpus, its, out["probe_limit_s"])
+            cases[c["id"]] = c
+            out["cases"] = list(cases.values())
+            out["sweep"] = sweep_summary(out["cases"])
+            run.write(out, merged=part is not None)
+            _report(c)
+            if part is None and c["id"] == f"{HEADLINE[0]}_{DATASETS[-1].removeprefix('builtin:')}_{HEADLINE[1]}":
+                _speeds(run, out, speeds, merged=False)
+    if part == "speed" or run.smoke:
+        _speeds(run, out, speeds, merged=part is not None)
+
+
+def _speeds(run: Run, out: dict, speeds, merged: bool) -> None:
+    out["speed"] = []
+    for args in speeds:
+        s = speed(*args)
+        out["speed"].append(s)
+        print(f"speed {s['gpus']:5d} GPUs  with synthesis {s['synthesis_s_per_iter']:.3f} s/iter  candidates only "
+              f"{s['candidates_only_s_per_iter']:.3f} s/iter  (x{s['time_ratio']:.2f})", flush=True)
+        run.write(out, merged=merged)

@@ -1,12 +1,14 @@
 """Shared by the tests: a tiny profile with the paper's trade-offs, an interrupted pack run, and gloo
 process groups for multi-process runtime tests."""
 
+import re
 import socket
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
+from hydraplan.core import hardware
 from hydraplan.schema import (
     BatchSeq,
     Estimate,
@@ -117,3 +119,41 @@ def overlap_plans(world: int = 4) -> list[Plan]:
                   first_id=200),
         make_plan(3, "D", [(1, 1, [r], [[20, 20], [32]]) for r in range(4)], first_id=300),
     ]
+
+
+MEMORY_LINE = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d),(\d),1(?:,(\w+))?> stage (\d) largest "
+                         r"micro-batch (\d+) tokens: peak ([\d.]+) MiB, model ([\d.]+) MiB, measured/model ([\d.]+)$", re.M)
+"""A line of `run_plan --memory`: iteration, rank, tp, pp, recomputation mode ('' for none), stage, tokens, peak
+MiB, model MiB, measured/model."""
+
+
+def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none") -> list[Plan]:
+    """Micro-batches at cpu-tiny's MaxLen in recomputation `mode` on every rank of 4, for each of its schemes: a
+    <2,1,1> pipeline with one next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>, one <4,1,1>,
+    <2,2,1> with two and <1,4,1> with four, every pipeline recomputing in `mode`; each plan `repeats` times in a
+    row (the first warms the allocator up)."""
+    from hydraplan.store.profiles import load_profile
+
+    ml = {s.key[:2]: s.max_len for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
+    a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
+    chosen = [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
+              ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),
+              ("TP4", [(4, 1, [0, 1, 2, 3], [[ml[(4, 1)]]])]),
+              ("TP2xPP2", [(2, 2, [0, 1, 2, 3], [[ml[(2, 2)]]] * 2)]),
+              ("PP4", [(1, 4, [0, 1, 2, 3], [[ml[(1, 4)]]] * 4)])][:layouts]
+    plans = []
+    for name, pipes in chosen:
+        for _ in range(repeats):
+            it = len(plans)
+            plan = make_plan(it, name, pipes, first_id=100 * it)
+            for p in plan.pipelines:
+                p.recompute = mode
+            plans.append(plan)
+    return plans
+
+
+# Hydraulis' fitted A800 LLaMA-2 7B coefficients (a, b, c in ms per micro-batch per stage) and MaxLen (tokens, no
+# recomputation): tests/test_costmodel.py keeps the analytic profile within 2x of the coefficients and 20% of MaxLen,
+# bench/bench_analytic.py reports the ratios.
+HYDRAULIS_TIME = {(2, 1, 1): (2.054e-6, 0.09671, 65.18), (8, 1, 1): (5.07e-7, 0.03662, 44.32)}
+HYDRAULIS_MAX_LEN = {(tp, 1, 1): n for tp, n in hardware.HYDRAULIS_MAX_LEN[("a800", "llama2-7b")].items()}

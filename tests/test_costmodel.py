@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from helpers import HYDRAULIS_MAX_LEN, HYDRAULIS_TIME
 
 from hydraplan.core.analytic import (
     CP_DEGREES,
@@ -106,21 +107,16 @@ def test_no_scheme_beats_the_physical_limit(profiles):
         assert 0.3 < best_4k < 0.70, p.name
 
 
-# Hydraulis' fitted A800 LLaMA-2 7B coefficients (ms per micro-batch per stage) and MaxLen.
-ANCHOR_TIME = {(2, 1, 1): (2.054e-6, 0.09671, 65.18), (8, 1, 1): (5.07e-7, 0.03662, 44.32)}
-ANCHOR_MAX_LEN = {(2, 1, 1): 22_000, (4, 1, 1): 46_000, (8, 1, 1): 85_000, (16, 1, 1): 138_000}
-
-
 def test_hydraulis_anchors(profiles):
     """Time coefficients of the shipped profile within 2x of the paper's fits, and MaxLen without recomputation
     within 20% of Hydraulis' at TP 2-16; the profile's notes give each deviation and what explains it."""
     p = profiles["a800-llama2-7b"]
-    for key, ref in ANCHOR_TIME.items():
+    for key, ref in HYDRAULIS_TIME.items():
         t = p.scheme(*key).time
         for ours, theirs in zip((t.a * 1e3, t.b * 1e3, t.c * 1e3), ref):
             assert 0.5 <= ours / theirs <= 2.0, (key, ours, theirs)
     note = p.notes["max_len_vs_hydraulis"]
-    for key, ref in ANCHOR_MAX_LEN.items():
+    for key, ref in HYDRAULIS_MAX_LEN.items():
         ours = p.scheme(*key).max_len
         assert 0.8 <= ours / ref <= 1.2, (key, ours, ref)
         assert f"<{key[0]},1,1> {ours:,} vs {ref:,}" in note
