@@ -14,11 +14,14 @@ Each iteration prints its phases (replay.StepStats): pull, propagate, push and s
 was blocked on LNK ("sync exposed") and how much in-flight LNK time it did not wait for ("hidden").
 The loss is the token mean over the whole global batch, so the result equals single-process training on
 the same batch; `--verify` checks exactly that against runtime/reference.py.
-Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
+Without torchrun it runs as a single process. CUDA (NCCL, bf16 by default, TF32 allowed) is used when present,
+else CPU (gloo, fp32 by default); every time and byte it reports is read through runtime/device.py.
 --init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
---memory prints each rank's peak heap bytes per step on CPU (runtime/memstats.py) next to the memory model of
-the plan's profile for the rank's scheme, stage and largest micro-batch.
+--memory prints each rank's peak bytes per step (the C heap on CPU, the CUDA caching allocator on GPU) next
+to the memory model of the plan's profile for the rank's scheme, stage and largest micro-batch.
+A failure inside training prints one line naming the rank, host, iteration and plan file and ends every rank
+within seconds (runtime/faults.py; HYDRAPLAN_INJECT_FAULT=KIND@RANK:ITERATION injects one).
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ if __name__ == "__main__":
 
 import argparse
 import gc
-import os
 from collections import Counter
 from datetime import timedelta
 
@@ -43,28 +45,17 @@ import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan
-from hydraplan.runtime import checkpoint, hf
+from hydraplan.runtime import checkpoint, device, faults, hf
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.lnk import owner_ranges
-from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
+from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import master_dtype
 from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
-from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
-
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
-TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
-"""--verify. fp64: max abs parameter difference after every step against single-process fp64 training.
-fp32/bf16: relative L2 error of the iteration's summed gradient against an fp64 reference at the same
-weights (a parameter difference says little here: AdamW's first steps move every weight by ~lr whatever
-the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays below it however many
-micro-batches add up (weights and activations rounded to bf16), while accumulating in bf16 grows past it as
-micro-batches add up (tests/test_grads.py measures both on the tiny model), so 1e-2 passes the former and
-fails the latter on long accumulations; on short ones the accumulation error hides in bf16 compute's own and
-no tolerance can separate them."""
+from hydraplan.runtime.verify import TOLERANCE, Verifier, fp64_attention_refusal
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,19 +75,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="after the last iteration, save the sharded masters and AdamW states")
     ap.add_argument("--resume", default=None, metavar="DIR",
                     help="continue a run saved with --save (same world size and model): the plans after its last iteration")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype (masters are fp32, fp64 for fp64)")
+    ap.add_argument("--dtype", choices=sorted(device.DTYPES), default=None,
+                    help="compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64)")
     ap.add_argument("--dataset", default=None,
                     help="tokenized dataset the plans were sampled from (token ids); default: synthetic tokens per sequence id")
     ap.add_argument("--verify", action="store_true",
                     help="rank 0 also trains in one process in fp64 and compares parameters (fp64) or gradients (fp32, bf16)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
-                         "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2)")
+                         "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2; runtime/verify.py)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
-                    help="CPU: measure each rank's peak heap bytes during every step (glibc allocator statistics, "
-                         "runtime/memstats.py) and print them next to the plan's profile's memory model")
+                    help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
+                         "max_memory_allocated) and print them next to the plan's profile's memory model")
     ap.add_argument("--no-overlap", action="store_true",
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
@@ -110,20 +102,34 @@ def describe(plan: Plan) -> str:
 
 
 def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
-          device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None) -> int:
+          dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None) -> int:
+    """Replay the plans; a failure inside ends the job in one line (runtime/faults.py)."""
     rank = dist.get_rank()
-    dtype = DTYPES[args.dtype]
+    watchdog = faults.Watchdog(rank)
+    at: list = [None, None]  # the plan iteration and file being replayed
+    try:
+        code = _train(cfg, data, plans, args, dev, hf_weights, done, at)
+    except Exception as e:
+        watchdog.handle(e, at[0], at[1])  # several ranks: never returns
+        code = 1
+    watchdog.stop()
+    return code
+
+
+def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
+           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, at: list) -> int:
+    rank = dist.get_rank()
+    dtype = device.DTYPES[args.dtype]
     mdt = master_dtype(dtype)
     tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
-    exact = dtype == torch.float64
     if rank == 0:
-        choice = choice_for(device, dtype, cfg.head_dim)
+        choice = choice_for(dev.torch, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
     if args.memory:
         map_large_allocations()
-    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s),
-                        overlap=not args.no_overlap, keep_grad=args.verify and not exact)
-    reference = Reference(cfg, data, args.seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
+    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, dev, timedelta(seconds=args.timeout_s),
+                        overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
+    verifier = Verifier(replayer, cfg, data, args.seed, args.lr, dtype) if args.verify else None
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -131,18 +137,20 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     elif hf_weights is not None:
         lo, hi = owner_ranges(replayer.numels, dist.get_world_size())
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
-        if reference is not None:
-            reference.load(hf_weights.full(torch.float64))
+        if verifier is not None and verifier.reference is not None:
+            verifier.reference.load(hf_weights.full(torch.float64))
     worst = 0.0
-    for _, plan in plans:
-        before = replayer.gather_weights() if args.verify and not exact else None
+    for source, plan in plans:
+        at[:] = [plan.iteration, source]
+        if verifier is not None:
+            verifier.before()
         if args.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
             gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
             dist.barrier()
-            with PeakHeap() as heap:
+            with dev.peak_memory() as peak:
                 st = replayer.step(plan)
-            _print_memory(plan, replayer, heap.peak - heap.start + held)
+            _print_memory(plan, replayer, peak.peak - peak.start + held, args.dtype)
         else:
             st = replayer.step(plan)
         if rank == 0:
@@ -152,31 +160,24 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
                   f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
         if plan.cad is not None:
             _print_cad_balance(plan, replayer.cad_attention_s if replayer.last_role_cad else [])
-        if args.verify:
-            got = replayer.gather_weights() if exact else replayer.gather_grads()
-            if reference is not None:
-                if exact:
-                    reference.step(plan)
-                    diff = float((got - reference.flat_weights()).abs().max())
-                    print(f"verify: iteration {plan.iteration} max_abs_param_diff={diff:.3e}", flush=True)
-                else:
-                    want = reference.gradient(plan, before.double())
-                    diff = float((got.double() - want).norm() / want.norm())
-                    print(f"verify: iteration {plan.iteration} grad_rel_err={diff:.3e} (fp64 reference at the same weights)",
-                          flush=True)
+        if verifier is not None:
+            diff = verifier.compare(plan)
+            if diff is not None:
+                print(f"verify: iteration {plan.iteration} {verifier.what}={diff:.3e}"
+                      + ("" if verifier.exact else " (fp64 reference at the same weights)"), flush=True)
                 worst = max(worst, diff)
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
+    at[:] = [None, None]
     if args.save:
         last = plans[-1][1].iteration if plans else (done if done is not None else -1)
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
         if rank == 0:
             print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
-    failed = torch.tensor([float(worst > tolerance)], device=device)
+    failed = torch.tensor([float(worst > tolerance)], device=dev.torch)
     dist.broadcast(failed, 0)
     if failed.item():
         if rank == 0:
-            what = "max_abs_param_diff" if exact else "grad_rel_err"
-            print(f"verify: FAILED, {what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
+            print(f"verify: FAILED, {verifier.what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
 
@@ -195,9 +196,10 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
     return ckpt.cfg, ckpt
 
 
-def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
-    """Rank 0 prints, per rank, the peak heap bytes of the step (plus the master shard and AdamW state held
-    across steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch."""
+def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> None:
+    """Rank 0 prints, per rank, the peak bytes of the step (plus the master shard and AdamW state held across
+    steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch
+    (hydraplan.core.memory.rank_memory, LNK's buffers in this run's compute dtype)."""
     from hydraplan.core.memory import rank_memory_bytes
     from hydraplan.store.profiles import load_profile
 
@@ -213,14 +215,16 @@ def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
     if dist.get_rank() != 0:
         return
     try:
-        scheme_of = {s.key: s for s in load_profile(plan.profile).schemes}
+        profile = load_profile(plan.profile)
     except UserError:
-        scheme_of = {}
+        profile = None
+    scheme_of = {} if profile is None else {s.key: s for s in profile.schemes}
     for rank, row in enumerate(rows):
         if row is None:
             continue
         j, key, stage, tokens, got = row
-        model = rank_memory_bytes(scheme_of[key], stage, plan.gpus, tokens) if key in scheme_of else None
+        model = (rank_memory_bytes(profile, scheme_of[key], stage, plan.gpus, tokens, device.DTYPES[dtype].itemsize)
+                 if key in scheme_of else None)
         vs = "" if model is None else f", model {model / 2**20:.2f} MiB, measured/model {got / model:.3f}"
         print(f"memory: iteration {plan.iteration} rank {rank} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
               f"largest micro-batch {tokens} tokens: peak {got / 2**20:.2f} MiB{vs}", flush=True)
@@ -254,26 +258,15 @@ def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
     return TokenData(cfg.vocab, dataset)
 
 
-def _init(timeout: timedelta) -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return device
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = _init(timedelta(seconds=args.timeout_s))
+    dev = device.pick()
+    device.init_distributed(dev, timedelta(seconds=args.timeout_s))
+    args.dtype = args.dtype or device.default_dtype(dev)
     try:
         error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
+            faults.configured()  # a malformed HYDRAPLAN_INJECT_FAULT is a user error like any other
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
             plans = load_plans(args.plan, args.iterations)
@@ -281,8 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                 check_plan(plan, source, dist.get_world_size(), cfg)
                 check_splits(plan, source)
                 data.check(plan, source)
+            if dev.kind == "cuda" and (args.verify or args.dtype == "fp64"):
+                capacity = torch.cuda.get_device_properties(dev.torch).total_memory
+                if (why := fp64_attention_refusal(plans, cfg.heads, capacity)) is not None:
+                    raise UserError(why)
             if args.resume:
-                done = checkpoint.check(args.resume, dist.get_world_size(), cfg, master_dtype(DTYPES[args.dtype]))
+                done = checkpoint.check(args.resume, dist.get_rank(), dist.get_world_size(), cfg,
+                                        master_dtype(device.DTYPES[args.dtype]))
                 plans = [(source, plan) for source, plan in plans if plan.iteration > done]
         except UserError as e:
             error = str(e)
@@ -293,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if first is not None:
             print(f"run_plan: {first}", file=sys.stderr, flush=True)
             return 2
-        return train(cfg, data, plans, args, device, weights, done)
+        return train(cfg, data, plans, args, dev, weights, done)
     finally:
         dist.destroy_process_group()
 

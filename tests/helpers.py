@@ -72,6 +72,14 @@ def write_run_inputs(tmp_path: Path, lengths: np.ndarray, strategies: Strategies
     return profile, data, strat
 
 
+def cpu_env(**extra: str) -> dict[str, str]:
+    """The environment of a runtime launched by a test: GPUs hidden (the tests assert CPU behaviour: gloo, heap
+    memory), one thread per rank."""
+    import os
+
+    return dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

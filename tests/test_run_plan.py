@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, make_plan, overlap_plans
+from helpers import cpu_env, free_port, make_plan, overlap_plans
 from overlap_worker import record as record_overlap
 
 from hydraplan.core.errors import UserError
@@ -207,7 +207,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subproces
 def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
            str(SCRIPT), *args, "--timeout-s", "60"]
-    return _run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
+    return _run(cmd, cpu_env())
 
 
 def _replay_verified(folder: Path, plans: list[Plan]) -> tuple[str, list[float]]:
@@ -294,8 +294,7 @@ def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
     port = str(free_port())
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        env = cpu_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         procs.append(subprocess.Popen([PY, str(SCRIPT), str(tmp_path / "plan.json"), "--timeout-s", "30"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
     for proc in procs:

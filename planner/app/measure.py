@@ -115,6 +115,7 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
+                                            "lnk_bytes": m["lnk_bytes"],
                                             "act_bytes_per_token2": q, "act_bytes_per_token": p,
                                             "peak_bytes_per_token2": q2, "peak_bytes_per_token": p2, "peak_bytes": r}
                                            for m in raw["memory"]
@@ -135,12 +136,17 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                        "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage - 1) * act(l) + peak(l) <= {capacity_bytes / 2**30:g} GiB "
                           "on every stage; act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward, peak(l) "
-                          "to the most heap bytes one micro-batch's forward and backward add at once, plus a constant "
-                          "(measured_memory)",
+                          f"to the most bytes one micro-batch's forward and backward add at once ({_memory_source(device)}), "
+                          "plus a constant; fixed: weights, gradient accumulators, 1/N of the masters, AdamW states "
+                          "and owner gradient, and LNK's in-flight buffers (lnk_bytes) (measured_memory)",
                "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
                "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
     return profile, fits
+
+
+def _memory_source(device: str) -> str:
+    return "torch.cuda.max_memory_allocated" if device == "cuda" else "the C heap's statistics"
 
 
 def model_params(model: str) -> int:
@@ -178,11 +184,9 @@ def measure_network(model: str, device: str, ranks: int, slices: Sequence[tuple[
 
 
 def _device_name(device: str) -> str:
-    if device == "cuda":
-        import torch
+    from hydraplan.runtime.device import CudaDevice, Device
 
-        return torch.cuda.get_device_name(0)
-    return "CPU (gloo)"
+    return (CudaDevice(0) if device == "cuda" else Device()).describe()
 
 
 # -------------------------------------------------------------------------------------------- check
