@@ -33,7 +33,7 @@ from hydraplan.core.errors import UserError
 ENV = "HYDRAPLAN_INJECT_FAULT"
 KINDS = ("oom", "comm", "data")
 POLL_S = 1.0  # how often every rank looks for another rank's failure
-LINGER_S = 2.5  # how long a failing rank keeps its store up (it may host it) so the others read the key first
+LINGER_S = 2.5  # how long a failing rank that hosts the store keeps it up, so the others read the key first
 KEY = "hydraplan/run_plan/failed"
 
 
@@ -153,7 +153,8 @@ class Watchdog:
             return
         try:
             self.store.set(KEY, line)
-            time.sleep(LINGER_S)
+            if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                time.sleep(LINGER_S)  # rank 0 hosts the store unless torchrun's agent does
         except Exception:
             pass
         _exit(1)

@@ -36,6 +36,7 @@ app.command("profile")(cmd_profile.profile_cmd)
 dataset_app.command("stats")(cmd_files.dataset_stats)
 profiles_app.command("list")(cmd_files.profiles_list)
 profiles_app.command("show")(cmd_files.profiles_show)
+profiles_app.command("memory")(cmd_files.profiles_memory)
 profiles_app.command("generate")(cmd_files.profiles_generate)
 cliopts.reflow_help(app, profiles_app, dataset_app)
 

@@ -187,10 +187,4 @@ CPU_MEMORY_GIB = 1 / 32
 
 
 def _parse_schemes(values: list[str]) -> list[tuple[int, int, int]]:
-    out = []
-    for v in values:
-        parts = v.replace("<", "").replace(">", "").split(",")
-        if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UserError(f"--schemes: {v!r} is not TP,PP or TP,PP,CP (positive integers)")
-        out.append((int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1))
-    return out
+    return [cliopts.scheme_key(v, "--schemes") for v in values]

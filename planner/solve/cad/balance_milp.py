@@ -1,4 +1,9 @@
-"""The exact re-assignment of one CAD step's tasks (HiGHS MILP), warm-started from the greedy's."""
+"""The exact re-assignment of one CAD step's tasks (HiGHS MILP), warm-started from the greedy's.
+
+The search is bounded by branch-and-bound nodes (MILP_MAX_NODES), not by wall-clock time, so a plan depends
+only on its arguments: HiGHS with one thread and a fixed seed explores the same nodes on any machine. Most
+of the improvement over the greedy comes from the root node (its cuts and heuristics); past the node limit
+the best solution found is kept ("greedy+milp/node-limit")."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from hydraplan.solve.cad.step import StepProblem, step_time
 from hydraplan.solve.highs import run_mip
 
 MILP_MAX_VARS = 4000  # task x rank binaries up to which the exact refinement runs
-MILP_TIME_S = 1.0
+MILP_MAX_NODES = 10  # branch-and-bound nodes of one refinement (deterministic work, unlike a time limit)
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,11 @@ def _tasks_by_document(p: StepProblem) -> dict[int, list[int]]:
     return docs
 
 
-def _model(col: _Columns, time_limit_s: float) -> highspy.Highs:
+def _model(col: _Columns, max_nodes: int) -> highspy.Highs:
     """Binary x, 0 <= w <= 1, z >= 0 minimized."""
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("threads", 1)
     nv, nx = col.nv, col.nx
@@ -139,7 +144,7 @@ def _warm_start(h: highspy.Highs, col: _Columns, docs: dict[int, list[int]], sta
     h.setSolution(warm)
 
 
-def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: float = MILP_TIME_S
+def milp(p: StepProblem, budget_s: float, start: Sequence[int], max_nodes: int = MILP_MAX_NODES
          ) -> tuple[list[int], bool] | None:
     """Exact re-assignment of the fixed tasks (HiGHS MILP), None if too large. Returns (ranks, proven optimal).
 
@@ -156,13 +161,13 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: fl
     cap = max(budget_s, float(start_comm.max()))
     start_time = step_time(start_comp, start_comm)
     scale = 1.0 / max(start_time, 1e-30)  # seconds -> O(1)
-    h = _model(col, time_limit_s)
+    h = _model(col, max_nodes)
     _assignment_rows(h, col, docs)
     _rank_rows(h, p, col, _comm_coefficients(p, col, docs, scale), cap, scale)
     _warm_start(h, col, docs, start, start_time, scale)
     run_mip(h)
     status = h.getModelStatus()
-    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kSolutionLimit):  # node limit
         return None
     vals = np.asarray(h.getSolution().col_value)
     if vals.size != col.nv:
