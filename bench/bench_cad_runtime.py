@@ -55,7 +55,8 @@ def main() -> None:
     check_s = least(lambda: check_cad(plan, "plan.json"))
     per_replica = [least(lambda j=j: contexts(plan, j)) for j in range(plan.cad.replicas)]
     out = {
-        "profile": PROFILE, "scheme": f"<{plan.cad.tp},{plan.cad.pp},{plan.cad.cp}>", "dataset": DATASET, "context_len": CONTEXT, "tokens": int(b.lengths.sum()), "gpus": GPUS,
+        "profile": PROFILE, "scheme": f"<{plan.cad.tp},{plan.cad.pp},{plan.cad.cp}>", "dataset": DATASET,
+        "context_len": CONTEXT, "tokens": int(b.lengths.sum()), "gpus": GPUS,
         "replicas": plan.cad.replicas, "steps": len(steps), "tasks": sum(len(s.tasks) for s in steps),
         "pieces": sum(len(s.pieces) for s in steps), "check_cad_s": check_s,
         "contexts_per_replica_s": per_replica, "contexts_max_s": max(per_replica),

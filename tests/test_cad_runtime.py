@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import torch
 import pytest
+import torch
 from test_run_plan import _replay_verified
 
 from hydraplan.core.batch import as_batch
