@@ -87,11 +87,11 @@ def classify(e: BaseException) -> str:
     return type(e).__name__
 
 
-def describe(e: BaseException, rank: int, iteration: int | None, source: str | None) -> str:
+def describe(e: BaseException, rank: int, iteration: int | None, source: str | None, program: str = "run_plan") -> str:
     """The one line: rank, host, iteration, plan file, kind and the error's first line."""
-    where = "before the first iteration" if iteration is None else f"iteration {iteration} ({source})"
+    where = "outside the iterations" if iteration is None else f"iteration {iteration} ({source})"
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return f"run_plan: rank {rank} on {socket.gethostname()}, {where}: {classify(e)}: {first}"
+    return f"{program}: rank {rank} on {socket.gethostname()}, {where}: {classify(e)}: {first}"
 
 
 class Watchdog:
@@ -99,8 +99,8 @@ class Watchdog:
     MASTER_PORT; a second client connection, so it never races the process group's own use of the store).
     Without one (a single process), `fail` just prints and exits."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, program: str = "run_plan") -> None:
+        self.rank, self.program = rank, program
         self.store: dist.Store | None = None
         self._stop = threading.Event()
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" in os.environ:
@@ -114,7 +114,7 @@ class Watchdog:
                 failed = self.store.check([KEY])
             except Exception:  # the store is gone: the rank or launcher hosting it died without a word
                 if not self._stop.is_set():
-                    print(f"run_plan: rank {self.rank} on {socket.gethostname()}: lost the job's store (the rank or "
+                    print(f"{self.program}: rank {self.rank} on {socket.gethostname()}: lost the job's store (the rank or "
                           "launcher hosting it is gone)", file=sys.stderr, flush=True)
                     _exit(1)
                 return
@@ -147,7 +147,7 @@ class Watchdog:
         its caller exits with 1)."""
         if self.failed_elsewhere():
             _exit(1)
-        line = describe(e, self.rank, iteration, source)
+        line = describe(e, self.rank, iteration, source, self.program)
         print(line, file=sys.stderr, flush=True)
         if self.store is None:
             return

@@ -52,7 +52,7 @@ from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import master_dtype
-from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
+from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
 from hydraplan.runtime.verify import TOLERANCE, Verifier, fp64_attention_refusal
@@ -200,33 +200,29 @@ def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> 
     """Rank 0 prints, per rank, the peak bytes of the step (plus the master shard and AdamW state held across
     steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch
     (hydraplan.core.memory.rank_memory, LNK's buffers in this run's compute dtype)."""
-    from hydraplan.core.memory import rank_memory_bytes
     from hydraplan.store.profiles import load_profile
 
-    role = rank_roles(plan, dist.get_world_size())[dist.get_rank()]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    role = rank_roles(plan, world)[rank]
     mine = None
     if role is not None:
-        pipe = plan.pipelines[role.pipeline]
-        lengths = {s.id: s.length for s in plan.batch}
-        tokens = max((sum(lengths[i] for i in mb.seqs) for mb in pipe.micro_batches), default=0)
-        mine = (role.pipeline, pipe.key, role.stage, tokens, measured)
-    rows: list = [None] * dist.get_world_size()
+        try:
+            profile = load_profile(plan.profile)
+        except UserError:
+            profile = None
+        model = rank_model_bytes(plan, world, rank, profile, device.DTYPES[dtype].itemsize)
+        mine = (role.pipeline, plan.pipelines[role.pipeline].key, role.stage,
+                largest_micro_batch(plan, role.pipeline), measured, model)
+    rows: list = [None] * world
     dist.all_gather_object(rows, mine)
-    if dist.get_rank() != 0:
+    if rank != 0:
         return
-    try:
-        profile = load_profile(plan.profile)
-    except UserError:
-        profile = None
-    scheme_of = {} if profile is None else {s.key: s for s in profile.schemes}
-    for rank, row in enumerate(rows):
+    for r, row in enumerate(rows):
         if row is None:
             continue
-        j, key, stage, tokens, got = row
-        model = (rank_memory_bytes(profile, scheme_of[key], stage, plan.gpus, tokens, device.DTYPES[dtype].itemsize)
-                 if key in scheme_of else None)
+        j, key, stage, tokens, got, model = row
         vs = "" if model is None else f", model {model / 2**20:.2f} MiB, measured/model {got / model:.3f}"
-        print(f"memory: iteration {plan.iteration} rank {rank} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
+        print(f"memory: iteration {plan.iteration} rank {r} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
               f"largest micro-batch {tokens} tokens: peak {got / 2**20:.2f} MiB{vs}", flush=True)
 
 

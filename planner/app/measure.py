@@ -29,9 +29,18 @@ MODULE = "hydraplan.runtime.profile"
 
 
 # ------------------------------------------------------------------------------------------ running
-def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
-    """Run runtime/profile.py on `ranks` processes (torchrun when more than one), one thread each, and
-    return the JSON it writes. Its one-line errors become UserError."""
+@dataclass(frozen=True)
+class Launch:
+    """A runtime job's exit status, the JSON it wrote (None: none) and its stderr."""
+
+    returncode: int
+    result: dict | None
+    stderr: str
+
+
+def launch_runtime(module: str, args: Sequence[str], ranks: int, device: str, timeout_s: float) -> Launch:
+    """Run a runtime module on `ranks` processes (torchrun when more than one), one thread each, GPUs hidden on
+    --device cpu; it writes its JSON to the --out it is given."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         launcher = [sys.executable]
@@ -40,16 +49,22 @@ def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) 
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        cmd = [*launcher, "-m", MODULE, *args, "--out", str(out)]
+        cmd = [*launcher, "-m", module, *args, "--out", str(out)]
         try:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            raise UserError(f"runtime/profile.py {' '.join(args)}: no result after {timeout_s:g}s") from e
-        if res.returncode != 0 or not out.exists():
-            lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
-            why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
-            raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
-        return json.loads(out.read_text())
+            raise UserError(f"{module} {' '.join(args)}: no result after {timeout_s:g}s") from e
+        return Launch(res.returncode, json.loads(out.read_text()) if out.exists() else None, res.stderr)
+
+
+def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
+    """Run runtime/profile.py (`launch_runtime`) and return the JSON it writes. Its one-line errors become UserError."""
+    res = launch_runtime(MODULE, args, ranks, device, timeout_s)
+    if res.returncode != 0 or res.result is None:
+        lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
+        why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
+        raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
+    return res.result
 
 
 def _free_port() -> int:
