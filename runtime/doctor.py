@@ -41,12 +41,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hydraplan.core.schema import BatchSeq, Estimate, GPUInfo, MicroBatch, Plan, PlanPipeline, Profile, Scheme, TimeCoeffs
+from hydraplan.core.schema import GPUInfo, Plan, Profile, Scheme, TimeCoeffs
 from hydraplan.runtime import attention, device, faults
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import get_config
-from hydraplan.runtime.plans import rank_model_bytes
+from hydraplan.runtime.plans import build_plan, rank_model_bytes
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.verify import TOLERANCE, Verifier
 
@@ -143,31 +143,16 @@ def check_collectives(dev: device.Device, timeout: timedelta) -> str:
 
 
 # ------------------------------------------------------------------------------------------- plans
-def _plan(iteration: int, name: str, world: int, pipes: list[tuple[int, int, int, list[int], list[list[int]]]],
-          first_id: int) -> Plan:
-    """pipes: (tp, pp, cp, ranks, micro-batches as lists of sequence lengths)."""
-    batch, out, sid = [], [], first_id
-    for tp, pp, cp, ranks, mbs in pipes:
-        micro = []
-        for lengths in mbs:
-            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
-            batch += [BatchSeq(id=sid + i, length=n) for i, n in enumerate(lengths)]
-            sid += len(lengths)
-        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
-    return Plan(iteration=iteration, profile="cpu-tiny", gpus=world, batch=batch, strategy=name, pipelines=out,
-                estimate=Estimate(propagation_s=0.0))
-
-
 def doctor_plans(world: int) -> dict[str, Plan]:
     """One small plan per runtime path, on `world` ranks (paths that need more ranks than there are are left out)."""
     pairs = [list(range(r, r + 2)) for r in range(0, world - 1, 2)]
-    out = {"plain": _plan(0, "plain", world, [(1, 1, 1, [r], [[40, 23], [64]]) for r in range(world)], 0)}
+    out = {"plain": build_plan(0, "plain", world, [(1, 1, 1, [r], [[40, 23], [64]]) for r in range(world)], 0)}
     if world >= 4:
         rest = [(1, 1, 1, [r], [[30, 9]]) for r in range(4, world)]
-        out["TP+PP"] = _plan(1, "TP+PP", world, [(2, 2, 1, [0, 1, 2, 3], [[50, 14], [33], [7, 7, 7]])] + rest, 100)
+        out["TP+PP"] = build_plan(1, "TP+PP", world, [(2, 2, 1, [0, 1, 2, 3], [[50, 14], [33], [7, 7, 7]])] + rest, 100)
     if pairs:
-        out["CP"] = _plan(2, "CP", world, [(1, 1, 2, p, [[61, 12], [25]]) for p in pairs], 200)
-        seq = _plan(3, "Seq1F1B", world, [(1, 2, 1, p, [[45, 19], [30, 2], [16]]) for p in pairs], 300)
+        out["CP"] = build_plan(2, "CP", world, [(1, 1, 2, p, [[61, 12], [25]]) for p in pairs], 200)
+        seq = build_plan(3, "Seq1F1B", world, [(1, 2, 1, p, [[45, 19], [30, 2], [16]]) for p in pairs], 300)
         for pipe in seq.pipelines:
             for mb, bounds in zip(pipe.micro_batches, ([0, 30, 64], [0, 16, 32], [0, 6, 16]), strict=True):
                 mb.splits = bounds
@@ -251,7 +236,7 @@ def check_memory(dev: device.Device, dtype_name: str, timeout: timedelta) -> str
     replayer = Replayer(cfg, TokenData(cfg.vocab), dtype, 0, 1e-3, dev, timeout)
     ratios = {}
     for k, (name, pipes) in enumerate(layouts.items()):
-        plan = _plan(10 + k, name, world, pipes, 1000 * (k + 1))
+        plan = build_plan(10 + k, name, world, pipes, 1000 * (k + 1))
         for _ in range(2):
             held = replayer.master.held_bytes()
             gc.collect()
