@@ -85,3 +85,13 @@ def test_cp_kv_is_the_gathered_windows_and_seq1f1b_charges_its_window_copies():
     for k in (2, 4):  # each stashed token also carries its share of window copies: (act + w*kv) / act less room
         want = int(8192 * 4 * 1000 / (1000 + window_copies(k) * 400) // (3 + k))
         assert abs(seq1f1b_split_cap(with_kv, k) - want) < 16 and seq1f1b_split_cap(with_kv, k) < seq1f1b_split_cap(plain, k)
+
+
+def test_a_measurement_that_saw_no_activations_is_one_line_not_a_division_by_zero():
+    """A device whose statistics stay flat (the heap read on a GPU run) used to divide by zero fitting MaxLen."""
+    from hydraplan.core.errors import UserError
+    from hydraplan.core.memory import StageMemory, stage_max_len
+
+    flat = StageMemory(stage=0, fixed_bytes=1e6, stash=1, lengths=[128, 512], act_bytes=[0.0, 0.0], peak_bytes=[0.0, 0.0])
+    with pytest.raises(UserError, match="stage 0: the measured activation and peak bytes do not grow"):
+        stage_max_len(flat, 2**30)
