@@ -1,13 +1,19 @@
 """Replay hydraplan plans: heterogeneous pipelines per iteration, LNK resharding, one global update.
 
-    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
+    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_FILE [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
              [--no-overlap] [--memory]
+    torchrun ... runtime/run_plan.py --profile P --dataset D --tokens-per-iter T --iterations K [pack's options]
+             [--planners-per-node 2] [--plan-ahead A] [--save-plans DIR [--format compact]] [--stop-at I] ...
 
-Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
-(collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
-pipeline's micro-batches with 1F1B (pipeline_exec.py; a CP rank on its share of the tokens,
-context_parallel.py), pushes its gradients to the owners, and each owner takes one AdamW step on its shard.
+Without a plan argument the job plans its own iterations while it trains, exactly `hydraplan pack`'s plans
+for the same options (runtime/online.py).
+
+Before the first iteration every rank creates the TP, CP and CAD groups of all the plans it belongs to
+(runtime/groups.py: members only, one global order). Per iteration every rank pulls its stage's parameters
+from the owners' master shards (lnk.py), runs its pipeline's micro-batches with 1F1B (pipeline_exec.py; a
+CP rank on its share of the tokens, context_parallel.py), pushes its gradients to the owners, and each
+owner takes one AdamW step on its shard.
 Pull and push go one layer group at a time: layer k+1 is pulled while layer k computes, and a layer's
 gradients are pushed as soon as the last backward has produced them (`--no-overlap`: all before / after).
 Each iteration prints its phases (replay.StepStats): pull, propagate, push and step times, how long compute
@@ -20,8 +26,9 @@ else CPU (gloo, fp32 by default); every time and byte it reports is read through
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
 --memory prints each rank's peak bytes per step (the C heap on CPU, the CUDA caching allocator on GPU) next
 to the memory model of the plan's profile for the rank's scheme, stage and largest micro-batch.
-A failure inside training prints one line naming the rank, host, iteration and plan file and ends every rank
-within seconds (runtime/faults.py; HYDRAPLAN_INJECT_FAULT=KIND@RANK:ITERATION injects one).
+A failure inside training prints one line naming the rank, host, iteration and plan file (planning while
+training: the iteration's planning node) and ends every rank within seconds (runtime/faults.py;
+HYDRAPLAN_INJECT_FAULT=KIND@RANK:ITERATION injects one).
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ if __name__ == "__main__":
 
 import argparse
 import gc
+import time
 from collections import Counter
+from collections.abc import Callable, Collection
 from datetime import timedelta
 
 import torch
@@ -45,9 +54,11 @@ import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan
-from hydraplan.runtime import checkpoint, device, faults, hf
+from hydraplan.methods.run import PlanRun
+from hydraplan.runtime import checkpoint, device, faults, hf, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import RankSet, plan_groups
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
@@ -56,6 +67,8 @@ from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans,
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
 from hydraplan.runtime.verify import TOLERANCE, Verifier, fp64_attention_refusal
+from hydraplan.solve.placement import groups_per_rank
+from hydraplan.store.profiles import load_profile
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,8 +79,11 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", help="a plan JSON file, or a run folder of iter_*.json (replayed in order)")
-    ap.add_argument("--iterations", type=int, default=None, help="replay only the first K plans")
+    ap.add_argument("plan", nargs="?", default=None,
+                    help="a plan file, or a run folder of iter_*.json or .parquet (replayed in order); without it the "
+                         "job plans its own iterations while it trains, from pack's options below")
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="replay only the first K plans; planning while training: the run's iterations (pack's)")
     ap.add_argument("--model", default=None, help=f"model config: {', '.join(CONFIGS)} (default tiny)")
     ap.add_argument("--init-from", default=None, metavar="DIR",
                     help="start from a local Hugging Face Llama checkpoint (config.json + safetensors); sets the model")
@@ -78,14 +94,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=sorted(device.DTYPES), default=None,
                     help="compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64)")
     ap.add_argument("--dataset", default=None,
-                    help="tokenized dataset the plans were sampled from (token ids); default: synthetic tokens per sequence id")
+                    help="dataset the plans were (or are) sampled from; its token ids are trained on when it has them, "
+                         "else synthetic tokens per sequence id")
     ap.add_argument("--verify", action="store_true",
                     help="rank 0 also trains in one process in fp64 and compares parameters (fp64) or gradients (fp32, bf16)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
                          "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2; runtime/verify.py)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
                     help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
                          "max_memory_allocated) and print them next to the plan's profile's memory model")
@@ -93,6 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="collective timeout: a stuck peer fails the job instead of hanging it")
+    online.add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -101,14 +119,20 @@ def describe(plan: Plan) -> str:
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
-          dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None) -> int:
-    """Replay the plans; a failure inside ends the job in one line (runtime/faults.py)."""
-    rank = dist.get_rank()
-    watchdog = faults.Watchdog(rank)
-    at: list = [None, None]  # the plan iteration and file being replayed
+def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
+          dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
+          trained: Callable[[Plan], None] | None = None) -> int:
+    """Train on `plans` in order (replayed, or planned while training), after making `groups`; `source` names
+    a plan's file (or planning node) in a failure's one line; `trained` is called with each plan once it is
+    trained. A failure inside ends the job in one line (runtime/faults.py); a UserError (a plan every rank
+    refuses alike) goes to the caller."""
+    watchdog = faults.Watchdog(dist.get_rank())
+    at: list = [None, None]  # the plan iteration and source being trained
     try:
-        code = _train(cfg, data, plans, args, dev, hf_weights, done, at)
+        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, trained, at)
+    except UserError:
+        watchdog.stop()
+        raise
     except Exception as e:
         watchdog.handle(e, at[0], at[1])  # several ranks: never returns
         code = 1
@@ -116,8 +140,9 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
     return code
 
 
-def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
-           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, at: list) -> int:
+def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
+           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
+           trained: Callable[[Plan], None] | None, at: list) -> int:
     rank = dist.get_rank()
     dtype = device.DTYPES[args.dtype]
     mdt = master_dtype(dtype)
@@ -127,9 +152,9 @@ def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], arg
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
     if args.memory:
         map_large_allocations()
-    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, dev, timedelta(seconds=args.timeout_s),
+    replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, dev, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
-    verifier = Verifier(replayer, cfg, data, args.seed, args.lr, dtype) if args.verify else None
+    verifier = Verifier(replayer, cfg, data, args.init_seed, args.lr, dtype) if args.verify else None
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -139,9 +164,11 @@ def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], arg
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
         if verifier is not None and verifier.reference is not None:
             verifier.reference.load(hf_weights.full(torch.float64))
-    worst = 0.0
-    for source, plan in plans:
-        at[:] = [plan.iteration, source]
+    _make_groups(replayer, groups)
+    worst, last = 0.0, (done if done is not None else -1)
+    for plan in plans:
+        at[:] = [plan.iteration, source(plan)]
+        last = plan.iteration
         if verifier is not None:
             verifier.before()
         if args.memory:
@@ -167,9 +194,10 @@ def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], arg
                       + ("" if verifier.exact else " (fp64 reference at the same weights)"), flush=True)
                 worst = max(worst, diff)
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
+        if trained is not None:
+            trained(plan)
     at[:] = [None, None]
     if args.save:
-        last = plans[-1][1].iteration if plans else (done if done is not None else -1)
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
         if rank == 0:
             print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
@@ -180,6 +208,17 @@ def _train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], arg
             print(f"verify: FAILED, {verifier.what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
+    """Every TP, CP and CAD group of the run, before its first iteration (runtime/groups.py)."""
+    t0 = time.perf_counter()
+    replayer.groups.create(sets)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        per_rank = int(groups_per_rank(sets, dist.get_world_size()).max(initial=0))
+        print(f"groups: {len(sets)} process groups made before the first iteration ({per_rank} per rank at most) "
+              f"in {time.perf_counter() - t0:.2f}s", flush=True)
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
@@ -200,8 +239,6 @@ def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> 
     """Rank 0 prints, per rank, the peak bytes of the step (plus the master shard and AdamW state held across
     steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch
     (hydraplan.core.memory.rank_memory, LNK's buffers in this run's compute dtype)."""
-    from hydraplan.store.profiles import load_profile
-
     rank, world = dist.get_rank(), dist.get_world_size()
     role = rank_roles(plan, world)[rank]
     mine = None
@@ -243,15 +280,52 @@ def _print_cad_balance(plan: Plan, mine: list[float]) -> None:
           + " ".join(f"{x:.2f}" for x in planned if x is not None), flush=True)
 
 
-def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
+def _token_data(spec: str | None, cfg: ModelConfig, planning: bool = False) -> TokenData:
+    """The tokens trained on: the dataset's ids, or synthetic ones without a dataset (or, when planning from
+    a dataset of lengths only, such as builtin:wikipedia)."""
     if spec is None:
         return TokenData(cfg.vocab)
     from hydraplan.store.datasets import load_dataset
 
     dataset = load_dataset(spec)  # untruncated: a truncated document still has the label after its cut
     if not dataset.has_tokens:
+        if planning:
+            return TokenData(cfg.vocab)
         raise UserError(f"--dataset: {spec} has lengths only, no token ids (omit --dataset for synthetic tokens)")
     return TokenData(cfg.vocab, dataset)
+
+
+def _replayed(args: argparse.Namespace, cfg: ModelConfig, data: TokenData, dev: device.Device
+              ) -> tuple[list[tuple[str, Plan]], int | None]:
+    """The plans of the plan argument and their files, checked against the job (after --resume's iteration)."""
+    plans = load_plans(args.plan, args.iterations)
+    for source, plan in plans:
+        _check(plan, source, cfg, data, args, dev)
+    done = None
+    if args.resume:
+        done = checkpoint.check(args.resume, dist.get_rank(), dist.get_world_size(), cfg,
+                                master_dtype(device.DTYPES[args.dtype]))
+        plans = [(source, plan) for source, plan in plans if plan.iteration > done]
+    return plans, done
+
+
+def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, args: argparse.Namespace,
+           dev: device.Device) -> None:
+    check_plan(plan, source, dist.get_world_size(), cfg)
+    check_splits(plan, source)
+    data.check(plan, source)
+    if dev.kind == "cuda" and (args.verify or args.dtype == "fp64"):
+        capacity = torch.cuda.get_device_properties(dev.torch).total_memory
+        if (why := fp64_attention_refusal([(source, plan)], cfg.heads, capacity)) is not None:
+            raise UserError(why)
+
+
+def _agree(error: str | None) -> str | None:
+    """Every rank must agree before the first collective of training, or one would wait forever: the first
+    rank's error, if any rank has one."""
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,36 +334,75 @@ def main(argv: list[str] | None = None) -> int:
     device.init_distributed(dev, timedelta(seconds=args.timeout_s))
     args.dtype = args.dtype or device.default_dtype(dev)
     try:
+        if args.plan is None:
+            return _online(args, dev)
         error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
             faults.configured()  # a malformed HYDRAPLAN_INJECT_FAULT is a user error like any other
+            online.check_replay_args(args)
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
-            plans = load_plans(args.plan, args.iterations)
-            for source, plan in plans:
-                check_plan(plan, source, dist.get_world_size(), cfg)
-                check_splits(plan, source)
-                data.check(plan, source)
-            if dev.kind == "cuda" and (args.verify or args.dtype == "fp64"):
-                capacity = torch.cuda.get_device_properties(dev.torch).total_memory
-                if (why := fp64_attention_refusal(plans, cfg.heads, capacity)) is not None:
-                    raise UserError(why)
-            if args.resume:
-                done = checkpoint.check(args.resume, dist.get_rank(), dist.get_world_size(), cfg,
-                                        master_dtype(device.DTYPES[args.dtype]))
-                plans = [(source, plan) for source, plan in plans if plan.iteration > done]
+            plans, done = _replayed(args, cfg, data, dev)
         except UserError as e:
             error = str(e)
-        # Every rank must agree before the first collective of training, or one would wait forever.
-        errors: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e), None)
-        if first is not None:
+        if (first := _agree(error)) is not None:
             print(f"run_plan: {first}", file=sys.stderr, flush=True)
             return 2
-        return train(cfg, data, plans, args, dev, weights, done)
+        sources = {plan.iteration: source for source, plan in plans}
+        only = [plan for _, plan in plans]
+        return train(cfg, data, only, plan_groups(only), args, dev, weights, done, lambda p: sources[p.iteration])
     finally:
         dist.destroy_process_group()
+
+
+def _online(args: argparse.Namespace, dev: device.Device) -> int:
+    """Plan while training (runtime/online.py): the run prepared on each node's first rank, the start-up
+    groups from rank 0, plans fed by a thread; one line and exit 2 for a bad argument or plan."""
+    world, error, run = dist.get_world_size(), None, None
+    plan_group = dist.new_group(backend="gloo")  # plans travel beside training, on CPU
+    topology = online.Topology.of(plan_group)
+    try:
+        faults.configured()
+        config = online.run_config(args, world)
+        cfg, weights = _model(args)
+        data = _token_data(args.dataset, cfg, planning=True)
+        done = None
+        if args.resume:
+            done = checkpoint.check(args.resume, dist.get_rank(), world, cfg, master_dtype(device.DTYPES[args.dtype]))
+            online.check_resume(args.resume, config)
+        if topology.leader:
+            t0 = time.perf_counter()
+            run = PlanRun.prepare(config, load_profile(config.profile))
+            if dist.get_rank() == 0:
+                print(f"planning: run prepared in {time.perf_counter() - t0:.2f}s; {topology.nodes} node(s) x "
+                      f"{args.planners_per_node} planner process(es)", flush=True)
+    except UserError as e:
+        error = str(e)
+    if (first := _agree(error)) is not None:
+        print(f"run_plan: {first}", file=sys.stderr, flush=True)
+        return 2
+    start = 0 if done is None else done + 1
+    stop = min(config.iterations, args.stop_at) if args.stop_at is not None else config.iterations
+    groups = online.broadcast_groups(online.startup_groups(run) if dist.get_rank() == 0 else None, plan_group)
+    ahead = args.plan_ahead or 2 * args.planners_per_node * topology.nodes
+    feed = online.PlanFeed(run, topology, start, stop, args.planners_per_node, ahead, plan_group,
+                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data, args, dev))
+    saving = online.save_plans(args.save_plans, args.format, run) if args.save_plans and dist.get_rank() == 0 else None
+    try:
+        code = train(cfg, data, feed, groups, args, dev, weights, done,
+                     lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving)
+    except UserError as e:
+        print(f"run_plan: {e}", file=sys.stderr, flush=True)
+        feed.close(abort=True)
+        return 2
+    feed.close()
+    if args.save:
+        online.save_run(args.save, config)  # on every rank: --resume reads it on every node
+    if dist.get_rank() == 0 and feed.waits:
+        print(f"planning: {len(feed.waits)} plans; training waited {feed.waits[0]:.3f}s for the first and "
+              f"{sum(feed.waits[1:]):.3f}s for the rest (at most {max(feed.waits[1:], default=0.0):.3f}s once)",
+              flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,9 +1,4 @@
-"""The exact re-assignment of one CAD step's tasks (HiGHS MILP), warm-started from the greedy's.
-
-The search is bounded by branch-and-bound nodes (MILP_MAX_NODES), not by wall-clock time, so a plan depends
-only on its arguments: HiGHS with one thread and a fixed seed explores the same nodes on any machine. Most
-of the improvement over the greedy comes from the root node (its cuts and heuristics); past the node limit
-the best solution found is kept ("greedy+milp/node-limit")."""
+"""The exact re-assignment of one CAD step's tasks (HiGHS MILP), warm-started from the greedy's."""
 
 from __future__ import annotations
 
@@ -16,8 +11,11 @@ import numpy as np
 from hydraplan.solve.cad.step import StepProblem, step_time
 from hydraplan.solve.highs import run_mip
 
-MILP_MAX_VARS = 4000  # task x rank binaries up to which the exact refinement runs
-MILP_MAX_NODES = 10  # branch-and-bound nodes of one refinement (deterministic work, unlike a time limit)
+# The refinement is limited by work, never by a clock, so plans do not depend on the machine's speed or load:
+# it runs on steps of up to MILP_MAX_VARS variables (2 x tasks x ranks; larger ones spend seconds on the root
+# node alone) and stops after MILP_MAX_NODES branch-and-bound nodes.
+MILP_MAX_VARS = 512
+MILP_MAX_NODES = 200
 
 
 @dataclass(frozen=True)
@@ -167,7 +165,7 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], max_nodes: int =
     _warm_start(h, col, docs, start, start_time, scale)
     run_mip(h)
     status = h.getModelStatus()
-    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kSolutionLimit):  # node limit
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kSolutionLimit):
         return None
     vals = np.asarray(h.getSolution().col_value)
     if vals.size != col.nv:
