@@ -121,16 +121,16 @@ def describe(plan: Plan) -> str:
 
 def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
-          trained: Callable[[Plan], None] | None = None) -> int:
+          trained: Callable[[Plan], None] | None = None, alike: tuple[type[Exception], ...] = ()) -> int:
     """Train on `plans` in order (replayed, or planned while training), after making `groups`; `source` names
     a plan's file (or planning node) in a failure's one line; `trained` is called with each plan once it is
-    trained. A failure inside ends the job in one line (runtime/faults.py); a UserError (a plan every rank
-    refuses alike) goes to the caller."""
+    trained. A failure inside ends the job in one line (runtime/faults.py), except errors of the types `alike`,
+    which every rank raises at the same point (a plan they all refuse) and which go to the caller."""
     watchdog = faults.Watchdog(dist.get_rank())
     at: list = [None, None]  # the plan iteration and source being trained
     try:
         code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, trained, at)
-    except UserError:
+    except alike:
         watchdog.stop()
         raise
     except Exception as e:
@@ -390,7 +390,7 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     saving = online.save_plans(args.save_plans, args.format, run) if args.save_plans and dist.get_rank() == 0 else None
     try:
         code = train(cfg, data, feed, groups, args, dev, weights, done,
-                     lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving)
+                     lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving, alike=(UserError,))
     except UserError as e:
         print(f"run_plan: {e}", file=sys.stderr, flush=True)
         feed.close(abort=True)
