@@ -35,7 +35,6 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.hardware import MODELS
 from hydraplan.runtime.attention import Windows, keeps_scores, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
-from hydraplan.runtime.cad import CADContext, cad_attention
 from hydraplan.runtime.context_parallel import attend_gathered, gather_kv
 from hydraplan.runtime.recompute import MODES, recomputed, swiglu_down
 from hydraplan.runtime.sequence_parallel import TPGroup, gather_linear, scatter_to_sp, sum_grad_over_tp
@@ -242,8 +241,6 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin, mb.num_tokens)
         if mb.cp is None:
             o = self.core(window_attention, q, k, v, mb.windows, windows=mb.windows)
-        elif isinstance(mb.cp, CADContext):  # core-attention disaggregation (runtime/cad.py)
-            o = cad_attention(q, k, v, mb.cp)
         else:
             o = self.core(attend_gathered, q, gather_kv(k, v, mb.cp), mb.cp, windows=mb.cp.windows)
         return self.out(o)

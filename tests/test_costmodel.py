@@ -12,6 +12,7 @@ from hydraplan.core.analytic import (
     analytic_profiles,
     analytic_time,
     capacity_bytes,
+    kv_bytes_per_token,
     scheme_space,
 )
 from hydraplan.core.cluster import for_gpus, max_len_for_gpus, max_len_from_memory
@@ -123,13 +124,20 @@ def test_hydraulis_anchors(profiles):
 
 
 def test_sequence_parallelism_divides_activations_by_tp_times_cp():
-    """With SP every kept activation is split by TP x CP (appendix C.1); what SP leaves unsplit is split by CP."""
+    """With SP every kept activation is split by TP x CP (appendix C.1); what SP leaves unsplit is split by CP; a CP
+    rank's gathered K/V windows (the runtime's CP) by TP only, all layers' of them, or one layer's under full
+    recomputation."""
     m = MODELS["llama2-7b"]
-    unsplit = FRAMEWORK.act_h_unsplit * m.hidden * FRAMEWORK.fragmentation
-    base = analytic_memory(m, 1, 1, 1).act_bytes_per_token - unsplit
+    base = analytic_memory(m, 1, 1, 1).token_terms
     for tp, cp in ((2, 1), (8, 1), (4, 4), (1, 8), (8, 64)):
-        got = analytic_memory(m, tp, 1, cp).act_bytes_per_token - unsplit / cp
-        assert got == pytest.approx(base / (tp * cp), rel=1e-5), (tp, cp)
+        for mode in ("none", "full"):
+            terms = analytic_memory(m, tp, 1, cp, mode).token_terms
+            ref = analytic_memory(m, 1, 1, 1, mode).token_terms
+            for name in ("activations", "backward_layer"):
+                assert terms[name] == pytest.approx(ref[name] / (tp * cp), rel=1e-5), (tp, cp, name)
+            assert terms["sp_unsplit"] == pytest.approx(base["sp_unsplit"] / cp, rel=1e-5)
+            kv = kv_bytes_per_token(m, tp) * (2 * cp + 1) / (2 * cp) / (m.layers if mode == "full" else 1)
+            assert terms.get("cp_kv", 0.0) == (pytest.approx(kv, rel=1e-5) if cp > 1 else 0.0), (tp, cp, mode)
 
 
 @pytest.mark.parametrize("name", ["h100-llama2-7b", "a800-llama2-13b"])
@@ -156,16 +164,16 @@ def test_recomputation_trades_time_for_memory(profiles, name):
 
 def test_the_cp_ring_hides_behind_long_attention():
     """CP 16 across nodes: the K/V ring is exposed for a short sequence and hidden behind a long one's attention,
-    so T(l) per token sits near the no-ring closed form at MaxLen and above it at MaxLen/16, where the fit starts."""
+    so T(l) per token sits near the no-ring closed form at MaxLen and above it at MaxLen/16, where the fit starts
+    (fitted as the profile fits it: up to the layout's MaxLen with full recomputation)."""
     from hydraplan.core.analytic import _closed_form, _ring_exposed
 
     m = MODELS["llama2-7b"]
     short, long_ = np.array([4096.0]), np.array([4_000_000.0])
     exposed = [float(_ring_exposed(H100, m, 8, 1, 16, "none", FRAMEWORK, x)[0]) for x in (short, long_)]
     assert exposed[0] > 0 and exposed[1] == 0
-    mem = analytic_memory(m, 8, 1, 16)
-    ml = max_len_from_memory(capacity_bytes(H100), mem, 128)
-    t, err = analytic_time(H100, m, 8, 1, 16, "none", fit_range=(ml // 16, ml))
+    ml, hi = (max_len_from_memory(capacity_bytes(H100), analytic_memory(m, 8, 1, 16, mode), 128) for mode in ("none", "full"))
+    t, err = analytic_time(H100, m, 8, 1, 16, "none", fit_range=(ml // 16, hi))
     a, b, c = _closed_form(H100, m, 8, 1, 16, "none", FRAMEWORK)
     s = Scheme(tp=8, pp=1, cp=16, max_len=ml, util_len=1, time=t)
     assert 0 < err < 0.25
@@ -183,10 +191,10 @@ def test_util_len_is_the_first_length_at_85_percent():
 
 
 def test_for_gpus_caps_util_len_at_the_new_max_len(profiles):
-    p = profiles["a800-llama2-32b"]
-    view = for_gpus(p, 8)
+    p = profiles["a800-llama2-32b"]  # 16 B/param of optimizer states and owner gradient: 16 GPUs are its smallest
+    view = for_gpus(p, 16)
     assert view.schemes and all(s.util_len <= s.max_len for s in view.schemes)
-    assert all(s.gpus <= 8 for s in view.schemes)
+    assert all(s.gpus <= 16 for s in view.schemes)
 
 
 def test_model_flops_and_mfu_by_hand():
