@@ -37,8 +37,8 @@ def flagged(tmp_path_factory) -> list[Plan]:
     strategies.write_text(json.dumps({"schema": "hydraplan.strategies/v1", "candidates": [
         {"name": "S", "pipelines": [{"tp": 2, "pp": 2, "cp": 2}, {"tp": 2, "pp": 2, "cp": 2, "recompute": "full"}]}]}))
     return (_pack(tmp / "a", strategies=str(strategies), static=False, seq1f1b="2", cp_shard=True, outlier_delay=True)
-            + _pack(tmp / "b", profile="cpu-tiny", dataset="builtin:wikipedia", gpus=4, context_len=768,
-                    tokens_per_iter=1536, seed=2, cad=True, iterations=2))
+            + _pack(tmp / "b", profile="cpu-tiny", dataset="builtin:wikipedia", gpus=4, context_len=2048,
+                    tokens_per_iter=8192, seed=0, cad=True, iterations=2))
 
 
 def test_every_plan_round_trips_exactly(flagged):
