@@ -119,7 +119,7 @@ class Watchdog:
                     _exit(1)
                 return
             if failed and not self._stop.is_set():
-                _exit(1)
+                self._leave()
 
     def stop(self) -> None:
         """Training is over on this rank: stop watching (the rank hosting the store may leave first)."""
@@ -146,17 +146,22 @@ class Watchdog:
         and, in a job of several ranks, tell every rank and leave with status 1 (a single process returns, and
         its caller exits with 1)."""
         if self.failed_elsewhere():
-            _exit(1)
+            self._leave()
         line = describe(e, self.rank, iteration, source, self.program)
         print(line, file=sys.stderr, flush=True)
         if self.store is None:
             return
         try:
             self.store.set(KEY, line)
-            if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-                time.sleep(LINGER_S)  # rank 0 hosts the store unless torchrun's agent does
         except Exception:
             pass
+        self._leave()
+
+    def _leave(self) -> NoReturn:
+        """Exit with status 1; the rank hosting the store (rank 0, unless torchrun's agent hosts it) first keeps
+        it up a moment, so the ranks still polling read the failure instead of a broken connection."""
+        if self.store is not None and self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            time.sleep(LINGER_S)
         _exit(1)
 
 
