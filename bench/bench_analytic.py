@@ -1,15 +1,15 @@
 """The bundled analytic profiles (hydraplan.core.analytic) as shipped: schemes per profile and their MaxLen range
 at the reference job size, and the A800 LLaMA-2 7B profile against Hydraulis' fitted coefficients and published
-MaxLen: the time coefficients a, b, c as ratios ours / theirs; MaxLen of the shipped profile (no sequence
-parallelism, fp32 gradient accumulators, as the runtime) and of the same formula with sequence parallelism and
-bf16 gradients (Hydraulis' setting). Model arithmetic only, no timing. Writes bench/results/analytic.json.
+MaxLen: the time coefficients a, b, c as ratios ours / theirs; MaxLen of the shipped profile (sequence
+parallelism and fp32 gradient accumulators, as the runtime) without recomputation against Hydraulis', and with
+selective and full recomputation. Model arithmetic only, no timing. Writes bench/results/analytic.json.
 """
 
 from __future__ import annotations
 
 from bench.run import Run
 from hydraplan.store.profiles import bundled_profiles, load_profile
-from tests.helpers import HYDRAULIS_MAX_LEN, HYDRAULIS_TIME, max_len_with_sequence_parallelism
+from tests.helpers import HYDRAULIS_MAX_LEN, HYDRAULIS_TIME
 
 PROFILE = "a800-llama2-7b"
 
@@ -28,9 +28,8 @@ def main(run: Run) -> None:
             a, b, c = HYDRAULIS_TIME[key]
             row.update(a_ratio=s.time.a * 1e3 / a, b_ratio=s.time.b * 1e3 / b, c_ratio=s.time.c * 1e3 / c)
         ref = HYDRAULIS_MAX_LEN[key]
-        with_sp = max_len_with_sequence_parallelism(*key)
-        row.update(max_len_shipped=s.max_len, max_len_with_sp=with_sp, max_len_hydraulis=ref,
-                   shipped_over_hydraulis=s.max_len / ref, with_sp_over_hydraulis=with_sp / ref)
+        row.update(max_len_shipped=s.max_len, max_len_hydraulis=ref, shipped_over_hydraulis=s.max_len / ref,
+                   max_len_selective=ours.scheme(*key, "selective").max_len, max_len_full=ours.scheme(*key, "full").max_len)
         rows.append(row)
     counts = [v["schemes"] for v in analytic.values()]
     coef = [r[f"{x}_ratio"] for r in rows for x in "abc" if f"{x}_ratio" in r]

@@ -13,7 +13,8 @@ across iterations; their average delay per token is reported next to each other)
 Per configuration the full report (compare.json, report.html, PNGs) goes to
 bench/results/compare/<profile>_<dataset>_<tokens>_<objective>/ (git-ignored), the summary to
 bench/results/compare.json, with the LNK transfer time per direction of the schemes the text discusses.
-`python -m bench compare --grid issue12` runs only the issue 12 grid; `--only NAME` (a report folder's name)
+`python -m bench compare --grid issue12` runs only the issue 12 grid (the file keeps the other grid's
+configurations from its previous run, recorded under meta.earlier); `--only NAME` (a report folder's name)
 runs one configuration and `--summarize` rebuilds the summary from the report folders, so several processes
 can share a grid.
 """
@@ -80,7 +81,7 @@ def lnk(profile: str, gpus: int, strategies: dict[str, str]) -> dict:
     keys = {f"<{tp},{pp},1>": (tp, pp) for tp, pp in LNK_SCHEMES}
     for label in strategies.values():  # "<2,1,4>x8": a homogeneous layout
         if label.startswith("<") and "x" in label:
-            tp, pp, _ = (int(v) for v in label[1:label.index(">")].split(","))
+            tp, pp = (int(v) for v in label[1:label.index(">")].split(",")[:2])  # <tp,pp,cp[,recompute]>
             keys[label[:label.index(">") + 1]] = (tp, pp)
     params = cluster.profile.model.params or 0
     pp1 = [s for s in cluster.view.schemes if s.pp == 1][:2]
@@ -171,7 +172,12 @@ def main(bench: Run) -> None:
     if args.only is not None:
         return
     configs = [summary(setup, *c) for c in todo if (setup.folder(*c) / "wall_s.txt").exists()]
-    bench.write({"gpus": setup.gpus, "context_len": CONTEXT, "seed": SEED, **overall(configs), "configs": configs})
+    merged = args.grid != "all" and not bench.smoke  # one grid: the other grids' configurations stay as they were
+    if merged:
+        mine = {c["id"] for c in configs}
+        configs = [c for c in bench.previous().get("configs", []) if c["id"] not in mine] + configs
+    bench.write({"gpus": setup.gpus, "context_len": CONTEXT, "seed": SEED, **overall(configs), "configs": configs},
+                merged=merged)
     _print(configs)
 
 

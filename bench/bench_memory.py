@@ -1,9 +1,9 @@
 """The runtime's peak memory against the profile's memory model (docs/gpus.md#memory), measured: `run_plan
---memory` on 4 gloo ranks replays micro-batches at cpu-tiny's MaxLen on every scheme it has
-(tests/helpers.memory_plans, the plans tests/test_run_plan.py checks within 10%), each plan twice; the second
-run of each plan is kept. Per rank: peak heap bytes of the step (glibc's statistics sampled after every torch
+--memory` on 4 gloo ranks replays micro-batches at cpu-tiny's MaxLen on every scheme it has, in each activation
+recomputation mode (tests/helpers.memory_plans, the plans tests/test_run_plan.py checks within 10%), each plan
+twice; the second run of each plan is kept. Per rank: peak heap bytes of the step (glibc's statistics sampled after every torch
 operation, plus the master shard and AdamW state) next to the model for its scheme, stage and micro-batch.
-Writes bench/results/memory.json: every rank's row, and per scheme and stage the rank furthest above its model.
+Writes bench/results/memory.json: every rank's row, and per mode, scheme and stage the rank furthest from its model.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from tests.helpers import MEMORY_LINE, free_port, memory_plans
 WORLD = 4
 
 
-def measure(layouts: int | None) -> list[dict]:
+MODES = ("none", "selective", "full")
+
+
+def measure(layouts: int | None, mode: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        for p in memory_plans(layouts):
+        for p in memory_plans(layouts, mode=mode):
             write_model(Path(tmp) / f"iter_{p.iteration:06d}.json", p)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
                str(free_port()), str(ROOT / "runtime" / "run_plan.py"), tmp, "--memory", "--timeout-s", "120"]
@@ -33,25 +36,26 @@ def measure(layouts: int | None) -> list[dict]:
                              env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
     if res.returncode != 0:
         raise RuntimeError(res.stdout + res.stderr)
-    return [{"iteration": int(it), "rank": int(rank), "scheme": f"<{tp},{pp},1>", "stage": int(stage),
+    return [{"iteration": int(it), "rank": int(rank), "mode": mode, "scheme": f"<{tp},{pp},1>", "stage": int(stage),
              "tokens": int(tokens), "peak_mib": float(peak), "model_mib": float(model), "ratio": float(ratio)}
-            for it, rank, tp, pp, stage, tokens, peak, model, ratio in MEMORY_LINE.findall(res.stdout)
+            for it, rank, tp, pp, _, stage, tokens, peak, model, ratio in MEMORY_LINE.findall(res.stdout)
             if int(it) % 2 == 1]  # the second run of each plan
 
 
 def main(run: Run) -> None:
-    rows = measure(run.pick(None, 1))
-    worst: dict[tuple[str, int], dict] = {}
+    rows = [r for mode in run.pick(MODES, MODES[-1:]) for r in measure(run.pick(None, 1), mode)]
+    worst: dict[tuple[str, str, int], dict] = {}
     for r in rows:
-        key = (r["scheme"], r["stage"])
-        if key not in worst or r["ratio"] > worst[key]["ratio"]:
+        key = (r["mode"], r["scheme"], r["stage"])
+        if key not in worst or abs(r["ratio"] - 1) > abs(worst[key]["ratio"] - 1):
             worst[key] = r
     capacity_mib = load_profile("cpu-tiny").gpu.memory_gib * 1024  # the stand-in for GPU memory
     ratios = [r["ratio"] for r in rows]
     run.write({"profile": "cpu-tiny", "ranks": WORLD, "dtype": "fp32", "capacity_mib": capacity_mib,
                "ratio_range": [min(ratios), max(ratios)],
                "peak_over_capacity_max": max(r["peak_mib"] for r in rows) / capacity_mib - 1,
-               "per_scheme_stage": [{"id": f"{s}_{st}", **worst[(s, st)]} for s, st in worst], "rows": rows})
-    print(f"{'scheme':8s} {'stage':>5s} {'tokens':>6s} {'peak MiB':>9s} {'model MiB':>9s} {'ratio':>6s}")
+               "per_scheme_stage": [{"id": f"{m}_{s}_{st}", **worst[(m, s, st)]} for m, s, st in worst], "rows": rows})
+    print(f"{'mode':9s} {'scheme':8s} {'stage':>5s} {'tokens':>6s} {'peak MiB':>9s} {'model MiB':>9s} {'ratio':>6s}")
     for r in worst.values():
-        print(f"{r['scheme']:8s} {r['stage']:5d} {r['tokens']:6d} {r['peak_mib']:9.2f} {r['model_mib']:9.2f} {r['ratio']:6.3f}")
+        print(f"{r['mode']:9s} {r['scheme']:8s} {r['stage']:5d} {r['tokens']:6d} {r['peak_mib']:9.2f} {r['model_mib']:9.2f} "
+              f"{r['ratio']:6.3f}")

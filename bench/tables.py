@@ -165,10 +165,11 @@ def overlap(results: Results) -> str:
 
 
 def memory(results: Results) -> str:
-    """Per scheme and stage of memory.json, the rank furthest above the model."""
-    rows = [[r["scheme"], str(r["stage"]), str(r["tokens"]), f"{r['peak_mib']:.2f} MiB", f"{r['model_mib']:.2f} MiB",
-             f"{r['ratio']:.3f}"] for r in results["memory"]["per_scheme_stage"]]
-    return _table(["scheme", "stage", "micro-batch (tokens, MaxLen)", "measured peak", "model", "measured / model"], rows)
+    """Per recomputation mode, scheme and stage of memory.json, the rank furthest from the model."""
+    rows = [[r.get("mode", "none"), r["scheme"], str(r["stage"]), str(r["tokens"]), f"{r['peak_mib']:.2f} MiB",
+             f"{r['model_mib']:.2f} MiB", f"{r['ratio']:.3f}"] for r in results["memory"]["per_scheme_stage"]]
+    return _table(["recomputation", "scheme", "stage", "micro-batch (tokens, MaxLen)", "measured peak", "model",
+                   "measured / model"], rows)
 
 
 def profile_check(results: Results) -> str:
@@ -212,10 +213,23 @@ def hydraulis(results: Results) -> str:
         return f"{float(f'{n / 1000:.3g}'):g}K"
 
     rows = [[r["scheme"], *(f"{r[f'{x}_ratio']:.2f}" if f"{x}_ratio" in r else "" for x in "abc"),
-             k(r["max_len_shipped"]), k(r["max_len_with_sp"]), k(r["max_len_hydraulis"])]
+             f"{k(r['max_len_shipped'])} ({r['shipped_over_hydraulis'] - 1:+.1%})", k(r["max_len_hydraulis"]),
+             k(r["max_len_selective"]), k(r["max_len_full"])]
             for r in results["analytic"]["hydraulis"]]
-    return _table(["scheme", "a ours/theirs", "b ours/theirs", "c ours/theirs", "MaxLen ours (shipped)",
-                   "MaxLen ours, with sequence parallelism", "MaxLen Hydraulis"], rows)
+    return _table(["scheme", "a ours/theirs", "b ours/theirs", "c ours/theirs", "MaxLen ours", "MaxLen Hydraulis",
+                   "ours, selective recomputation", "ours, full recomputation"], rows)
+
+
+def long(results: Results, part: str) -> str:
+    """long.json: one long-context configuration, every method's compare row (end to end) and its most used
+    strategy, then the schemes pack's plans use per iteration."""
+    c = results["long"][part]
+    rows = [[f"`{r['method']}`", f"{r['mean_iteration_s']:.3g} s", f"{r['speedup_vs_megatron']:.2f}x",
+             r["pipelines"].get(r["strategy"], r["strategy"])]
+            for r in c["compare"]["methods"]]
+    plans = [[f"pack, iteration {p['iteration']}", f"{p['iteration_s']:.3g} s", f"longest {_tokens(p['longest'])}",
+              " + ".join(f"{n}x{k}" for k, n in p["pipelines"].items())] for p in c["pack"]["plans"]]
+    return _table(["method", "mean iteration", "speedup over megatron", "most used strategy"], rows + plans)
 
 
 def timings(results: Results) -> str:
@@ -235,4 +249,4 @@ def timings(results: Results) -> str:
 
 
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, cad, overlap,
-                                                                   memory, profile_check, cpu_tiny, hydraulis, timings)}
+                                                                   memory, profile_check, cpu_tiny, hydraulis, long, timings)}

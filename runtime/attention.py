@@ -264,6 +264,17 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windo
     return run_backend(select(q).backend, q, k, v, w)
 
 
+def keeps_scores(q: torch.Tensor, w: Windows) -> bool:
+    """Whether `window_attention` of these queries keeps more than its inputs, output and log-sum-exp for the
+    backward: the exact backend on CPU keeps the score matrices of bottom-right segments (q_len < k_len:
+    Seq1F1B splits, CP runs); the flash kernels, SDPA's causal squares and torch's CausalBias kernels do not
+    (they recompute scores in their backward). Selective recomputation drops exactly these (runtime/recompute.py)."""
+    if q.is_cuda or select(q).backend != "sdpa-per-document":
+        return False
+    q_len, k_len = w.lengths
+    return any(0 < a < b for a, b in zip(q_len, k_len))
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                      max_seqlen: int) -> torch.Tensor:
     """Causal attention within each packed document (cu_seqlens: [n+1] int32 offsets from 0 to T). The

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from hydraplan.runtime.attention import window_attention
 from hydraplan.runtime.batches import PackedBatch
 from hydraplan.runtime.cad import CADBatch, HalfContext
-from hydraplan.runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
+from hydraplan.runtime.model import Block, StageModule, rope_tables
+from hydraplan.runtime.recompute import recomputed
 
 
 class _Handle:
@@ -93,13 +93,14 @@ def _send_qkv(q: torch.Tensor, kv: torch.Tensor, c: HalfContext) -> Callable[[],
     return arrived
 
 
-def _attend(q: torch.Tensor, kv: torch.Tensor, c: HalfContext, stamp: Callable[[], Any]) -> torch.Tensor:
-    """This replica's tasks: queries q (task order) against their key windows picked out of the received K/V."""
+def _attend(block: Block, q: torch.Tensor, kv: torch.Tensor, c: HalfContext, stamp: Callable[[], Any]) -> torch.Tensor:
+    """This replica's tasks: queries q (task order) against their key windows picked out of the received K/V
+    (the block's attention core: recomputed under selective recomputation where its kernel would keep scores)."""
     keys = kv.index_select(0, c.k_index)
     start = stamp()
     if q.shape[0]:
         k, v = keys.chunk(2, dim=1)
-        o = window_attention(q, k, v, c.windows)
+        o = block.attn.core(window_attention, q, k, v, c.windows, windows=c.windows)
     else:  # no task here, but the exchanges' backward is collective: keep them in the graph
         o = q + 0 * kv.sum()
     c.stamps.append((start, stamp()))
@@ -113,25 +114,34 @@ def _send_home(o: torch.Tensor, c: HalfContext) -> Callable[[], torch.Tensor]:
     return lambda: wait().view(-1, *o.shape[1:]).index_select(0, c.out_place)
 
 
+def _projections(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The layer up to its attention core: Q and K/V [n, 2*Hkv/tp, D] of the n tokens whose SP rows are x."""
+    q, k, v = block.attn.qkv(block.attn_norm(x), cos, sin, n)
+    return q, torch.cat([k, v], dim=1)
+
+
+def _rest(block: Block, x: torch.Tensor, o: torch.Tensor, n: int) -> torch.Tensor:
+    """The layer after its attention core: output projection (back on SP rows), residual and MLP."""
+    x = x + block.attn.out(o)
+    return x + block.mlp(block.mlp_norm(x), n)
+
+
 def pingpong_forward(mod: StageModule, halves: Sequence[PackedBatch], stamp: Callable[[], Any]) -> torch.Tensor:
     """StageModule.forward (pp = 1: embedding to loss) of a CAD step's halves, interleaved layer by layer;
-    returns the sum of both halves' token losses. Sub-modules are called as modules, so LNK's pull hooks fire."""
+    returns the sum of both halves' token losses. Sub-modules are called as modules, so LNK's pull hooks fire.
+    Under full recomputation each layer's parts before and after its exchanges keep only their inputs and run
+    again in the backward; the exchanged Q, K/V and attention outputs are kept (re-running the exchanges would
+    need every replica to recompute in step)."""
     cfg = mod.cfg
     xs = [mod.embed(h.tokens) for h in halves]
     ropes = [rope_tables(h.positions, cfg.head_dim, cfg.rope_theta, mod.dtype) for h in halves]
     for block in mod.layers.values():
-        attn = block.attn
-        sent = []
-        for x, (cos, sin), h in zip(xs, ropes, halves):
-            a = copy_to_tp(block.attn_norm(x), attn.tp)
-            q = apply_rope(F.linear(a, attn.wq).unflatten(-1, (-1, attn.head_dim)), cos, sin)
-            k = apply_rope(F.linear(a, attn.wk).unflatten(-1, (-1, attn.head_dim)), cos, sin)
-            v = F.linear(a, attn.wv).unflatten(-1, (-1, attn.head_dim))
-            sent.append(_send_qkv(q, torch.cat([k, v], dim=1), h.cp))
-        back = [_send_home(_attend(*arrived(), h.cp, stamp), h.cp) for arrived, h in zip(sent, halves)]
+        run = recomputed if block.recompute == "full" else (lambda fn, *a: fn(*a))
+        sent = [_send_qkv(*run(_projections, block, x, cos, sin, h.num_tokens), h.cp)
+                for x, (cos, sin), h in zip(xs, ropes, halves)]
+        back = [_send_home(_attend(block, *arrived(), h.cp, stamp), h.cp) for arrived, h in zip(sent, halves)]
         for i, home in enumerate(back):
-            xs[i] = xs[i] + reduce_from_tp(home().flatten(-2) @ attn.wo, attn.tp)
-            xs[i] = xs[i] + block.mlp(block.mlp_norm(xs[i]))
+            xs[i] = run(_rest, block, xs[i], home(), halves[i].num_tokens)
     return sum(mod.head(mod.norm(x), h.labels) for x, h in zip(xs, halves))
 
 

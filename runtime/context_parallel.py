@@ -108,19 +108,15 @@ class _GatherTokens(torch.autograd.Function):
         return parts.view(cp, n, *grad.shape[1:]).sum(0), None, None
 
 
-def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CPContext) -> torch.Tensor:
-    """Causal attention of this rank's queries q [n, Hq, D] to the keys and values of their documents on
-    all CP ranks (k, v [n, Hkv, D]: this rank's). Collective over the CP group, in forward and backward."""
-    return attend_gathered(q, gather_kv(k, v, ctx), ctx)
-
-
 def gather_kv(k: torch.Tensor, v: torch.Tensor, ctx: CPContext) -> torch.Tensor:
-    """K and V [n, Hkv, D] of every CP rank's tokens, concatenated on dim 1: [sum(sizes), 2*Hkv, D]."""
+    """K and V [n, Hkv, D] of every CP rank's tokens, concatenated on dim 1: [sum(sizes), 2*Hkv, D].
+    Collective over the CP group, in forward and backward; `attend_gathered` then attends locally."""
     return _GatherTokens.apply(torch.cat([k, v], dim=1), ctx.group, ctx.sizes)
 
 
 def attend_gathered(q: torch.Tensor, kv: torch.Tensor, ctx: CPContext) -> torch.Tensor:
-    """The local half of `cp_attention`: q against the gathered keys and values kv [sum(sizes), 2*Hkv, D]."""
+    """Causal attention of this rank's queries q [n, Hq, D] to the keys and values of their documents on all
+    CP ranks, picked from the gathered kv [sum(sizes), 2*Hkv, D] (`gather_kv`); no collective."""
     kv = kv.index_select(0, ctx.key_index)
     if q.shape[0] == 0:
         # No queries here, but the gather's backward is collective: keep it in this rank's graph.

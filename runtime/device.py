@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hydraplan.runtime.memstats import PeakHeap
+from hydraplan.runtime.memstats import PeakHeap, heap_bytes
 
 _STREAMS_LOCK = threading.Lock()
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -101,6 +101,10 @@ class Device:
         """Tell the allocator that the current stream uses `tensor` (no-op on CPU)."""
 
     # ------------------------------------------------------------------------------ memory
+    def memory_in_use(self) -> int:
+        """Bytes allocated now (the C heap's statistics on CPU, 0 where they are unavailable)."""
+        return heap_bytes() or 0
+
     @contextlib.contextmanager
     def peak_memory(self) -> Iterator[PeakReading]:
         """with dev.peak_memory() as r: ...  -> r.start, r.peak: bytes in use at entry and at the peak inside."""
@@ -189,6 +193,10 @@ class CudaDevice(Device):
 
     def record_stream(self, tensor: torch.Tensor) -> None:
         tensor.record_stream(self.cuda.current_stream(self.index))
+
+    def memory_in_use(self) -> int:
+        self.synchronize()
+        return int(self.cuda.memory_allocated(self.index))
 
     @contextlib.contextmanager
     def peak_memory(self) -> Iterator[PeakReading]:

@@ -226,7 +226,7 @@ def check_memory(dev: device.Device, dtype_name: str, timeout: timedelta) -> str
     profile = memory_profile(dev)
     if dev.kind != "cuda":
         map_large_allocations()  # stable heap statistics (runtime/memstats.py)
-    ml = {s.key[:2]: s.max_len for s in profile.schemes}
+    ml = {s.key[:2]: s.max_len for s in profile.schemes if s.recompute == "none"}
     layouts = {"<1,1,1> x{}".format(world): [(1, 1, 1, [r], [[ml[(1, 1)] // 2, ml[(1, 1)] - ml[(1, 1)] // 2]])
                                              for r in range(world)]}
     if world >= 4 and (2, 2) in ml:

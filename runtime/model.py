@@ -14,6 +14,9 @@ Pipeline stage s of pp holds layers [s*L//pp, (s+1)*L//pp); the embedding sits o
 final norm and the LM head on the last. Context parallelism needs no parameter layout: a CP rank runs
 the stage on its share of the tokens, and attention reaches the other CP ranks' keys and values through
 the micro-batch's CP context (runtime/context_parallel.py).
+With tp > 1 the TP ranks always run with sequence parallelism (runtime/sequence_parallel.py): between the
+TP regions each holds `TPGroup.rows(n)` of the n tokens, which is also what a stage sends the next one.
+Activation recomputation is the stage's `recompute` mode (runtime/recompute.py).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from torch import nn
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.hardware import MODELS
-from hydraplan.runtime.attention import window_attention
+from hydraplan.runtime.attention import Windows, keeps_scores, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
-from hydraplan.runtime.context_parallel import cp_attention
+from hydraplan.runtime.context_parallel import attend_gathered, gather_kv
+from hydraplan.runtime.recompute import MODES, recomputed, swiglu_down
+from hydraplan.runtime.sequence_parallel import TPGroup, gather_linear, scatter_to_sp, sum_grad_over_tp
 
 INIT_STD = 0.02
 
@@ -165,30 +170,6 @@ def init_full(spec: ParamSpec, index: int, seed: int, dtype: torch.dtype) -> tor
 
 
 # --------------------------------------------------------------------------------- tensor parallelism
-@dataclass(frozen=True)
-class TPGroup:
-    """A stage's tensor-parallel group as seen by one of its ranks (size 1: no communication)."""
-
-    group: dist.ProcessGroup | None = None
-    size: int = 1
-    rank: int = 0
-
-
-class _CopyToTP(torch.autograd.Function):
-    """Megatron's f: identity forward; backward sums the partial input gradients of the TP ranks."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
 class _ReduceFromTP(torch.autograd.Function):
     """Megatron's g: forward sums the TP ranks' partial outputs; the (replicated) gradient passes through."""
 
@@ -201,10 +182,6 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None
-
-
-def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return x if tp.size == 1 else _CopyToTP.apply(x, tp.group)
 
 
 def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
@@ -238,62 +215,84 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, **kw):
+    """On SP rows under TP: its replicated weight's gradient is summed over the TP ranks' tokens."""
+
+    def __init__(self, dim: int, eps: float, tp: TPGroup, **kw):
         super().__init__()
-        self.eps = eps
+        self.eps, self.tp = eps, tp
         self.weight = nn.Parameter(torch.empty(dim, **kw))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        w = sum_grad_over_tp(self.weight, self.tp)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, recompute: str, **kw):
         super().__init__()
-        self.tp, self.head_dim = tp, cfg.head_dim
+        self.tp, self.head_dim, self.recompute = tp, cfg.head_dim, recompute
         self.wq = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
         self.wk = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
         self.wv = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
         self.wo = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
 
     def forward(self, x, cos, sin, mb: PackedBatch):
-        x = copy_to_tp(x, self.tp)
-        q = F.linear(x, self.wq).unflatten(-1, (-1, self.head_dim))
-        k = F.linear(x, self.wk).unflatten(-1, (-1, self.head_dim))
-        v = F.linear(x, self.wv).unflatten(-1, (-1, self.head_dim))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.qkv(x, cos, sin, mb.num_tokens)
         if mb.cp is None:
-            o = window_attention(q, k, v, mb.windows)
+            o = self.core(window_attention, q, k, v, mb.windows, windows=mb.windows)
         else:
-            o = cp_attention(q, k, v, mb.cp)
-        return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)
+            o = self.core(attend_gathered, q, gather_kv(k, v, mb.cp), mb.cp, windows=mb.cp.windows)
+        return self.out(o)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """Post-RoPE queries, keys and values [n, heads/tp, head_dim] of the n tokens whose SP rows are x."""
+        q, k, v = (y.unflatten(-1, (-1, self.head_dim)) for y in gather_linear(x, n, self.tp, self.wq, self.wk, self.wv))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def core(self, fn, q: torch.Tensor, *args, windows: Windows) -> torch.Tensor:
+        """The attention core fn(q, *args) (no collective inside); under selective recomputation it is
+        recomputed in the backward where its kernel would keep score matrices (attention.keeps_scores)."""
+        if self.recompute == "selective" and keeps_scores(q, windows):
+            return recomputed(fn, q, *args)
+        return fn(q, *args)
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attention output o [n, heads/tp, head_dim], back on SP rows."""
+        return scatter_to_sp(o.flatten(-2) @ self.wo, self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, recompute: str, **kw):
         super().__init__()
-        self.tp = tp
+        self.tp, self.recompute = tp, recompute
         self.w_gate = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
         self.w_up = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
         self.w_down = nn.Parameter(torch.empty(cfg.ffn // tp.size, cfg.hidden, **kw))
 
-    def forward(self, x):
-        x = copy_to_tp(x, self.tp)
-        return reduce_from_tp((F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up)) @ self.w_down, self.tp)
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """SwiGLU of the n tokens whose SP rows are x."""
+        g, u = gather_linear(x, n, self.tp, self.w_gate, self.w_up)
+        return scatter_to_sp(swiglu_down(g, u, self.w_down, self.recompute), self.tp)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, recompute: str, **kw):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
-        self.attn = Attention(cfg, tp, **kw)
-        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
-        self.mlp = MLP(cfg, tp, **kw)
+        self.recompute = recompute
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp, **kw)
+        self.attn = Attention(cfg, tp, recompute, **kw)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp, **kw)
+        self.mlp = MLP(cfg, tp, recompute, **kw)
 
     def forward(self, x, cos, sin, mb: PackedBatch):
+        if self.recompute == "full":
+            return recomputed(self._forward, x, cos, sin, mb)
+        return self._forward(x, cos, sin, mb)
+
+    def _forward(self, x, cos, sin, mb: PackedBatch):
         x = x + self.attn(self.attn_norm(x), cos, sin, mb)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp(self.mlp_norm(x), mb.num_tokens)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -307,7 +306,7 @@ class VocabParallelEmbedding(nn.Module):
         idx = tokens - self.start
         inside = (idx >= 0) & (idx < self.weight.shape[0])
         out = F.embedding(idx.clamp(0, self.weight.shape[0] - 1), self.weight).masked_fill(~inside[:, None], 0.0)
-        return reduce_from_tp(out, self.tp)
+        return scatter_to_sp(out, self.tp)
 
 
 class VocabParallelHead(nn.Module):
@@ -320,7 +319,8 @@ class VocabParallelHead(nn.Module):
         self.start = tp.rank * (cfg.vocab // tp.size)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(copy_to_tp(x, self.tp), self.weight)
+        """x: the SP rows of the tokens whose labels are given."""
+        (logits,) = gather_linear(x, labels.shape[0], self.tp, self.weight)
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         losses = vocab_parallel_cross_entropy(logits, labels, self.start, self.tp)
@@ -328,25 +328,29 @@ class VocabParallelHead(nn.Module):
 
 
 class StageModule(nn.Module):
-    """The part of the model one rank runs: stage `stage` of `pp`, TP shard `tp.rank` of `tp.size`.
+    """The part of the model one rank runs: stage `stage` of `pp`, TP shard `tp.rank` of `tp.size`, with
+    activation recomputation `recompute` (runtime/recompute.py).
 
     Parameters are allocated empty: the runtime pulls their values (lnk.py), tests use `load_full`.
     forward(x, mb): x is ignored on the first stage (it embeds mb.tokens); the last stage returns the
-    summed token loss, the others the hidden states [T, hidden] for the next stage.
+    summed token loss, the others the hidden states [tp.rows(T), hidden] (this TP rank's SP rows) for the
+    next stage.
     """
 
     def __init__(self, cfg: ModelConfig, *, pp: int = 1, stage: int = 0, tp: TPGroup = TPGroup(),
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", recompute: str = "none"):
         super().__init__()
+        if recompute not in MODES:
+            raise ValueError(f"recompute must be one of {MODES}, not {recompute!r}")
         kw = {"dtype": dtype, "device": device}
-        self.cfg, self.dtype = cfg, dtype
+        self.cfg, self.dtype, self.tp = cfg, dtype, tp
         self.first, self.last = stage == 0, stage == pp - 1
         self.param_indices = stage_param_indices(cfg, pp, stage)
         if self.first:
             self.embed = VocabParallelEmbedding(cfg, tp, **kw)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, **kw) for i in stage_layers(cfg.layers, pp, stage)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, **kw) for i in stage_layers(cfg.layers, pp, stage)})
         if self.last:
-            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, **kw)
+            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp, **kw)
             self.head = VocabParallelHead(cfg, tp, **kw)
 
     def ordered_params(self) -> list[nn.Parameter]:

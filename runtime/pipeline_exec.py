@@ -1,7 +1,8 @@
 """1F1B execution of one pipeline stage's micro-batches (Megatron's non-interleaved schedule).
 
 Activation shapes come from the plan ([tokens of micro-batch i, hidden]; with CP the tokens of this CP
-rank's share, which the same CP rank of the neighbouring stage holds), so receivers allocate buffers
+rank's share, which the same CP rank of the neighbouring stage holds; with TP its SP rows of them, which the
+same TP rank holds), so receivers allocate buffers
 without a shape handshake. Opposite-direction transfers between neighbours are posted together with
 batch_isend_irecv, which keeps the schedule deadlock-free even when a send waits for its receive (NCCL).
 """
@@ -49,7 +50,7 @@ def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_
     loss = torch.zeros((), dtype=torch.float64, device=comm.device)
 
     def buf(i: int) -> torch.Tensor:
-        return torch.empty(mbs[i].num_tokens, comm.hidden, dtype=comm.dtype, device=comm.device)
+        return torch.empty(module.tp.rows(mbs[i].num_tokens), comm.hidden, dtype=comm.dtype, device=comm.device)
 
     def forward(i: int, x: torch.Tensor | None) -> torch.Tensor | None:
         nonlocal loss

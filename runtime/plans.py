@@ -64,7 +64,7 @@ def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:
 
 
 def strategy_key(plan: Plan) -> tuple:
-    return tuple((p.tp, p.pp, p.cp, tuple(p.ranks)) for p in plan.pipelines)
+    return tuple((*p.key, tuple(p.ranks)) for p in plan.pipelines)
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ class RankRole:
     cp_rank: int = 0
     cp: int = 1
     cp_ranks: tuple[int, ...] = ()  # the stage's ranks at this TP rank, by CP rank
+    recompute: str = "none"  # the pipeline's activation recomputation (runtime/recompute.py)
 
     def link_role(self, cfg: ModelConfig) -> Role:
         """CP ranks hold the same slices as their TP rank: to LNK they are replicas (lnk.py)."""
@@ -104,6 +105,7 @@ def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
                         prev=at(s - 1, c, t) if s > 0 else None,
                         next=at(s + 1, c, t) if s < p.pp - 1 else None,
                         cp_rank=c, cp=p.cp, cp_ranks=tuple(at(s, d, t) for d in range(p.cp)),
+                        recompute=p.recompute,
                     )
     return roles
 

@@ -1,8 +1,9 @@
-"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp>, LNK
-pull/push times (the network), or whole training iterations of a run's plans (`hydraplan profile` launches
-it; it writes JSON).
+"""Measure the cost model on this machine: T(l, P) and activation memory of one scheme <tp, pp, cp> with one
+activation recomputation mode, LNK pull/push times (the network), or whole training iterations of a run's plans
+(`hydraplan profile` launches it; it writes JSON).
 
-    torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --model tiny --capacity-bytes B --out m.json
+    torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --recompute MODE --model tiny
+             --capacity-bytes B --out m.json
     torchrun --nproc-per-node N     runtime/profile.py --network 1,1 --network 2,1 --model tiny --out n.json
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
 (one rank: plain `python runtime/profile.py ...`). CUDA (NCCL, bf16 by default) when present, else CPU (gloo,
@@ -27,10 +28,11 @@ real pieces and all_to_all_single, at the real slice sizes), wall time between b
 overlapped with the forward, push with the last backward); on the cpu clock propagation is each
 pipeline's critical path over thread CPU time, plus the step's exposed LNK waits and optimizer step.
 
-How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
-saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), and its
-peak bytes the most bytes its forward and backward add at once (Device.peak_memory: the C allocator's statistics
-sampled after every torch op on CPU, runtime/memstats.py; max_memory_allocated on CUDA; the parameter gradients left
+How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes its
+forward leaves allocated for the backward (what autograd saves, or under recomputation only what the layers keep,
+and its output) plus its input, and its peak bytes the most bytes its forward and backward add at once (recomputed
+layers included; Device.memory_in_use and Device.peak_memory: the C allocator's statistics sampled after every torch
+op on CPU, runtime/memstats.py; memory_allocated and max_memory_allocated on CUDA; the parameter gradients left
 behind excluded), at a few lengths; fixed bytes are the stage's weights (compute dtype) and gradient accumulators
 (master dtype), its 1/N share of the fp32 master weights, the two AdamW states and the owner gradient, and LNK's
 in-flight buffers (hydraplan.core.memory.lnk_terms, also recorded apart as lnk_bytes).
@@ -74,6 +76,7 @@ from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
+from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer
 
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
@@ -84,6 +87,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--recompute", choices=MODES, default="none", help="activation recomputation of the measured scheme")
     ap.add_argument("--check", default=None, help="plan folder (or file) to replay as whole iterations")
     ap.add_argument("--network", action="append", default=None, metavar="TP,PP",
                     help="time LNK pull/push of a homogeneous <TP,PP> layout over all ranks (repeat for several)")
@@ -136,25 +140,19 @@ def _replay_batch(mb: PackedBatch, cp: CPShards | None) -> PackedBatch:
     return mb if cp is None else cp.split(0, mb, [0, mb.num_tokens])[0]
 
 
-def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
+def held_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None, dev: Device) -> int:
     """Bytes a micro-batch waiting for its backward holds on the stage (on its CP share of `mb`) as the replay
-    runs it: what autograd saves from its forward, plus its input and output, which the executor keeps for
-    the backward (storages counted once, parameters excluded). Collective over TP and CP."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = module(x, _replay_batch(mb, cp))
-    for t in (x, y):
-        if t is not None:
-            pack(t)
-    return sum(seen.values())
+    runs it: the bytes its forward leaves allocated (what autograd saves, or under recomputation what the
+    layers keep, and its output), plus its input, which the executor keeps for the backward. Counted on the heap,
+    not through saved-tensor hooks, because a recomputed layer keeps its input outside them. Collective over TP
+    and CP."""
+    gc.collect()
+    dist.barrier()
+    start = dev.memory_in_use()
+    y = module(x, _replay_batch(mb, cp))
+    held = dev.memory_in_use() - start
+    del y
+    return held + (0 if x is None else x.numel() * x.element_size())
 
 
 def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None, dev: Device) -> int:
@@ -177,8 +175,8 @@ def _synthetic(data: TokenData, lengths: list[int], first_id: int, dev: Device) 
 
 
 def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, dev: Device) -> dict | None:
-    """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in the rank order of docs/formats.md); the
-    result on rank 0 (None elsewhere)."""
+    """Memory then time of <tp, pp, cp> with recomputation `args.recompute` on this job's tp*pp*cp ranks (in the
+    rank order of docs/formats.md); the result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
 
     map_large_allocations()  # stable allocator statistics for peak_bytes (runtime/memstats.py)
@@ -187,14 +185,15 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
         raise UserError(f"--tp {tp} --pp {pp} --cp {cp} needs {tp * pp * cp} ranks but WORLD_SIZE is {world}")
     dtype = DTYPES[args.dtype]
     layout = Plan(iteration=0, profile="", gpus=world, batch=[], strategy="", estimate=Estimate(propagation_s=0.0),
-                  pipelines=[PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=list(range(world)), micro_batches=[], estimate_s=0.0)])
+                  pipelines=[PlanPipeline(tp=tp, pp=pp, cp=cp, recompute=args.recompute, ranks=list(range(world)),
+                                          micro_batches=[], estimate_s=0.0)])
     groups = GroupCache(timedelta(seconds=args.timeout_s))
     groups.ensure(layout)
     role = rank_roles(layout, world)[rank]
     stage = role.stage
     device = dev.torch
     module = StageModule(cfg, pp=pp, stage=stage, tp=TPGroup(groups.get(role.tp_ranks) if tp > 1 else None, tp, role.tp_rank),
-                         dtype=dtype, device=device)
+                         dtype=dtype, device=device, recompute=args.recompute)
     load_full(module, [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))], tp, role.tp_rank)
     data = TokenData(cfg.vocab)
 
@@ -209,8 +208,9 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
         mb = _synthetic(data, [n], 0, dev)
         share = shares([mb])
         local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
-        x = None if module.first else torch.randn(local, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
-        saved = saved_bytes(module, x, mb, share)
+        rows = module.tp.rows(local)  # this TP rank's sequence-parallel rows of its CP share
+        x = None if module.first else torch.randn(rows, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
+        saved = held_bytes(module, x, mb, share, dev)
         top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share, dev)
         if k:
             act.append(saved)
@@ -236,14 +236,14 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     for lengths in time_grid(max_len):
         n = len(lengths)
         batch = [BatchSeq(id=m * n + i, length=x) for m in range(pp) for i, x in enumerate(lengths)]
-        pipe = PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=list(range(world)), estimate_s=0.0,
+        pipe = PlanPipeline(tp=tp, pp=pp, cp=cp, recompute=args.recompute, ranks=list(range(world)), estimate_s=0.0,
                             micro_batches=[MicroBatch(seqs=list(range(m * n, (m + 1) * n))) for m in range(pp)])
         plan = layout.model_copy(update={"batch": batch, "pipelines": [pipe]})
         runs = replayed_pipeline(replayer, plan, args)
         points.append({"lengths": lengths, "seconds": statistics.median(runs) / (2 * pp - 1), "runs": runs})
     if rank != 0:
         return None
-    return {"tp": tp, "pp": pp, "cp": cp, "max_len": max_len, "micro_batches": pp, "points": points,
+    return {"tp": tp, "pp": pp, "cp": cp, "recompute": args.recompute, "max_len": max_len, "micro_batches": pp, "points": points,
             "memory": [m.__dict__ for m in mems]}
 
 

@@ -168,7 +168,8 @@ class Replayer:
         last backward finishes it. Returns the propagation start stamp, the push stream and the loss."""
         role = s.role
         tp = TPGroup(self.groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
-        module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device="meta")
+        module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device="meta",
+                             recompute=role.recompute)
         local = module.param_indices
         grads = GradBuffer([p.numel() for p in module.ordered_params()], [self.groups_of[i] for i in local],
                            self.master.weights.dtype, self.device)

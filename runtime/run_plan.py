@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Plan
+from hydraplan.core.schema import Plan, scheme_label
 from hydraplan.methods.run import PlanRun
 from hydraplan.runtime import checkpoint, device, faults, hf, online
 from hydraplan.runtime.attention import choice_for
@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def describe(plan: Plan) -> str:
-    counts = Counter(f"<{p.tp},{p.pp},{p.cp}>" for p in plan.pipelines)
+    counts = Counter(p.label for p in plan.pipelines)
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
@@ -259,7 +259,7 @@ def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> 
             continue
         j, key, stage, tokens, got, model = row
         vs = "" if model is None else f", model {model / 2**20:.2f} MiB, measured/model {got / model:.3f}"
-        print(f"memory: iteration {plan.iteration} rank {r} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
+        print(f"memory: iteration {plan.iteration} rank {r} pipeline {j} {scheme_label(key)} stage {stage} "
               f"largest micro-batch {tokens} tokens: peak {got / 2**20:.2f} MiB{vs}", flush=True)
 
 

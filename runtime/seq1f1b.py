@@ -19,7 +19,10 @@ backward (collective: CP ranks run the same action list) sums them at the tokens
 are skipped by the split's total size, so every CP rank joins the same gathers, even with no tokens.
 
 model.py's Attention attends within its own micro-batch only, so `_split_forward` runs the stage's
-layers itself, with the same parameters and sub-modules, and swaps in `cached_attention`.
+layers itself, with the same parameters and sub-modules (sequence parallelism, and the attention core's
+selective recomputation, as in model.py), and swaps in `cached_attention`. Under full recomputation a
+layer keeps only its input and its K/V (the cache later splits read) and re-runs its forward in the
+split's backward.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import Action, schedule_seq1f1b
@@ -40,8 +42,9 @@ from hydraplan.core.schema import Plan
 from hydraplan.runtime.attention import Windows, window_attention
 from hydraplan.runtime.batches import PackedBatch
 from hydraplan.runtime.context_parallel import CPShards, attend_gathered, gather_kv
-from hydraplan.runtime.model import StageModule, apply_rope, copy_to_tp, reduce_from_tp, rope_tables
+from hydraplan.runtime.model import Block, StageModule, rope_tables
 from hydraplan.runtime.pipeline_exec import StageComm
+from hydraplan.runtime.recompute import recomputed
 
 
 # ------------------------------------------------------------------------------------------ splits
@@ -172,8 +175,8 @@ class Seq1F1BStage:
         return self.views[m][s].tokens
 
     def local_tokens(self, m: int, s: int) -> int:
-        """This rank's tokens of split s of micro-batch m: the rows of its activations."""
-        return self.views[m][s].batch.num_tokens
+        """The rows of this rank's activations of split s of micro-batch m: its SP rows of its CP share."""
+        return self.module.tp.rows(self.views[m][s].batch.num_tokens)
 
     def forward(self, m: int, s: int, x: torch.Tensor | None) -> torch.Tensor | None:
         """Forward of split s of micro-batch m (x: its input activations, None on the first stage).
@@ -238,18 +241,26 @@ class Seq1F1BStage:
             x = mod.embed(mb.tokens)
         cos, sin = rope_tables(mb.positions, cfg.head_dim, cfg.rope_theta, mod.dtype)
         for layer, block in enumerate(mod.layers.values()):
-            attn = block.attn
-            h = copy_to_tp(block.attn_norm(x), attn.tp)
-            q = apply_rope(F.linear(h, attn.wq).unflatten(-1, (-1, attn.head_dim)), cos, sin)
-            k = apply_rope(F.linear(h, attn.wk).unflatten(-1, (-1, attn.head_dim)), cos, sin)
-            v = F.linear(h, attn.wv).unflatten(-1, (-1, attn.head_dim))
-            own = torch.cat([k, v], dim=1) if mb.cp is None else gather_kv(k, v, mb.cp)
+            args = (x, block, cos, sin, view, lambda own, layer=layer: self._window(m, s, layer, own))
+            x, own = recomputed(_split_layer, *args) if block.recompute == "full" else _split_layer(*args)
             kvs.append(_LayerKV(own, own.detach().requires_grad_()))
-            kv = self._window(m, s, layer, own)
-            o = cached_attention(q, *kv.chunk(2, dim=1), view) if mb.cp is None else attend_gathered(q, kv, mb.cp)
-            x = x + reduce_from_tp(o.flatten(-2) @ attn.wo, attn.tp)
-            x = x + block.mlp(block.mlp_norm(x))
         return mod.head(mod.norm(x), mb.labels) if mod.last else x
+
+
+def _split_layer(x: torch.Tensor, block: Block, cos: torch.Tensor, sin: torch.Tensor, view: SplitView,
+                 window: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer of a split: its output, and its own K/V (gathered under CP), which `window` extends
+    with the cached K/V of the earlier splits into the key window its queries attend to."""
+    attn, mb = block.attn, view.batch
+    q, k, v = attn.qkv(block.attn_norm(x), cos, sin, mb.num_tokens)
+    own = torch.cat([k, v], dim=1) if mb.cp is None else gather_kv(k, v, mb.cp)
+    kv = window(own)
+    if mb.cp is None:
+        o = attn.core(cached_attention, q, *kv.chunk(2, dim=1), view, windows=view.windows)
+    else:
+        o = attn.core(attend_gathered, q, kv, mb.cp, windows=mb.cp.windows)
+    x = x + attn.out(o)
+    return x + block.mlp(block.mlp_norm(x), mb.num_tokens), own
 
 
 # ------------------------------------------------------------------------------------- one process

@@ -112,6 +112,10 @@ def test_hotspa_phases_and_switch_cost():
     assert plan.estimate_s == pytest.approx(24003.0)
     single = bl.hotspa(np.array([100, 200]), ranges, gpus=4, switch=switch)
     assert single.overhead_s == 0.0 and len(single.phases) == 1
+    # another recomputation mode of the same layout reshards nothing
+    full = big.model_copy(update={"recompute": "full", "max_len": 90000})
+    assert switch.switch_s(big, full) == 0.0 and bl.switch_overhead([big, full, big], switch) == 0.0
+    assert bl.switch_overhead([small, full], switch) == pytest.approx(3.0)
 
 
 def test_model_param_bytes_llama7b():

@@ -84,6 +84,29 @@ def test_cad_plans_train_exactly_like_one_process(tmp_path):
     assert all(len(b.split()) == TINY.layers * (len(p.cad.steps)) for (_, b), p in zip(balance, plans, strict=True))
 
 
+def _recomputing(plan: Plan, mode: str) -> Plan:
+    plan.cad.recompute = mode
+    for p in plan.pipelines:
+        p.recompute = mode
+    return plan
+
+
+@pytest.mark.slow
+def test_cad_plans_with_recomputation_train_exactly_like_one_process(tmp_path):
+    """Full recomputation re-runs each layer's projections, output projection and MLP around its attention
+    exchanges in the backward (the ping-pong keeps what the exchanges delivered); selective recomputes the SwiGLU
+    intermediates, with TP 2 (sequence parallel) inside the replicas."""
+    plans = [
+        _recomputing(_planned([60, 9, 25, 6, 17, 3, 30, 12], 0, (1, 1, 1), 1), "full"),
+        _recomputing(_planned([41, 8, 5, 22, 13, 7, 19, 2, 11], 1, (1, 1, 1), 2), "full"),
+        _recomputing(_planned([50, 6, 14, 9, 3], 2, (2, 1, 1), 1), "selective"),
+        _recomputing(_planned([50, 6, 14, 9, 3], 3, (2, 1, 1), 1), "full"),
+    ]
+    assert all(_moved(p) > 0 for p in plans)
+    _, diffs = _replay_verified(tmp_path, plans)
+    assert len(diffs) == 4 and max(diffs) <= 1e-9
+
+
 def test_best_cad_on_the_tiny_profile_is_valid():
     from hydraplan.app.validate import check_plan as validate_plan
 

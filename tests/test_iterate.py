@@ -84,7 +84,7 @@ def test_static_candidate_is_added_once_with_placed_ranks():
     added = with_static_candidate(base, tp1, cluster, None)
     assert [c.name for c in added.candidates] == ["mixed", "tp2", "pp2", "static"]
     static = added.candidates[-1]
-    assert [p.key for p in static.pipelines] == [(1, 1, 1)] * 4
+    assert [p.key for p in static.pipelines] == [(1, 1, 1, "none")] * 4
     assert sorted(r for p in static.pipelines for r in p.ranks) == [0, 1, 2, 3]
     assert with_static_candidate(added, tp1, cluster, None) == added  # resume adds nothing
 
@@ -352,3 +352,33 @@ def test_packing_cpsat_time_per_iteration_is_capped(cpsat_calls):
         assert sum(cpsat_calls) <= budget + 0.01 * len(cpsat_calls)  # a call may overrun its limit by a few ms
         assert check_plan(runs[-1].plan, profile) == []
     assert model_json(runs[0].plan) == model_json(runs[1].plan)  # deterministic, not wall-clock, budget
+
+
+def _recompute_profile(slowdown: float) -> Profile:
+    """<1,1,1> cannot hold 12K tokens, <4,1,1> holds them at twice the ideal GPU-seconds per token, and
+    <1,1,1,full> holds them on one GPU, `slowdown` times slower than <1,1,1> (the forward it re-runs)."""
+    one = TimeCoeffs(a=2e-9, b=1e-4, c=0.01)
+    return Profile(
+        name="recompute", gpu=GPUInfo(name="g", memory_gib=80, gpus_per_node=4), model=ModelInfo(name="m", layers=2, hidden=8),
+        schemes=[Scheme(tp=1, pp=1, cp=1, max_len=2048, util_len=256, time=one),
+                 Scheme(tp=4, pp=1, cp=1, max_len=16384, util_len=512, time=TimeCoeffs(a=1e-9, b=5e-5, c=0.01)),
+                 Scheme(tp=1, pp=1, cp=1, recompute="full", max_len=16384, util_len=256,
+                        time=TimeCoeffs(a=one.a * slowdown, b=one.b * slowdown, c=one.c))],
+    )
+
+
+@pytest.mark.parametrize("slowdown,uses_full", [(1.33, True), (2.0, False)])
+def test_a_long_sequence_takes_a_recomputing_narrow_pipeline_only_where_it_is_faster(slowdown, uses_full):
+    """The proposal and the per-iteration selection treat a recomputing scheme as one more scheme: a 12K-token
+    sequence among short ones runs on a recomputing one-GPU pipeline next to three plain ones while
+    recomputation costs a third more, and on a wide <4,1,1> once it costs twice as much."""
+    from hydraplan.solve.proposal import propose
+
+    profile = _recompute_profile(slowdown)
+    cluster = Cluster.of(profile, 4, "propagation")
+    lengths = np.array([12000] + [1000] * 30)
+    cands = propose(cluster, lengths, 12000, tokens_per_iter=int(lengths.sum()))
+    plan = Planner(profile, cands, 4, context_len=12000, objective="propagation", synthesize=False).plan(lengths)
+    long_pipe = next(p for p in plan.pipelines if any(sid == 0 for mb in p.micro_batches for sid in mb.seqs))
+    assert (long_pipe.label == "<1,1,1,full>") == uses_full, [p.label for p in plan.pipelines]
+    assert check_plan(plan, profile) == []

@@ -50,7 +50,7 @@ def test_llama2_7b_on_one_h100_fits_at_maxlen_with_the_lnk_terms():
     pull posted at once, fp32 push buffers of every group kept); the model now counts LNK's bounded windows and
     MaxLen leaves the rank under the usable capacity, below the card's 80 GB."""
     prof = load_profile("h100-llama2-7b")
-    scheme = next(s for s in for_gpus(prof, 64).schemes if s.key == (1, 1, 1))
+    scheme = next(s for s in for_gpus(prof, 64).schemes if s.key == (1, 1, 1, "none"))
     mem = rank_memory(prof, prof.scheme(1, 1, 1), 0, 64, scheme.max_len)
     names = {t.name for t in mem.terms}
     assert {"lnk_pull", "lnk_push", "communicators", "owner_gradient", "activations"} <= names

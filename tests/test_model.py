@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import free_port, init_gloo
 
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.groups import exit_process
+from hydraplan.runtime.memstats import heap_bytes, map_large_allocations
 from hydraplan.runtime.model import (
     CONFIGS,
     StageModule,
@@ -109,19 +111,53 @@ def test_chained_stages_equal_the_full_model(pp):
             torch.testing.assert_close(p.grad, full_grads[name].grad, rtol=0, atol=1e-13)
 
 
+# ----------------------------------------------------------------------------- activation recomputation
+def _held_bytes(model: StageModule, mb) -> tuple[int, dict[str, torch.Tensor]]:
+    """Heap bytes a micro-batch's forward leaves held for its backward, and the gradients of its backward."""
+    map_large_allocations()
+    gc.collect()
+    start = heap_bytes()
+    loss = model(None, mb)
+    held = heap_bytes() - start
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return held, grads
+
+
+@pytest.mark.skipif(heap_bytes() is None, reason="needs glibc's allocator statistics")
+def test_recomputation_trains_exactly_and_keeps_less():
+    """Selective and full recomputation give the gradients of no recomputation (fp64), and a micro-batch's
+    forward keeps less for the backward: selective drops the SwiGLU intermediates (silu and the product, 2 of
+    the 4 [T, ffn] tensors), full all but each layer's input."""
+    mb = pack([(3, 300), (9, 150), (1, 70)])
+    held, grads = {}, {}
+    for mode in ("none", "selective", "full"):
+        model = StageModule(TINY, dtype=torch.float64, recompute=mode)
+        load_full(model, full_params(TINY))
+        _held_bytes(model, mb)  # the first run also allocates what every later one reuses
+        held[mode], grads[mode] = _held_bytes(model, mb)
+    for mode in ("selective", "full"):
+        for name, g in grads["none"].items():
+            torch.testing.assert_close(grads[mode][name], g, rtol=0, atol=1e-13, msg=f"{mode} {name}")
+    swiglu = 2 * TINY.layers * 520 * TINY.ffn * 8  # silu(gate) and the product, fp64, every layer
+    assert held["none"] - held["selective"] >= 0.9 * swiglu
+    assert held["full"] < 0.5 * held["selective"]
+
+
 # ------------------------------------------------------------------------------- tensor parallelism
 def _tp_worker(rank: int, world: int, port: int) -> None:
     init_gloo(rank, world, port)
     try:
         tp = TPGroup(dist.group.WORLD, world, rank)
-        mb = pack([(3, 10), (9, 4), (1, 7)])
-        for cfg in (TINY, GQA):
+        mb = pack([(3, 10), (9, 4), (1, 7)])  # 21 tokens: the last SP rank's rows are padded
+        for cfg, mode in ((TINY, "none"), (GQA, "none"), (TINY, "selective"), (TINY, "full")):
             params = full_params(cfg, seed=1)
             ref = StageModule(cfg, dtype=torch.float64)
             load_full(ref, params)
             want = ref(None, mb)
             want.backward()
-            sharded = StageModule(cfg, tp=tp, dtype=torch.float64)
+            sharded = StageModule(cfg, tp=tp, dtype=torch.float64, recompute=mode)
             load_full(sharded, params, world, rank)
             got = sharded(None, mb)
             got.backward()
@@ -129,6 +165,9 @@ def _tp_worker(rank: int, world: int, port: int) -> None:
             specs = param_specs(cfg)
             for i, p, rp in zip(sharded.param_indices, sharded.ordered_params(), ref.ordered_params()):
                 torch.testing.assert_close(p.grad, tp_slice(rp.grad, specs[i], world, rank), rtol=0, atol=1e-12)
+        first = StageModule(TINY, pp=2, stage=0, tp=tp, dtype=torch.float64)
+        load_full(first, full_params(TINY), world, rank)
+        assert first(None, mb).shape == (11, TINY.hidden)  # sequence parallel: ceil(21 / 2) rows per TP rank
     finally:
         dist.destroy_process_group()
     exit_process(0)
@@ -136,5 +175,6 @@ def _tp_worker(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.slow
 def test_tensor_parallel_model_equals_single_device_model():
-    """Loss and every shard's gradient with TP=2 (MHA and GQA) match the unsharded model in fp64."""
+    """Loss and every shard's gradient with TP=2 and sequence parallelism (MHA and GQA; no, selective and
+    full recomputation) match the unsharded model in fp64; a stage hands on its TP rank's rows only."""
     mp.spawn(_tp_worker, args=(2, free_port()), nprocs=2, join=True)

@@ -7,7 +7,7 @@ import pytest
 
 from hydraplan.core.errors import UserError
 from hydraplan.schema import PipelineSpec
-from hydraplan.solve.placement import family, groups_per_rank, place_ranks, process_groups
+from hydraplan.solve.placement import cad_groups, family, groups_per_rank, place_ranks, process_groups
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (2, 1, 2), (8, 1, 1), (4, 2, 1),
           (2, 1, 4), (8, 2, 1), (4, 4, 1), (8, 1, 2), (16, 1, 1)]
@@ -69,6 +69,19 @@ def test_family_is_every_group_of_every_aligned_placement():
     fam = family(keys, gpus)
     assert len(fam) == len(set(fam)) and set(fam) == every
     assert family(keys, gpus) == fam  # a fixed order: every rank creates its groups in it
+
+
+def test_recomputation_changes_no_rank_layout():
+    """Schemes that differ only in recomputation have one family, one set of CAD groups and the same placement."""
+    keys = [(2, 1, 1), (2, 2, 2), (4, 1, 2)]
+    modes = [(*k, m) for k in keys for m in ("none", "selective", "full")]
+    assert family(modes, 32) == family(keys, 32)
+    assert cad_groups([(*k, m) for k in keys[:1] for m in ("none", "full")], 32) == cad_groups(keys[:1], 32)
+    specs = [PipelineSpec(tp=tp, pp=pp, cp=cp) for tp, pp, cp in keys]
+    placed = place_ranks(specs, 32, 8)
+    recomputing = place_ranks([s.model_copy(update={"recompute": "full"}) for s in specs], 32, 8)
+    assert [p.ranks for p in recomputing] == [p.ranks for p in placed]
+    assert {p.recompute for p in recomputing} == {"full"}
 
 
 def test_groups_per_rank_by_hand():

@@ -31,14 +31,14 @@ def _pack(out: Path, **flags) -> list[Plan]:
 
 @pytest.fixture(scope="module")
 def flagged(tmp_path_factory) -> list[Plan]:
-    """Plans with every optional part: Seq1F1B splits, CP shards, outlier delay, CAD sections."""
+    """Plans with every optional part: Seq1F1B splits, CP shards, outlier delay, CAD sections, recomputation."""
     tmp = tmp_path_factory.mktemp("flags")
     strategies = tmp / "strategies.json"  # pp and cp > 1 everywhere: every plan has splits and shards
     strategies.write_text(json.dumps({"schema": "hydraplan.strategies/v1", "candidates": [
-        {"name": "S", "pipelines": [{"tp": 2, "pp": 2, "cp": 2}] * 2}]}))
+        {"name": "S", "pipelines": [{"tp": 2, "pp": 2, "cp": 2}, {"tp": 2, "pp": 2, "cp": 2, "recompute": "full"}]}]}))
     return (_pack(tmp / "a", strategies=str(strategies), static=False, seq1f1b="2", cp_shard=True, outlier_delay=True)
-            + _pack(tmp / "b", profile="cpu-tiny", dataset="builtin:wikipedia", gpus=4, context_len=768,
-                    tokens_per_iter=1536, seed=2, cad=True, iterations=2))
+            + _pack(tmp / "b", profile="cpu-tiny", dataset="builtin:wikipedia", gpus=4, context_len=2048,
+                    tokens_per_iter=8192, seed=0, cad=True, iterations=2))
 
 
 def test_every_plan_round_trips_exactly(flagged):
@@ -46,6 +46,7 @@ def test_every_plan_round_trips_exactly(flagged):
     assert any(s.sampled_iteration is not None for p in flagged for s in p.batch)
     assert any(mb.splits for p in flagged for q in p.pipelines for mb in q.micro_batches)
     assert any(mb.cp_shard for p in flagged for q in p.pipelines for mb in q.micro_batches)
+    assert {q.recompute for p in flagged for q in p.pipelines} >= {"none", "full"}
     for plan in flagged:
         back = decode(encode(plan))
         assert back == plan
@@ -68,6 +69,18 @@ def test_unknown_fields_round_trip_and_the_file_is_tagged(tmp_path):
     assert kinds == ["pipeline"] * 2 + ["micro_batch"] * 3 + ["sequence"] * 4  # a row per pipeline, micro-batch, sequence
     assert table.column("seqs").to_pylist()[2:5] == [[0, 1], [2], [3]]  # micro-batches name sequences by their row
     assert json.loads(table.schema.metadata[b"plan"])["tool"] == {"name": "x"}
+
+
+def test_recompute_has_its_column_and_files_without_it_read_as_none(tmp_path):
+    plan = make_plan(0, "S0", [(2, 1, [0, 1], [[5]]), (1, 2, [2, 3], [[4]])], gpus=4)
+    plan.pipelines[1].recompute = "selective"
+    table = pq.read_table(pa.BufferReader(encode(plan)))
+    assert table.column("recompute").to_pylist()[:2] == [None, "selective"]
+    assert table.column("extra").to_pylist()[:2] == [None, None]
+    assert decode(encode(plan)) == plan
+    buf = pa.BufferOutputStream()  # a compact file from before the column: every pipeline without recomputation
+    pq.write_table(table.drop_columns(["recompute"]), buf)
+    assert [q.recompute for q in decode(buf.getvalue().to_pybytes()).pipelines] == ["none", "none"]
 
 
 def test_bad_compact_files_are_one_line_errors(tmp_path):

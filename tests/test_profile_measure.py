@@ -332,11 +332,11 @@ def test_profile_bad_input_exits_2():
 @pytest.mark.slow
 def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     out = tmp_path / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--memory-gib", "0.015625", "--repeats", "2",
-                              "--out", str(out), "--json"])
+    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--recompute", "none", "--memory-gib", "0.015625",
+                              "--repeats", "2", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     prof = load_profile(str(out))
-    assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1)]
+    assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1, "none")]
     s = prof.scheme(1, 1, 1)
     # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 16 MiB
     (m,) = s.measured_memory

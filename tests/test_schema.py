@@ -57,7 +57,27 @@ def test_unknown_fields_survive_round_trip(tmp_path):
 
 def test_scheme_derived_properties():
     s = Profile.model_validate(PROFILE).schemes[0]
-    assert (s.gpus, s.key, s.label) == (4, (2, 2, 1), "<2,2,1>")
+    assert (s.gpus, s.key, s.label) == (4, (2, 2, 1, "none"), "<2,2,1>")
+
+
+def test_recompute_is_part_of_the_scheme_and_written_only_when_set(tmp_path):
+    """A profile holds <2,2,1> once per recomputation mode; `recompute` defaults to none, is written only when
+    set (so files without it round-trip unchanged) and appears in keys and labels; a bad mode names its field."""
+    data = json.loads(json.dumps(PROFILE))
+    data["schemes"].append({**data["schemes"][0], "recompute": "full", "max_len": 200000})
+    prof = Profile.model_validate(data)
+    assert [(s.key, s.label) for s in prof.schemes] == [((2, 2, 1, "none"), "<2,2,1>"),
+                                                        ((2, 2, 1, "full"), "<2,2,1,full>")]
+    assert prof.scheme(2, 2, 1) is prof.schemes[0] and prof.scheme(2, 2, 1, "full") is prof.schemes[1]
+    assert json.loads(model_json(prof))["schemes"] == data["schemes"]
+    plan = Plan.model_validate(PLAN)
+    plan.pipelines[0].recompute = "selective"
+    assert json.loads(model_json(plan))["pipelines"][0]["recompute"] == "selective"
+    data["schemes"][1]["recompute"] = "some"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"field schemes\.1\.recompute"):
+        load_model(Profile, path)
 
 
 @pytest.mark.parametrize(

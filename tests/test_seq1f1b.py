@@ -95,10 +95,10 @@ def test_split_views_key_window_starts_at_the_crossing_document():
 
 
 # ------------------------------------------------------------------------------- pipeline, 1 proc
-def run_stages(P: int, mbs, splits, loss_scale: float, full):
+def run_stages(P: int, mbs, splits, loss_scale: float, full, recompute: str = "none"):
     stages = []
     for r in range(P):
-        mod = StageModule(TINY, pp=P, stage=r, dtype=DT)
+        mod = StageModule(TINY, pp=P, stage=r, dtype=DT, recompute=recompute)
         load_full(mod, full)
         stages.append(Seq1F1BStage(mod, mbs, splits, loss_scale))
     run_in_process(stages)
@@ -124,8 +124,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("P,docs,K", CASES)
-def test_seq1f1b_gradients_equal_unsplit_training(P, docs, K):
+@pytest.mark.parametrize("P,docs,K,recompute", [(*c, "none") for c in CASES]
+                         + [(*CASES[1], "selective"), (*CASES[4], "full"), (*CASES[2], "full")])
+def test_seq1f1b_gradients_equal_unsplit_training(P, docs, K, recompute):
+    """Also under selective and full recomputation (the cached K/V of earlier splits kept, a layer re-run)."""
     full = full_params()
     mbs = packed(docs)
     # computation-wise splits (the planner's), cost weights chosen so boundaries cut documents
@@ -133,7 +135,7 @@ def test_seq1f1b_gradients_equal_unsplit_training(P, docs, K):
     cut = [b for d, sp in zip(docs, splits) for b in sp[1:-1] if b not in np.cumsum(d)]
     assert cut, "the case must cut documents"
     scale = 1.0 / sum(map(sum, docs))
-    stages = run_stages(P, mbs, splits, scale, full)
+    stages = run_stages(P, mbs, splits, scale, full, recompute)
     want, want_loss = reference_grads(mbs, scale, full)
     for st in stages:
         assert st.live == 0  # every activation and K/V stash released

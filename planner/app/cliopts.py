@@ -53,12 +53,18 @@ def positive(value: int | float | None, flag: str, what: str = "a positive integ
         raise UserError(f"{flag} must be {what} (got {value})")
 
 
-def scheme_key(text: str, flag: str) -> tuple[int, int, int]:
-    """A scheme written TP,PP,CP (or TP,PP, cp = 1; angle brackets allowed) as its key, or UserError."""
-    parts = text.replace("<", "").replace(">", "").split(",")
-    if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UserError(f"{flag}: {text!r} is not TP,PP or TP,PP,CP (positive integers)")
-    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+def scheme_key(text: str, flag: str, mode: str | None = "none") -> tuple[int, int, int, str | None]:
+    """A scheme written TP,PP,CP,MODE (or TP,PP,CP: recomputation `mode`; TP,PP: cp = 1; angle brackets allowed) as
+    its key, or UserError."""
+    from hydraplan.core.schema import RECOMPUTE_MODES
+
+    parts = [p.strip() for p in text.replace("<", "").replace(">", "").split(",")]
+    if len(parts) == 4:
+        mode = parts.pop()
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts) or mode not in (None, *RECOMPUTE_MODES):
+        raise UserError(f"{flag}: {text!r} is not TP,PP, TP,PP,CP or TP,PP,CP,MODE (positive integers, MODE one of "
+                        f"{', '.join(RECOMPUTE_MODES)})")
+    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1, mode
 
 
 def check_context_len(value: int | None) -> None:

@@ -206,7 +206,7 @@ def profiles_show(
 
 def profiles_memory(
     name: str = typer.Argument(..., help="bundled profile name or a profile JSON path"),
-    scheme: str = typer.Argument(..., help="the scheme, TP,PP,CP (e.g. 1,1,1)"),
+    scheme: str = typer.Argument(..., help="the scheme, TP,PP,CP or TP,PP,CP,MODE (e.g. 1,1,1 or 8,1,2,full)"),
     gpus: int | None = typer.Option(None, "--gpus", help="cluster size N (default: the profile's reference_gpus)"),
     tokens: int | None = typer.Option(None, "--tokens", help="tokens of the rank's largest micro-batch (default: "
                                       "the scheme's MaxLen for N GPUs)"),
@@ -224,6 +224,7 @@ def profiles_memory(
 
     from hydraplan.core.cluster import for_gpus
     from hydraplan.core.memory import rank_memory
+    from hydraplan.core.schema import scheme_label
     from hydraplan.store.profiles import load_profile
 
     positive(gpus, "--gpus")
@@ -233,7 +234,7 @@ def profiles_memory(
     n = gpus if gpus is not None else profile.reference_gpus
     found = profile.scheme(*key)
     if found is None:
-        raise UserError(f"SCHEME: <{key[0]},{key[1]},{key[2]}> is not a scheme of profile {profile.name}")
+        raise UserError(f"SCHEME: {scheme_label(key)} is not a scheme of profile {profile.name}")
     view = next((s for s in for_gpus(profile, n).schemes if s.key == key), None) if n >= found.gpus else None
     length = tokens if tokens is not None else (view.max_len if view is not None else found.max_len)
     mem = rank_memory(profile, found, stage, n, length, value_bytes)

@@ -23,9 +23,12 @@ if TYPE_CHECKING:
 def profile_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the runtime measures"),
     model: str = typer.Option("tiny", "--model", help="runtime model config: tiny, llama2-7b, llama2-13b, llama2-32b"),
-    schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP or TP,PP,CP to measure; repeat for "
-                                             "several (default: every power-of-two tp*pp <= --gpus the model allows, "
-                                             "cp=1)"),
+    schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP, TP,PP,CP or TP,PP,CP,MODE to "
+                                             "measure; repeat for several (default: every power-of-two tp*pp <= --gpus "
+                                             "the model allows, cp=1)"),
+    recompute: list[str] | None = typer.Option(None, "--recompute", help="activation recomputation none | selective | "
+                                               "full measured for each scheme given without a mode; repeat for several "
+                                               "(default: all three)"),
     gpus: int | None = typer.Option(None, "--gpus", help="ranks available (default: 4 on cpu, the CUDA device count on cuda)"),
     memory_gib: float | None = typer.Option(None, "--memory-gib", help="usable memory per device for MaxLen (default: 90% of "
                                             "the CUDA device's; on cpu 1/32 GiB, a stand-in that keeps the exact CPU "
@@ -85,7 +88,7 @@ def profile_cmd(
         raise UserError("--out is required (the profile JSON to write), unless --check is given")
     cliopts.out_file(out)
     positive(gpus, "--gpus")
-    _measure(out, schemes, gpus, memory_gib, json_out, runs)
+    _measure(out, schemes, recompute, gpus, memory_gib, json_out, runs)
 
 
 def _check(check: Path, profile_name: str, json_out: bool, runs: Runs) -> None:
@@ -116,24 +119,31 @@ def _check(check: Path, profile_name: str, json_out: bool, runs: Runs) -> None:
                   f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
 
 
-def _schemes_to_measure(schemes: list[str] | None, model: str, gpus: int) -> list[tuple[int, int, int]]:
+def _schemes_to_measure(schemes: list[str] | None, modes: list[str] | None, model: str,
+                        gpus: int) -> list[tuple[int, int, int, str]]:
+    """The schemes to measure, each scheme given without a mode once per mode of --recompute."""
+    from hydraplan.core.schema import RECOMPUTE_MODES
     from hydraplan.runtime.model import check_layout, get_config
 
+    bad = [m for m in modes or () if m not in RECOMPUTE_MODES]
+    if bad:
+        raise UserError(f"--recompute: {bad[0]!r} is not one of {', '.join(RECOMPUTE_MODES)}")
     cfg = get_config(model)
     pow2 = [1 << i for i in range(gpus.bit_length())]
-    todo = _parse_schemes(schemes) if schemes else sorted(
-        ((t, p, 1) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),
-        key=lambda k: (k[0] * k[1], k))
-    for t, p, c in todo:
+    layouts = _parse_schemes(schemes) if schemes else sorted(
+        ((t, p, 1, None) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),
+        key=lambda k: (k[0] * k[1], k[:3]))
+    todo = [(t, p, c, mode) for t, p, c, m in layouts for mode in ([m] if m else modes or RECOMPUTE_MODES)]
+    for t, p, c, _ in todo:
         if (why := check_layout(cfg, t, p)) is not None:
             raise UserError(f"--schemes: <{t},{p},{c}>: {why}")
         if t * p * c > gpus:
             raise UserError(f"--schemes: <{t},{p},{c}> needs {t * p * c} ranks but --gpus is {gpus}")
-    return todo
+    return list(dict.fromkeys(todo))
 
 
-def _measure(out: Path, schemes: list[str] | None, gpus: int | None, memory_gib: float | None, json_out: bool,
-             runs: Runs) -> None:
+def _measure(out: Path, schemes: list[str] | None, modes: list[str] | None, gpus: int | None, memory_gib: float | None,
+             json_out: bool, runs: Runs) -> None:
     """Measure every scheme in the runtime and write the profile."""
     import json
 
@@ -153,7 +163,7 @@ def _measure(out: Path, schemes: list[str] | None, gpus: int | None, memory_gib:
         memory_gib = 0.9 * torch.cuda.get_device_properties(0).total_memory / 2**30 if device == "cuda" else CPU_MEMORY_GIB
     if memory_gib <= 0:
         raise UserError(f"--memory-gib must be positive (got {memory_gib})")
-    todo = _schemes_to_measure(schemes, runs.model, gpus)
+    todo = _schemes_to_measure(schemes, modes, runs.model, gpus)
     where = ["measuring"]
 
     def step(what: str) -> None:
@@ -186,5 +196,6 @@ def _measure(out: Path, schemes: list[str] | None, gpus: int | None, memory_gib:
 CPU_MEMORY_GIB = 1 / 32
 
 
-def _parse_schemes(values: list[str]) -> list[tuple[int, int, int]]:
-    return [cliopts.scheme_key(v, "--schemes") for v in values]
+def _parse_schemes(values: list[str]) -> list[tuple[int, int, int, str | None]]:
+    """(tp, pp, cp, mode or None: every mode of --recompute) of each TP,PP[,CP[,MODE]]."""
+    return [cliopts.scheme_key(v, "--schemes", mode=None) for v in values]

@@ -22,7 +22,7 @@ from hydraplan.core.cost import pipeline_time, util_len
 from hydraplan.core.errors import UserError
 from hydraplan.core.fit import BandwidthFit, SchemeFit, fit_bandwidth, fit_points, network_slices
 from hydraplan.core.memory import activation_fit, peak_fit
-from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme
+from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Plan, PlanPipeline, Profile, Scheme, scheme_label
 
 # Run as a module of the installed package, so it works from a wheel as well as from a checkout.
 MODULE = "hydraplan.runtime.profile"
@@ -99,10 +99,11 @@ class Runs:
     launches: int = 1
 
 
-def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int]], capacity_bytes: float,
-                    *, gpus_per_node: int, timeout_s: float = 600.0,
+def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int, str]], capacity_bytes: float,
+                    *, gpus_per_node: int, timeout_s: float = 3600.0,
                     progress: Callable[[str], None] | None = None) -> tuple[Profile, list[SchemeFit]]:
-    """Measure every <tp, pp, cp> in the runtime and build a v1 profile with "source": "measured". Each scheme is
+    """Measure every <tp, pp, cp> with its recomputation mode in the runtime and build a v1 profile with
+    "source": "measured". Each scheme is
     measured in `runs.launches` separate runtime jobs (median_points): on a shared CPU one process's own speed
     varies against another's, which a median within one process cannot see."""
     model, device, clock, dtype = runs.model, runs.device, runs.clock, runs.dtype
@@ -113,20 +114,21 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
     out, fits = [], []
     if progress is not None:
         progress("LNK pull/push")
-    network, _, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _ in schemes}),
+    network, _, net_note = measure_network(model, device, gpus_per_node, sorted({(tp, pp) for tp, pp, _, _ in schemes}),
                                                  dtype=dtype, timeout_s=timeout_s)
-    for tp, pp, cp in schemes:
+    for tp, pp, cp, mode in schemes:
         if progress is not None:
-            progress(f"<{tp},{pp},{cp}>")
-        args = ["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--model", model, "--dtype", dtype, "--clock", clock,
-                "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node), "--warmup", str(warmup),
-                "--repeats", str(repeats)]
+            progress(scheme_label((tp, pp, cp, mode)))
+        args = ["--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--recompute", mode, "--model", model, "--dtype", dtype,
+                "--clock", clock, "--capacity-bytes", repr(capacity_bytes), "--reference-gpus", str(gpus_per_node),
+                "--warmup", str(warmup), "--repeats", str(repeats)]
         raws = [run_runtime(args, tp * pp * cp, device, timeout_s) for _ in range(launches)]
         raw = {**raws[0], "points": median_points([r["points"] for r in raws])}
         fit = fit_points([(p["lengths"], p["seconds"]) for p in raw["points"]])
         fits.append(fit)
         max_len = int(raw["max_len"])
-        out.append(Scheme(tp=tp, pp=pp, cp=cp, max_len=max_len, util_len=util_len(fit.time, max_len), time=fit.time,
+        out.append(Scheme(tp=tp, pp=pp, cp=cp, recompute=mode, max_len=max_len, util_len=util_len(fit.time, max_len),
+                          time=fit.time,
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
@@ -150,10 +152,12 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                        "sequences and packed micro-batches together (NNLS, relative error; fit.packed_worst_rel_err: the "
                        "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage - 1) * act(l) + peak(l) <= {capacity_bytes / 2**30:g} GiB "
-                          "on every stage; act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward, peak(l) "
-                          f"to the most bytes one micro-batch's forward and backward add at once ({_memory_source(device)}), "
-                          "plus a constant; fixed: weights, gradient accumulators, 1/N of the masters, AdamW states "
-                          "and owner gradient, and LNK's in-flight buffers (lnk_bytes) (measured_memory)",
+                          "on every stage; act(l) = q*l^2 + p*l fitted to the bytes a micro-batch's forward leaves for "
+                          "its backward (what autograd saves, or under recomputation what the layers keep, and its "
+                          f"output), peak(l) to the most bytes one micro-batch's forward and backward add at once "
+                          f"({_memory_source(device)}), plus a constant; fixed: weights, gradient accumulators, 1/N of the "
+                          "masters, AdamW states and owner gradient, and LNK's in-flight buffers (lnk_bytes) "
+                          "(measured_memory); each scheme measured with its recomputation mode",
                "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
                "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
@@ -292,7 +296,7 @@ def compare(plans: Sequence[Plan], measured: dict, cluster: Cluster) -> list[Che
         for i, (pipe, m) in enumerate(zip(plan.pipelines, got["pipelines"], strict=True)):
             scheme = cluster.scheme(pipe.key)
             if scheme is None:
-                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme <{pipe.tp},{pipe.pp},{pipe.cp}> "
+                raise UserError(f"iteration {plan.iteration}: field pipelines.{i}: scheme {pipe.label} "
                                 f"is not in profile {cluster.name} for {cluster.gpus} GPUs")
             pipes.append((scheme.label, pipeline_estimate(scheme, pipe, lengths), float(m["seconds"])))
         prop, sync, source = plan_estimate(plan, cluster, [p[1] for p in pipes])

@@ -158,7 +158,7 @@ def _check_pipelines(plan: Plan, cluster: Cluster | None, lengths: dict[int, int
     estimates: list[float] = []
     for p, pipe in enumerate(plan.pipelines):
         scheme = None if cluster is None else cluster.scheme(pipe.key)
-        label = f"<{pipe.tp},{pipe.pp},{pipe.cp}>"
+        label = pipe.label
         if scheme is None and cluster is not None:
             out.append(Violation(file, "scheme", f"scheme {label} is not in profile {cluster.name} for {plan.gpus} GPUs", p))
         groups = []
@@ -248,8 +248,8 @@ def check_against_strategies(plan: Plan, strategies: Strategies, file: str) -> l
     cand = next((c for c in strategies.candidates if c.name == plan.strategy), None)
     if cand is None:
         return [Violation(file, "strategy", f"strategy {plan.strategy!r} is not in strategies.json")]
-    want = [(p.tp, p.pp, p.cp, p.ranks) for p in cand.pipelines]
-    got = [(p.tp, p.pp, p.cp, p.ranks) for p in plan.pipelines]
+    want = [(p.key, p.ranks) for p in cand.pipelines]
+    got = [(p.key, p.ranks) for p in plan.pipelines]
     if want != got:
         return [Violation(file, "strategy", f"pipelines differ from candidate {cand.name} in strategies.json")]
     return []

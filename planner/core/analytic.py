@@ -1,21 +1,44 @@
-"""Analytic profiles from GPU and model specs (core/hardware.py): T(l) per scheme from FLOPs, bandwidths and
-latencies, the appendix C.1 memory model, and the notes that cite every constant."""
+"""Analytic profiles from GPU and model specs (core/hardware.py): T(l) per scheme and recomputation mode from
+FLOPs, bandwidths and latencies, the appendix C.1 memory model with sequence parallelism, and the notes that
+cite every constant."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from hydraplan.core.cluster import max_len_from_memory
 from hydraplan.core.cost import UTIL_THRESHOLD, util_len
-from hydraplan.core.hardware import FRAMEWORK, GPUS, MODELS, FrameworkSpec, GPUSpec, ModelSpec
+from hydraplan.core.fit import fit_time_coeffs
+from hydraplan.core.hardware import FRAMEWORK, GPUS, HYDRAULIS_MAX_LEN, MODELS, FrameworkSpec, GPUSpec, ModelSpec
 from hydraplan.core.memory import LNK_SOURCE, lnk_terms
-from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
+from hydraplan.core.schema import (
+    RECOMPUTE_MODES,
+    GPUInfo,
+    ModelInfo,
+    Network,
+    Profile,
+    ProfileMemory,
+    Scheme,
+    SchemeMemory,
+    TimeCoeffs,
+)
 
 # --------------------------------------------------------------------------------- analytic profiles
 TP_DEGREES = (1, 2, 4, 8, 16)
-CP_DEGREES = (1, 2, 4, 8)
+CP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 MAX_PP = 8
-MAX_SCHEME_GPUS = 64
+MAX_SCHEME_GPUS = 64  # tp*pp*cp of a scheme with cp <= WIDE_CP
+WIDE_CP = 8  # CP beyond this (across nodes, for the longest contexts) only with pp = 1 and tp*cp <= MAX_WIDE_GPUS
+MAX_WIDE_GPUS = 512
 REFERENCE_GPUS = 64
 MIN_MAX_LEN = 1024  # a scheme that cannot hold a 1K-token micro-batch at the reference size is omitted
+FORWARD_COLLECTIVES = 4  # per layer under SP: all-gather into and reduce-scatter out of attention and MLP
+BACKWARD_COLLECTIVES = 6  # their reverse, plus the inputs gathered again for the weight gradients
+HEAD_COLLECTIVES = 3  # the LM head's input all-gather, its re-gather and reduce-scatter in the backward
+CP_FIT_POINTS = 24  # single-sequence lengths the CP ring's overlap is evaluated at before fitting a, b, c
+CP_FIT_MIN_LEN = 1024
 
 
 def _gemm_efficiency(gpu: GPUSpec, weights_per_gpu: float, fw: FrameworkSpec) -> float:
@@ -30,51 +53,86 @@ def _link(gpu: GPUSpec, fw: FrameworkSpec, crosses_nodes: bool) -> tuple[float, 
     return gpu.nvlink_bytes_s * fw.link_efficiency, fw.nvlink_latency_s
 
 
-def analytic_time(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int,
-                  fw: FrameworkSpec = FRAMEWORK) -> TimeCoeffs:
-    """T(l) of the last pipeline stage (layers/pp decoder layers + LM head and loss, the slowest stage,
-    which sets the 1F1B steady state): fwd+bwd of one micro-batch of l packed tokens, seconds.
-
-    a: causal FlashAttention, 2*h*l^2 FLOPs per layer forward, backward 2.5x forward, split over TP x CP.
-    b: GEMMs (6 FLOPs per weight per token) at the TP-dependent efficiency, elementwise kernels at HBM
-       bandwidth, TP all-gather/reduce-scatter of the l x h activation (8 per layer, SP), the CP K/V ring
-       (K,V forward; K,V and dK,dV backward), PP activation/gradient p2p.
-    c: the GEMMs' short-M under-utilization (efficiency m/(m+m_half) at m = l/cp tokens per GPU is
-       exactly g*(m + m_half): a constant of m_half tokens' GEMM time), kernel launches, collective and
-       p2p latencies.
-    A group larger than a node crosses InfiniBand: TP if tp > gpus_per_node, CP if tp*cp > gpus_per_node,
-    PP if the whole pipeline does not fit in one node.
-    """
+def _closed_form(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str,
+                 fw: FrameworkSpec) -> tuple[float, float, float]:
+    """(a, b, c) of everything but the CP ring's transfers (`_ring`), recomputation included."""
     h, f, vocab, gpn = model.hidden, model.ffn, model.vocab, gpu.gpus_per_node
     layers = model.layers // pp
+    full = recompute == "full"
     peak = gpu.peak_tflops * 1e12
     w_layer = model.layer_matmul_params / tp
     w_head = vocab * h / tp
-    gemm_per_token = 6 * (layers * w_layer / _gemm_efficiency(gpu, w_layer, fw)
-                          + w_head / _gemm_efficiency(gpu, w_head, fw)) / peak
-    a = 7.0 * h * layers / (tp * cp) / (peak * gpu.attention_efficiency)
+    gemm_layers = 6 * layers * w_layer / _gemm_efficiency(gpu, w_layer, fw) / peak
+    gemm_head = 6 * w_head / _gemm_efficiency(gpu, w_head, fw) / peak
+    gemm_per_token = gemm_layers * (1 + full / 3) + gemm_head  # full: each layer's forward GEMMs once more
+    a = (7.0 + 2.0 * full) * h * layers / (tp * cp) / (peak * gpu.attention_efficiency)  # fwd 2 + bwd 5 (+ fwd 2)
     hbm = gpu.hbm_gb_s * 1e9 * fw.memory_efficiency
-    elementwise = (layers * (fw.elementwise_h * h + fw.elementwise_f * f) + 16 * vocab) / (tp * cp) / hbm
-    b = gemm_per_token / cp + elementwise
-    c = gemm_per_token * gpu.gemm_m_half + (fw.kernels_per_layer * layers + fw.kernels_head) * fw.launch_s
+    elementwise = layers * (fw.elementwise_h * h + fw.elementwise_f * f) * (1 + full * fw.forward_share)
+    elementwise += layers * 6 * f * (recompute == "selective")  # the SwiGLU product recomputed: read g, u, write p
+    b = gemm_per_token / cp + (elementwise + 16 * vocab) / (tp * cp) / hbm
+    kernels = fw.kernels_per_layer * layers * (1 + full * fw.forward_share) + 2 * layers * (recompute == "selective")
+    c = gemm_per_token * gpu.gemm_m_half + (kernels + fw.kernels_head) * fw.launch_s
     if tp > 1:
         bw, lat = _link(gpu, fw, tp > gpn)
-        collectives = 8 * layers + 2  # 4 fwd + 4 bwd per layer; LM-head input all-gather, grad reduce-scatter
+        collectives = (FORWARD_COLLECTIVES * (1 + full) + BACKWARD_COLLECTIVES) * layers + HEAD_COLLECTIVES
         b += collectives * (tp - 1) / tp * 2 * h / cp / bw
         c += collectives * lat
     if cp > 1:
-        bw, lat = _link(gpu, fw, tp * cp > gpn)
-        b += layers * 12 * (cp - 1) / cp * h / tp / bw
-        c += layers * 3 * (cp - 1) * lat
+        _, lat = _link(gpu, fw, tp * cp > gpn)
+        c += layers * (3 + full) * (cp - 1) * lat  # ring steps: K/V forward (again under full), K/V and dK/dV backward
     if pp > 1:
         bw, lat = _link(gpu, fw, tp * cp * pp > gpn)
         b += 2 * 2 * h / (tp * cp) / bw
         c += 2 * lat
-    return TimeCoeffs(a=_sig(a), b=_sig(b), c=_sig(c))
+    return a, b, c
 
 
-def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec = FRAMEWORK,
-                    gpus_per_node: int = 8) -> SchemeMemory:
+def _ring_exposed(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec,
+                  lengths: np.ndarray) -> np.ndarray:
+    """Seconds of the CP ring's K/V transfers that the attention of one sequence of each length does not hide:
+    per layer and pass, max(0, ring - attention*(cp-1)/cp) (a step's transfer runs during the step before)."""
+    h, layers = model.hidden, model.layers // pp
+    bw, _ = _link(gpu, fw, tp * cp > gpu.gpus_per_node)
+    l = np.asarray(lengths, dtype=np.float64)
+    attn_per_unit = h * l * l / (tp * cp) / (gpu.peak_tflops * 1e12 * gpu.attention_efficiency) * (cp - 1) / cp
+    ring_per_h = (cp - 1) / (cp * tp) * h * l / bw
+    fwd = np.maximum(0.0, 4 * ring_per_h - 2 * attn_per_unit)
+    bwd = np.maximum(0.0, 8 * ring_per_h - 5 * attn_per_unit)
+    return layers * ((1 + (recompute == "full")) * fwd + bwd)
+
+
+def analytic_time(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str = "none",
+                  fw: FrameworkSpec = FRAMEWORK, fit_range: tuple[int, int] = (CP_FIT_MIN_LEN, 4 * CP_FIT_MIN_LEN),
+                  ) -> tuple[TimeCoeffs, float]:
+    """T(l) of the last pipeline stage (layers/pp decoder layers + LM head and loss, the slowest stage, which
+    sets the 1F1B steady state): fwd+bwd of one micro-batch of l packed tokens, seconds; and the relative error
+    of the CP fit (0 without CP).
+
+    a: causal FlashAttention, 2*h*l^2 FLOPs per layer forward, backward 2.5x forward, split over TP x CP.
+    b: GEMMs (6 FLOPs per weight per token) at the TP-dependent efficiency, elementwise kernels at HBM
+       bandwidth, TP all-gather/reduce-scatter of the l x h activation (10 per layer with SP), PP p2p.
+    c: the GEMMs' short-M under-utilization (efficiency m/(m+m_half) at m = l/cp tokens per GPU is
+       exactly g*(m + m_half): a constant of m_half tokens' GEMM time), kernel launches, collective and
+       p2p latencies.
+    Recomputation adds the forward work it re-runs (framework.recompute_time). With CP > 1 the ring's K/V
+    transfers hide behind attention where it is long enough (`_ring_exposed`), which is no polynomial in l:
+    T is evaluated on single sequences over `fit_range` (the lengths the scheme serves) and fitted to
+    a*l^2 + b*l + c.
+    A group larger than a node crosses InfiniBand: TP if tp > gpus_per_node, CP if tp*cp > gpus_per_node,
+    PP if the whole pipeline does not fit in one node.
+    """
+    a, b, c = _closed_form(gpu, model, tp, pp, cp, recompute, fw)
+    if cp == 1:
+        return TimeCoeffs(a=_sig(a), b=_sig(b), c=_sig(c)), 0.0
+    lo = max(CP_FIT_MIN_LEN, fit_range[0])
+    l = np.unique(np.geomspace(lo, max(fit_range[1], 4 * lo), CP_FIT_POINTS).round())
+    seconds = (a * l + b) * l + c + _ring_exposed(gpu, model, tp, pp, cp, recompute, fw, l)
+    fit = fit_time_coeffs(l, seconds)
+    return TimeCoeffs(a=_sig(fit.a), b=_sig(fit.b), c=_sig(fit.c)), fit.worst_rel_err
+
+
+def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str = "none",
+                    fw: FrameworkSpec = FRAMEWORK, gpus_per_node: int = 8) -> SchemeMemory:
     """Appendix C.1 per-GPU memory of the worst stage, as named terms (their sources: `memory_notes`): bytes
     sharded over all N GPUs, bytes per rank, and bytes per packed token, so MaxLen stays linear in memory."""
     info = model_info(model)
@@ -83,9 +141,9 @@ def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSp
     local.update({t.name: t.bytes for t in lnk_terms(info, tp, pp, None, 2)})
     local["communicators"] = _communicator_bytes(tp, pp, cp, gpus_per_node, fw)
     kv = kv_bytes_per_token(model, tp, fw)
-    token = {"activations": _sig(_activation_bytes_per_token(model, tp, pp, cp, fw))}
-    if cp > 1:
-        token["cp_kv"] = _sig(kv * (2 * cp + 1) / (2 * cp))
+    token = {k: _sig(v) for k, v in _activation_terms(model, tp, pp, cp, recompute, fw).items()}
+    if cp > 1:  # the gathered K/V windows: every layer's kept for its backward, or under full recomputation one layer's
+        token["cp_kv"] = _sig(kv * (2 * cp + 1) / (2 * cp) / (model.layers if recompute == "full" else 1))
     return SchemeMemory(
         sharded_bytes=float(sum(sharded.values())),
         local_bytes=float(round(sum(local.values()))),
@@ -104,20 +162,23 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return (model.layers // pp) * model.layer_params + embeddings
 
 
-def _activation_bytes_per_token(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec) -> float:
-    """Saved activations per packed token of the worst stage.
-
-    1F1B keeps pp micro-batches in flight on the first stage: layers/pp * pp = all layers of activations;
-    the last stage holds one micro-batch of its layers plus the logits. Both terms are taken at their
-    worst stage (a safe upper bound that keeps MaxLen linear in memory).
-    """
-    h, vocab = model.hidden, model.vocab
+def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec) -> dict[str, float]:
+    """Activation bytes per packed token of the worst stage, x fragmentation: `activations`, what the micro-batches
+    in flight keep for their backward (1F1B keeps pp micro-batches on the first stage: layers/pp * pp = all layers;
+    the last stage one micro-batch of its layers plus the logits; the worst of the two), `backward_layer`, one
+    layer's whole activations live during its backward (the layer being recomputed, under full recomputation), and
+    `sp_unsplit`, the working set that sequence parallelism does not split (CP splits it). Taken at the worst
+    stage (a safe upper bound that keeps MaxLen linear in memory)."""
+    h, f, vocab = model.hidden, model.ffn, model.vocab
     layers = model.layers // pp
-    act_layer = fw.act_h_replicated * h / cp + (fw.act_h * h + fw.act_f * model.ffn) / (tp * cp)
+    kept = {"none": fw.act_h * h + fw.act_f * f, "selective": fw.act_h * h + fw.act_f_selective * f,
+            "full": fw.act_h_full * h}[recompute] / (tp * cp)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
-    first = (model.layers + 1) * act_layer + (logits if pp == 1 else 0.0)
-    last = (layers + 1) * act_layer + logits
-    return max(first, last) * fw.fragmentation
+    first = model.layers * kept + (logits if pp == 1 else 0.0)
+    last = layers * kept + logits
+    return {"activations": max(first, last) * fw.fragmentation,
+            "backward_layer": (fw.act_h * h + fw.act_f * f) / (tp * cp) * fw.fragmentation,
+            "sp_unsplit": fw.act_h_unsplit * h / cp * fw.fragmentation}
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int, fw: FrameworkSpec = FRAMEWORK) -> float:
@@ -152,25 +213,33 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def scheme_space(model: ModelSpec) -> list[tuple[int, int, int]]:
-    """<TP,PP,CP> candidates: TP dividing the heads, PP dividing the layers, at most 64 GPUs."""
-    return [(tp, pp, cp)
+def scheme_space(model: ModelSpec) -> list[tuple[int, int, int, str]]:
+    """<TP,PP,CP,recompute> candidates: TP dividing the heads, PP dividing the layers; at most 64 GPUs up to CP 8,
+    and CP 16-64 (context parallelism across nodes) with pp = 1 on up to 512 GPUs; each recomputation mode."""
+    return [(tp, pp, cp, mode)
             for tp in TP_DEGREES if model.heads % tp == 0
             for pp in range(1, MAX_PP + 1) if model.layers % pp == 0
-            for cp in CP_DEGREES if tp * pp * cp <= MAX_SCHEME_GPUS]
+            for cp in CP_DEGREES
+            if (tp * pp * cp <= MAX_SCHEME_GPUS if cp <= WIDE_CP else pp == 1 and tp * cp <= MAX_WIDE_GPUS)
+            for mode in RECOMPUTE_MODES]
 
 
 def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWORK) -> Profile:
     """The bundled profile of one GPU and model: every scheme that holds MIN_MAX_LEN at REFERENCE_GPUS."""
     capacity = capacity_bytes(gpu, fw)
-    schemes = []
-    for tp, pp, cp in scheme_space(model):
-        memory = analytic_memory(model, tp, pp, cp, fw, gpu.gpus_per_node)
+    schemes, worst_fit = [], 0.0
+    for tp, pp, cp, mode in scheme_space(model):
+        memory = analytic_memory(model, tp, pp, cp, mode, fw, gpu.gpus_per_node)
         max_len = max_len_from_memory(capacity, memory, REFERENCE_GPUS)
         if max_len < MIN_MAX_LEN:
             continue
-        time = analytic_time(gpu, model, tp, pp, cp, fw)
-        schemes.append(Scheme(tp=tp, pp=pp, cp=cp, max_len=max_len, util_len=util_len(time, max_len),
+        # CP schemes serve long sequences: T is fitted from 1/16 of the layout's MaxLen without recomputation to its
+        # MaxLen with full recomputation, the same lengths for every mode, so that modes compare alike
+        lo, hi = (max_len_from_memory(capacity, analytic_memory(model, tp, pp, cp, m, fw), REFERENCE_GPUS)
+                  for m in ("none", "full"))
+        time, fit_err = analytic_time(gpu, model, tp, pp, cp, mode, fw, (lo // 16, hi))
+        worst_fit = max(worst_fit, fit_err)
+        schemes.append(Scheme(tp=tp, pp=pp, cp=cp, recompute=mode, max_len=max_len, util_len=util_len(time, max_len),
                               time=time, memory=memory))
     return Profile(
         name=f"{gpu.key}-{model.key}",
@@ -183,25 +252,31 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
         network=Network(intra_node_GBps=_sig(gpu.nvlink_bytes_s * fw.link_efficiency / 1e9),
                         inter_node_GBps=_sig(gpu.ib_bytes_s * fw.link_efficiency / 1e9)),
         source="analytic",
-        notes=_notes(gpu, model, fw),
+        notes=_notes(gpu, model, fw, worst_fit),
     )
 
 
-def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
+def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, worst_fit: float) -> dict[str, str]:
     notes = {
         "generator": "hydraplan profiles generate (hydraplan.core.analytic.analytic_profile); do not edit by hand",
         "time": "T(l) = a*l^2 + b*l + c seconds: fwd+bwd of one micro-batch of l packed tokens on the last "
                 "stage (layers/pp decoder layers + LM head + loss). a: causal FlashAttention; b: GEMMs, "
-                "elementwise kernels, TP all-gather/reduce-scatter, CP K/V ring, PP p2p (NVLink inside a node, "
-                "IB when the group spans nodes); c: short-GEMM under-utilization, launches, latencies",
+                "elementwise kernels, TP all-gather/reduce-scatter (sequence parallel), PP p2p (NVLink inside a "
+                "node, IB when the group spans nodes); c: short-GEMM under-utilization, launches, latencies; the CP "
+                "K/V ring where attention does not hide it (framework.context_parallel); recomputation's forward "
+                "work once more (framework.recompute_time)",
+        "fit_worst_rel_err": f"{worst_fit:.3f}: the worst relative error, over the lengths fitted, of a*l^2 + b*l + c "
+                             "against the CP ring's overlap model (schemes with cp > 1; 0 elsewhere)",
         "max_len": f"appendix C.1: (capacity - sharded/N - local) / act_bytes_per_token, stored for N = "
                    f"{REFERENCE_GPUS}; schemes with MaxLen < {MIN_MAX_LEN} at that N are omitted; each term of "
                    "sharded_bytes, local_bytes and act_bytes_per_token is in memory.*_terms, its source in memory.NAME",
         "util_len": f"appendix D with threshold {UTIL_THRESHOLD}: shortest l with l/(b*l+c) >= "
                     f"{UTIL_THRESHOLD}/b (attention-free tokens/s at {UTIL_THRESHOLD:.0%} of its asymptote), "
                     "capped at max_len",
-        "schemes": "TP in {1,2,4,8,16} dividing the heads, PP dividing the layers up to 8, CP in {1,2,4,8}, "
-                   f"tp*pp*cp <= {MAX_SCHEME_GPUS}",
+        "schemes": f"TP in {{1,2,4,8,16}} dividing the heads, PP dividing the layers up to {MAX_PP}, CP in {{1,2,4,8}} "
+                   f"with tp*pp*cp <= {MAX_SCHEME_GPUS}, and CP in {{16,32,64}} (across nodes) with pp = 1 and "
+                   f"tp*cp <= {MAX_WIDE_GPUS}; each with recompute none, selective and full (sequence parallelism "
+                   "always on for tp > 1)",
         "model": model.source,
         "stages": "the embedding lookup (first stage) does no GEMM work; the LM head and loss run on the last "
                   "stage, whose T is stored for every stage because the slowest stage sets the 1F1B rate",
@@ -217,8 +292,34 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
     }
     notes.update({f"gpu.{k}": v for k, v in gpu.sources})
     notes.update({f"framework.{k}": v for k, v in fw.sources})
+    if (gpu.key, model.key) in HYDRAULIS_MAX_LEN:
+        notes["max_len_vs_hydraulis"] = _hydraulis_note(gpu, model, fw)
     notes.update(memory_notes(fw))
     return notes
+
+
+def _hydraulis_note(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> str:
+    """MaxLen of <TP,1,1> against Hydraulis', each deviation with what explains it: MaxLen again with Hydraulis'
+    bf16 gradients (alpha = 3/4: 4 bytes per stage parameter, not the fp32 accumulators' 6) and with nothing
+    left unsplit by TP (act_h_unsplit = 0)."""
+    def max_len(tp: int, spec: FrameworkSpec) -> int:
+        return max_len_from_memory(capacity_bytes(gpu, spec), analytic_memory(model, tp, 1, 1, "none", spec), REFERENCE_GPUS)
+
+    bf16_grads = replace(fw, local_bytes_per_param=4)
+    all_split = replace(fw, act_h_unsplit=0)
+    refs = HYDRAULIS_MAX_LEN[(gpu.key, model.key)]
+    grads_gb = (fw.local_bytes_per_param - bf16_grads.local_bytes_per_param) * model.params / min(refs) / 1e9
+    parts = []
+    for tp, ref in refs.items():
+        ours = max_len(tp, fw)
+        parts.append(f"<{tp},1,1> {ours:,} vs {ref:,} ({ours / ref - 1:+.1%}; {max_len(tp, bf16_grads):,} with bf16 gradients, "
+                     f"{max_len(tp, all_split):,} with nothing unsplit)")
+    return (f"MaxLen at N = {REFERENCE_GPUS} against Hydraulis': " + "; ".join(parts) + ". Below at narrow TP: the "
+            f"runtime keeps fp32 gradient accumulators ({fw.local_bytes_per_param} bytes per stage parameter against "
+            f"Hydraulis' {bf16_grads.local_bytes_per_param}), which at TP {min(refs)} take {grads_gb:.1f} GB from the "
+            "activations; above at TP 16: Hydraulis' MaxLen grows less with TP than the division of every activation by "
+            "TP predicts, so its system keeps more per token that TP does not split than this model's estimate "
+            "(framework.unsplit), and a TP 16 group spans two nodes")
 
 
 def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
@@ -236,10 +337,17 @@ def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
                                 f"{fw.nccl_p2p_peer_mib:g} MiB per p2p peer inside the node (LNK pull and push "
                                 "all_to_all, CP all_to_all, pipeline neighbours; across nodes NCCL shares network "
                                 "buffers), NCCL environment-variable documentation",
-        "memory.activations": "framework.activations x framework.fragmentation, worst stage under 1F1B",
+        "memory.activations": "what the micro-batches in flight keep for their backward with sequence parallelism, "
+                              "divided by TP x CP (framework.activations: 16h+6f, selective 16h+4f, full 2h per layer), "
+                              "worst stage under 1F1B, plus the last stage's logits, x framework.fragmentation",
+        "memory.backward_layer": "one layer's whole activations (16h+6f, divided by TP x CP) live during its backward, "
+                                 "recomputed first under full recomputation (framework.activations), x fragmentation",
+        "memory.sp_unsplit": "what sequence parallelism does not split, divided by CP only (framework.unsplit), "
+                             "x framework.fragmentation",
         "memory.cp_kv": "a CP rank's gathered K/V windows saved by attention (runtime/context_parallel.py): with "
                         "2*cp symmetric chunks per sequence its two chunks' windows cover (2cp+1)/(2cp) of the sequence, "
-                        "K and V bf16, all layers in flight on the first stage (kv_bytes_per_token x (2cp+1)/(2cp))",
+                        "K and V bf16, all layers in flight on the first stage (kv_bytes_per_token x (2cp+1)/(2cp)); "
+                        "under full recomputation only the layer in its backward keeps them (1/layers of that)",
         "memory.kv": "kv_bytes_per_token: K and V in bf16 (4*hidden/tp bytes per token and layer) over every layer "
                      "in flight on the first stage, x framework.fragmentation; Seq1F1B's window copies "
                      "(hydraplan.solve.seqsplit) and CP's gathered keys are counted with it",

@@ -104,11 +104,12 @@ class Cluster:
         return self.view.schemes
 
     @functools.cached_property
-    def _by_key(self) -> dict[tuple[int, int, int], Scheme]:
+    def _by_key(self) -> dict[tuple[int, int, int, str], Scheme]:
         return {s.key: s for s in self.view.schemes}
 
-    def scheme(self, key: tuple[int, int, int]) -> Scheme | None:
-        return self._by_key.get(tuple(key))  # type: ignore[arg-type]
+    def scheme(self, key: tuple) -> Scheme | None:
+        """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
+        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]
 
     @property
     def end_to_end(self) -> bool:
@@ -140,8 +141,8 @@ class Cluster:
     def charged_for(self, pipelines: Sequence[Scheme] | Sequence[PipelineSpec]) -> np.ndarray:
         return self.charged_s(np.array([p.tp for p in pipelines]), np.array([p.pp for p in pipelines]))
 
-    def estimate(self, keys: Sequence[tuple[int, int, int]], propagation_s: Sequence[float]) -> sync.IterationEstimate:
-        """The end-to-end estimate of one plan: pipelines given by their (tp, pp, cp) and canonical times."""
+    def estimate(self, keys: Sequence[tuple], propagation_s: Sequence[float]) -> sync.IterationEstimate:
+        """The end-to-end estimate of one plan: pipelines given by their keys (tp, pp, cp, ...) and canonical times."""
         tp = np.array([k[0] for k in keys], dtype=np.float64)
         pp = np.array([k[1] for k in keys], dtype=np.float64)
         return sync.iteration_estimate(self.transfer_s(tp, pp), propagation_s)

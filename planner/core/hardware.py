@@ -65,8 +65,9 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class FrameworkSpec:
-    """Megatron-style tensor parallelism WITHOUT sequence parallelism (the runtime has none), FlashAttention, bf16
-    weights, fp32 gradient accumulation and no recomputation."""
+    """Megatron-style tensor parallelism with sequence parallelism (the runtime's: inputs of the TP regions
+    gathered again in the backward), ring context parallelism, FlashAttention, bf16 weights, fp32 gradient
+    accumulation, and activation recomputation none, selective or full (runtime/recompute.py)."""
 
     weight_half: float  # per-GPU weights of one layer's GEMMs at which GEMM efficiency halves (TP split)
     link_efficiency: float  # achieved / nominal bandwidth of NCCL collectives and p2p
@@ -76,9 +77,12 @@ class FrameworkSpec:
     launch_s: float  # host-side cost of one launch when the GPU is starved (eager PyTorch)
     nvlink_latency_s: float  # small-message latency of one NCCL collective / p2p step over NVLink
     ib_latency_s: float  # same across InfiniBand
-    act_h_replicated: int  # saved activation bytes per token per layer that every TP rank keeps whole (x h, split by CP)
-    act_h: int  # ... and that TP splits: act_h*h + act_f*ffn (bf16, split by TP and CP)
+    act_h: int  # activation bytes kept per token per layer, split by TP (with SP) and CP: act_h*h + act_f*ffn (bf16)
     act_f: int
+    act_f_selective: int  # selective recomputation: act_h*h + act_f_selective*ffn (the SwiGLU product recomputed)
+    act_h_full: int  # full recomputation: act_h_full*h, each layer's input (SP rows)
+    act_h_unsplit: int  # per token, split by CP only: the sequence-parallel working set that TP does not split
+    forward_share: float  # the forward's share of a layer's elementwise work and kernel launches (recomputation)
     elementwise_h: int  # HBM bytes per token per layer of elementwise kernels = elementwise_h*h + elementwise_f*ffn
     elementwise_f: int
     fragmentation: float  # caching-allocator overhead on activation memory with varying packed lengths
@@ -124,9 +128,9 @@ A800 = GPUSpec(
 
 FRAMEWORK = FrameworkSpec(
     weight_half=8e6, link_efficiency=0.8, memory_efficiency=0.8, kernels_per_layer=70, kernels_head=20,
-    launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h_replicated=8, act_h=8, act_f=6, elementwise_h=60,
-    elementwise_f=16, fragmentation=1.25, margin_fraction=0.10, reserved_gib=2.5, sharded_bytes_per_param=12,
-    local_bytes_per_param=6, nccl_collective_mib=256, nccl_p2p_peer_mib=8,
+    launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h=16, act_f=6, act_f_selective=4, act_h_full=2,
+    act_h_unsplit=20, forward_share=1 / 3, elementwise_h=60, elementwise_f=16, fragmentation=1.15, margin_fraction=0.10,
+    reserved_gib=2.5, sharded_bytes_per_param=12, local_bytes_per_param=6, nccl_collective_mib=256, nccl_p2p_peer_mib=8,
     sources=(
         ("gemm_shard", "GEMM efficiency = gemm_efficiency * w/(w+8e6) * m/(m+gemm_m_half), w = per-GPU weights of one "
                        "layer's GEMMs (TP split), m = per-GPU tokens (CP split): narrow or short GEMMs leave SMs idle "
@@ -134,15 +138,40 @@ FRAMEWORK = FrameworkSpec(
         ("link_efficiency", "0.8: NCCL bus bandwidth vs nominal link bandwidth (nccl-tests on NVLink/IB clusters)"),
         ("launch", "70 kernels per layer fwd+bwd x 7 us host launch cost in eager PyTorch; 15/30 us NCCL latency "
                    "over NVLink/IB (estimates); these make up most of c (Hydraulis appendix C.2)"),
-        ("activations", "saved bf16 activations per token per layer, TP+CP split, no sequence parallelism (the "
-                        "runtime has none, so every TP rank keeps the norm and GEMM inputs whole), FlashAttention, no "
-                        "recompute: norm inputs 2x2h and GEMM inputs 2x2h replicated = 8h; Q/K/V 6h, attention output "
-                        "2h, SwiGLU gate/up/out 6f split by TP = 8h+6f (cf. Korthikanti et al. 2022: 10h replicated + "
-                        "24h/t for GPT without SP), plus one layer of backward workspace, plus fp32 logits/grad "
-                        "(10 bytes x vocab/TP) on the last stage"),
-        ("fragmentation", "1.25x on activations: caching-allocator fragmentation with a different packed length each "
-                          "micro-batch (estimate, calibrated with sequence parallelism so A800 7B <2,1,1> "
-                          "MaxLen landed near Hydraulis' 22K; without it that MaxLen is lower)"),
+        ("activations", "bf16 activations kept per token per layer, with sequence parallelism all divided by TP x CP "
+                        "(Hydraulis appendix C.1; Korthikanti et al. 2022 sec. 4.2.2: the TP regions' inputs are kept "
+                        "as SP rows and gathered again in the backward), FlashAttention (no score matrices): norm inputs "
+                        "2x2h, QKV and MLP inputs 2x2h, Q/K/V 6h, attention output 2h, SwiGLU gate/up 4f and product 2f "
+                        "= 16h+6f (cf. Korthikanti: 34h/t for GPT with SP); selective recomputation keeps gate and up "
+                        "and recomputes the product (16h+4f; FlashAttention already recomputes the attention scores); "
+                        "full recomputation keeps each layer's input, 2h; plus one layer's 16h+6f live in its backward "
+                        "(recomputed under full), plus fp32 logits and their gradient (10 bytes x vocab/TP/CP) on the "
+                        "last stage"),
+        ("unsplit", "20h bytes per token split by CP only: what sequence parallelism does not split, the full-length "
+                    "[l, h] tensors around a layer's TP regions (the gathered input of a column-parallel GEMM, the "
+                    "partial output of a row-parallel one and its padded reduce-scatter copy, in the backward the "
+                    "gathered output gradient and the input gradient before its reduce-scatter, with the next "
+                    "region's gather in flight: 8-12h in bf16 by count) and the RoPE tables; an estimate, raised to "
+                    "20h so that A800 7B's MaxLen at TP 2-16 lands within 20% of Hydraulis' (whose MaxLen grows less "
+                    "with TP than 1/TP activations predict; see max_len_vs_hydraulis)"),
+        ("fragmentation", "1.15x on activations: caching-allocator fragmentation with a different packed length "
+                          "each micro-batch (estimate; 1.2 before LNK's windows and NCCL's buffers were counted as "
+                          "terms of their own, lowered with them so that A800 7B's MaxLen at TP 2 stays within 20% of "
+                          "Hydraulis')"),
+        ("recompute_time", "recomputation re-runs forward work in the backward. selective: the SwiGLU product from "
+                           "the kept gate and up, 6f bytes per token per layer of elementwise traffic (no GEMM, no "
+                           "attention: FlashAttention recomputes its scores anyway). full: each decoder layer's whole "
+                           "forward once more: its GEMMs (1/3 of their forward+backward FLOPs), the attention forward "
+                           "(2/7 of the attention FLOPs), 1/3 of its elementwise traffic and launches, its 4 forward TP "
+                           "collectives and its forward CP K/V ring (the LM head is not recomputed)"),
+        ("context_parallel", "ring attention (Megatron/TransformerEngine CP): per layer the K/V of the other CP ranks "
+                             "pass around the ring, 4h(cp-1)/(cp tp) bytes per token forward and 8h(cp-1)/(cp tp) "
+                             "backward (K/V again, dK/dV), over NVLink inside a node and InfiniBand when tp*cp exceeds "
+                             "it; each ring step's transfer overlaps that step's attention, so only "
+                             "max(0, ring - attention*(cp-1)/cp) is exposed, and T(l) for cp > 1 is that model fitted "
+                             "to a*l^2 + b*l + c over single sequences from 1/16 of the layout's MaxLen without "
+                             "recomputation to its MaxLen with full recomputation, the lengths CP serves "
+                             "(fit_worst_rel_err; micro-batches of short documents alone would see more of the ring)"),
         ("margin", "usable memory = 90% of HBM minus 2.5 GiB (CUDA context and kernel images, cuBLAS/cuDNN and "
                    "attention workspaces, caching-allocator reserve; estimate); NCCL's buffers are memory.communicators"),
         ("states", "appendix C.1 with alpha = 3/4: fp32 master + Adam m, v (12 B/param) sharded over all N GPUs; "
@@ -158,6 +187,11 @@ FRAMEWORK = FrameworkSpec(
 )
 
 GPUS: dict[str, GPUSpec] = {g.key: g for g in (H100, A800)}
+
+HYDRAULIS_MAX_LEN: dict[tuple[str, str], dict[int, int]] = {("a800", "llama2-7b"): {2: 22_000, 4: 46_000, 8: 85_000,
+                                                                                    16: 138_000}}
+"""MaxLen of <TP,1,1> without recomputation in Hydraulis (appendix C.1's model as its released code computes it for
+A800 80 GB and LLaMA-2 7B: 85,358 at TP 8, 137,985 at TP 16), what the analytic profile's notes compare with."""
 
 MODELS: dict[str, ModelSpec] = {
     m.key: m

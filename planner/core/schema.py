@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_serializer, model_validator
 
 PROFILE_SCHEMA = "hydraplan.profile/v1"
 STRATEGIES_SCHEMA = "hydraplan.strategies/v1"
@@ -18,6 +18,48 @@ SUMMARY_SCHEMA = "hydraplan.summary/v1"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_DESCRIPTION = ("activation recomputation: none; selective (the SwiGLU intermediates and the attention "
+                         "core's scores); full (each layer keeps only its input and re-runs its forward in the backward)")
+
+
+class _Layout(_Model):
+    """A pipeline's layout <TP,PP,CP> and its activation recomputation; tp > 1 always runs with sequence
+    parallelism. `recompute` is written only when it is not "none", so files of schemes without it are unchanged."""
+
+    tp: PositiveInt
+    pp: PositiveInt
+    cp: PositiveInt
+    recompute: Recompute = Field("none", description=RECOMPUTE_DESCRIPTION)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_recompute(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and out.get("recompute") == "none":
+            del out["recompute"]
+        return out
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def key(self) -> tuple[int, int, int, str]:
+        return (self.tp, self.pp, self.cp, self.recompute)
+
+    @property
+    def label(self) -> str:
+        return scheme_label(self.key)
+
+
+def scheme_label(key: tuple) -> str:
+    """<tp,pp,cp>, or <tp,pp,cp,mode> for a recomputing layout."""
+    tp, pp, cp, *rest = key
+    mode = rest[0] if rest else "none"
+    return f"<{tp},{pp},{cp}>" if mode == "none" else f"<{tp},{pp},{cp},{mode}>"
 
 
 # --------------------------------------------------------------------------------------------- profile
@@ -44,28 +86,13 @@ class SchemeMemory(_Model):
     token_terms: dict[str, float] | None = Field(None, description="the named terms act_bytes_per_token sums")
 
 
-class Scheme(_Model):
-    """One parallel scheme <TP,PP,CP>: the layout of one pipeline."""
+class Scheme(_Layout):
+    """One parallel scheme <TP,PP,CP> (with its recomputation mode): the layout of one pipeline."""
 
-    tp: PositiveInt
-    pp: PositiveInt
-    cp: PositiveInt
     max_len: PositiveInt = Field(description="longest packed micro-batch (tokens) that fits with plain 1F1B")
     util_len: PositiveInt = Field(description="shortest micro-batch reaching the efficiency threshold (appendix D)")
     time: TimeCoeffs
     memory: SchemeMemory | None = None
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.tp, self.pp, self.cp)
-
-    @property
-    def label(self) -> str:
-        return f"<{self.tp},{self.pp},{self.cp}>"
 
 
 class GPUInfo(_Model):
@@ -114,31 +141,20 @@ class Profile(_Model):
 
     @model_validator(mode="after")
     def _unique_schemes(self) -> "Profile":
-        seen: set[tuple[int, int, int]] = set()
+        seen: set[tuple[int, int, int, str]] = set()
         for i, s in enumerate(self.schemes):
             if s.key in seen:
                 raise ValueError(f"schemes.{i}: duplicate scheme {s.label}")
             seen.add(s.key)
         return self
 
-    def scheme(self, tp: int, pp: int, cp: int) -> Scheme | None:
-        return next((s for s in self.schemes if s.key == (tp, pp, cp)), None)
+    def scheme(self, tp: int, pp: int, cp: int, recompute: str = "none") -> Scheme | None:
+        return next((s for s in self.schemes if s.key == (tp, pp, cp, recompute)), None)
 
 
 # ------------------------------------------------------------------------------------------ strategies
-class PipelineSpec(_Model):
-    tp: PositiveInt
-    pp: PositiveInt
-    cp: PositiveInt
+class PipelineSpec(_Layout):
     ranks: list[int] | None = None
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.tp, self.pp, self.cp)
 
     @model_validator(mode="after")
     def _ranks_match(self) -> "PipelineSpec":
@@ -227,23 +243,17 @@ class CADStep(_Model):
     attention_imbalance: float | None = Field(None, description="max / mean attention seconds per replica - 1")
 
 
-class CADSection(_Model):
+class CADSection(_Layout):
     """Core-attention disaggregation (hydraplan.solve.cad): a homogeneous cp=1 layout whose attention tasks move
     between replicas of the same stage. Replica j is the plan's pipelines[j]."""
 
-    tp: PositiveInt
-    pp: PositiveInt
-    cp: PositiveInt
     replicas: PositiveInt
     budget: float = Field(description="per-replica comm cap as a fraction of the step's mean compute")
     steps: list[CADStep]
     estimate_s: NonNegativeFloat
 
 
-class PlanPipeline(_Model):
-    tp: PositiveInt
-    pp: PositiveInt
-    cp: PositiveInt
+class PlanPipeline(_Layout):
     ranks: list[int]
     micro_batches: list[MicroBatch]
     estimate_s: NonNegativeFloat
@@ -251,10 +261,6 @@ class PlanPipeline(_Model):
     seq1f1b_estimate_s: NonNegativeFloat | None = Field(None, description="simulated Seq1F1B latency")
     seq1f1b_max_len: PositiveInt | None = Field(None, description="MaxLen under Seq1F1B with K splits")
     sync_s: NonNegativeFloat | None = Field(None, description="exposed LNK pull + push (end-to-end estimate, docs/formats.md)")
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.tp, self.pp, self.cp)
 
 
 class Estimate(_Model):
@@ -484,6 +490,9 @@ SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 __all__ = [
+    "Recompute",
+    "RECOMPUTE_MODES",
+    "scheme_label",
     "TimeCoeffs",
     "SchemeMemory",
     "Scheme",

@@ -14,7 +14,7 @@ class GroupLedger:
     and in iteration order the groups its plans use. Groups outside the family (pipelines on hand-written
     ranks) are the only ones a runtime creates later, when a plan first needs them."""
 
-    def __init__(self, keys: Iterable[tuple[int, int, int]], gpus: int):
+    def __init__(self, keys: Iterable[tuple], gpus: int):
         self.family = family(keys, gpus)
         self.per_rank = int(groups_per_rank(self.family, gpus).max(initial=0))
         self._family = set(self.family)

@@ -122,7 +122,7 @@ class Planner:
         self.synthesize = wanted and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
 
     @property
-    def scheme_keys(self) -> set[tuple[int, int, int]]:
+    def scheme_keys(self) -> set[tuple[int, int, int, str]]:
         """The schemes its plans can use: the candidates', and the cluster's when strategies are made per batch
         (or its cp = 1 schemes, CAD's)."""
         keys = {p.key for c in self.strategies.candidates for p in c.pipelines}

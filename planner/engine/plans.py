@@ -49,7 +49,7 @@ def batch_seqs(batch: Batch) -> list[BatchSeq]:
 def build_plan(batch: Batch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], cluster: Cluster) -> Plan:
     plan_pipes = [
         PlanPipeline(
-            tp=spec.tp, pp=spec.pp, cp=spec.cp, ranks=list(spec.ranks or []),
+            tp=spec.tp, pp=spec.pp, cp=spec.cp, recompute=spec.recompute, ranks=list(spec.ranks or []),
             micro_batches=[MicroBatch(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
             estimate_s=sol.estimate_s,
         )

@@ -33,7 +33,7 @@ def resolve_strategies(strategies: Strategies, cluster: Cluster, *, context_len:
             if scheme is None:
                 have = " ".join(s.label for s in cluster.schemes)
                 raise UserError(
-                    f"{where}.pipelines.{pi}: scheme <{p.tp},{p.pp},{p.cp}> is not in profile {cluster.name} "
+                    f"{where}.pipelines.{pi}: scheme {p.label} is not in profile {cluster.name} "
                     f"for {gpus} GPUs (it has {have})"
                 )
             schemes.append(scheme)
@@ -103,7 +103,7 @@ def with_static_candidate(strategies: Strategies, scheme: Scheme, cluster: Clust
     name = STATIC_CANDIDATE
     while name in {c.name for c in strategies.candidates}:
         name += "'"
-    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp)
+    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, recompute=scheme.recompute)
     static = Candidate(name=name, pipelines=[spec] * d, kind="homogeneous", sources=["static-baseline"])
     added = strategies.model_copy(update={"candidates": [*strategies.candidates, static]})
     return resolve_strategies(added, cluster, context_len=context_len, source="strategies")

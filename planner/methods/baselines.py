@@ -207,7 +207,7 @@ class SwitchModel:
     bandwidth_Bps: float = 50e9
 
     def switch_s(self, old: Scheme, new: Scheme) -> float:
-        if old.key == new.key:
+        if old.key[:3] == new.key[:3]:  # another recomputation mode moves no parameter
             return 0.0
         return (self.param_bytes / old.pp + self.param_bytes / new.pp) / self.bandwidth_Bps
 
@@ -224,7 +224,7 @@ def model_param_bytes(model: ModelInfo) -> float:
 def switch_overhead(schemes: Sequence[Scheme], switch: SwitchModel) -> float:
     """Switching time of one iteration running `schemes` in order, cyclically (the next iteration starts
     with the first strategy again); none when they are all the same."""
-    if len({s.key for s in schemes}) <= 1:
+    if len({s.key[:3] for s in schemes}) <= 1:
         return 0.0
     return sum(switch.switch_s(schemes[i - 1], schemes[i]) for i in range(len(schemes)))
 

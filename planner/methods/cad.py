@@ -18,7 +18,7 @@ def as_iteration_plan(result: CADResult, lengths: np.ndarray, cluster: Cluster) 
     document listed once, on the replica holding its first token), micro-batch times = the steps' times,
     latency = the CAD estimate."""
     sec = result.section
-    scheme = cluster.scheme((sec.tp, sec.pp, sec.cp))
+    scheme = cluster.scheme(sec.key)
     times = np.array([s.time_s for s in sec.steps])
     pipes = []
     for j in range(sec.replicas):

@@ -38,7 +38,7 @@ class MethodRun:
 
 
 def homo_candidate(scheme: Scheme, gpus: int) -> Candidate:
-    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp)
+    spec = PipelineSpec(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, recompute=scheme.recompute)
     return Candidate(name=HOMO_NAME, pipelines=[spec] * (gpus // scheme.gpus))
 
 

@@ -44,7 +44,7 @@ def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int
     out = list(pipelines)
     for i in sorted((i for i, p in enumerate(pipelines) if p.ranks is None), key=lambda i: -pipelines[i].gpus):
         p = pipelines[i]
-        out[i] = PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, ranks=free.place(p.tp * p.cp, p.pp))
+        out[i] = PipelineSpec(tp=p.tp, pp=p.pp, cp=p.cp, recompute=p.recompute, ranks=free.place(p.tp * p.cp, p.pp))
     return out
 
 
@@ -192,13 +192,14 @@ def process_groups(pipelines: Iterable[PipelineSpec]) -> set[tuple[int, ...]]:
     return out
 
 
-def family(keys: Iterable[tuple[int, int, int]], gpus: int) -> list[tuple[int, ...]]:
-    """Every TP and CP group (of more than one rank) that pipelines of these schemes (tp, pp, cp) have when
-    their stages sit on aligned blocks, as place_ranks puts them: per (tp, cp), in each block [k*S, (k+1)*S)
-    of S = tp*cp ranks, its TP groups (runs of tp) and CP groups (every tp-th rank). In a fixed order, the
-    one in which every rank creates its own (runtime/groups.py)."""
+def family(keys: Iterable[tuple], gpus: int) -> list[tuple[int, ...]]:
+    """Every TP and CP group (of more than one rank) that pipelines of these schemes (tp, pp, cp[, recompute])
+    have when their stages sit on aligned blocks, as place_ranks puts them: per (tp, cp), in each block
+    [k*S, (k+1)*S) of S = tp*cp ranks, its TP groups (runs of tp) and CP groups (every tp-th rank); schemes
+    that differ only in recomputation have the same groups. In a fixed order, the one in which every rank
+    creates its own (runtime/groups.py)."""
     out: dict[tuple[int, ...], None] = {}
-    for tp, cp in sorted({(tp, cp) for tp, _, cp in keys}):
+    for tp, cp in sorted({(k[0], k[2]) for k in keys}):
         S = tp * cp
         for x in range(0, gpus - S + 1, S):
             if tp > 1:
@@ -220,11 +221,11 @@ def replica_ranks(gpus_per_replica: int, replica: int) -> list[int]:
     return list(range(replica * gpus_per_replica, (replica + 1) * gpus_per_replica))
 
 
-def cad_groups(keys: Iterable[tuple[int, int, int]], gpus: int) -> list[tuple[int, ...]]:
-    """The exchange groups of CAD plans on these cp = 1 schemes, as many replicas as fit: per scheme and TP
-    rank t, the replicas' ranks at t (runtime/cad.py)."""
+def cad_groups(keys: Iterable[tuple], gpus: int) -> list[tuple[int, ...]]:
+    """The exchange groups of CAD plans on these cp = 1 schemes, as many replicas as fit: per layout (tp, pp,
+    cp; recomputation changes none) and TP rank t, the replicas' ranks at t (runtime/cad.py)."""
     out: dict[tuple[int, ...], None] = {}
-    for tp, pp, cp in sorted(set(keys)):
+    for tp, pp, cp in sorted({tuple(k[:3]) for k in keys}):
         g = tp * pp * cp
         replicas = [replica_ranks(g, j) for j in range(gpus // g)]
         if len(replicas) > 1:

@@ -98,7 +98,8 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
 def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[PipelineSpec]:
     """Pipelines widest first (the order proposals use), ranks not yet placed."""
     keys = sorted(counts, key=lambda k: (-schemes[k].gpus, schemes[k].key))
-    return [PipelineSpec(tp=schemes[k].tp, pp=schemes[k].pp, cp=schemes[k].cp) for k in keys for _ in range(counts[k])]
+    return [PipelineSpec(tp=schemes[k].tp, pp=schemes[k].pp, cp=schemes[k].cp, recompute=schemes[k].recompute)
+            for k in keys for _ in range(counts[k])]
 
 
 SKIP_RTOL = 0.01  # no synthesis when the best candidate is already this close to the cheap any-strategy floor

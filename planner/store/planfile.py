@@ -31,9 +31,9 @@ SUFFIX = {"json": ".json", "compact": ".parquet"}
 KINDS = ("pipeline", "micro_batch", "sequence")
 
 # Row columns per kind: (name, arrow type). The plan field each one holds has the same name.
-PIPELINE = (("tp", pa.int32()), ("pp", pa.int32()), ("cp", pa.int32()), ("ranks", pa.list_(pa.int32())),
-            ("estimate_s", pa.float64()), ("sync_s", pa.float64()), ("seq1f1b_splits", pa.int32()),
-            ("seq1f1b_estimate_s", pa.float64()), ("seq1f1b_max_len", pa.int64()))
+PIPELINE = (("tp", pa.int32()), ("pp", pa.int32()), ("cp", pa.int32()), ("recompute", pa.string()),
+            ("ranks", pa.list_(pa.int32())), ("estimate_s", pa.float64()), ("sync_s", pa.float64()),
+            ("seq1f1b_splits", pa.int32()), ("seq1f1b_estimate_s", pa.float64()), ("seq1f1b_max_len", pa.int64()))
 MICRO_BATCH = (("pipeline", pa.int32()), ("seqs", pa.list_(pa.int32())), ("splits", pa.list_(pa.int64())))
 SEQUENCE = (("id", pa.int64()), ("length", pa.int64()), ("doc", pa.int64()), ("sampled_iteration", pa.int64()))
 COLUMNS = (*PIPELINE, *MICRO_BATCH, *SEQUENCE, ("extra", pa.string()))
@@ -41,6 +41,7 @@ COLUMNS = (*PIPELINE, *MICRO_BATCH, *SEQUENCE, ("extra", pa.string()))
 ENCODING = {"id": "DELTA_BINARY_PACKED", "pipeline": "DELTA_BINARY_PACKED", "ranks.list.element": "DELTA_BINARY_PACKED",
             "length": "BYTE_STREAM_SPLIT", "estimate_s": "BYTE_STREAM_SPLIT", "sync_s": "BYTE_STREAM_SPLIT"}
 HEADER = ("batch", "pipelines")  # the plan fields held in rows; every other one is in the metadata
+ADDED = ("recompute",)  # columns later than the first compact files: absent, they are null (the field's default)
 
 
 def plan_format(path: str | Path) -> str:
@@ -145,6 +146,9 @@ def decode(data: bytes, source: str = "<compact plan>") -> Plan:
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as e:
         raise UserError(f"{source}: not a compact plan (Parquet): {e}") from None
+    for name in ADDED:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
     missing = [n for n, _ in COLUMNS if n not in table.column_names] + (["kind"] if "kind" not in table.column_names else [])
     if missing:
         raise UserError(f"{source}: field {missing[0]}: column missing from the compact plan")

@@ -78,8 +78,8 @@ def plan_cad(cluster: Cluster, scheme: Scheme, lengths: np.ndarray, steps: int, 
             attention_imbalance=_imbalance(compute - p.linear),
         ))
     est = pipeline_time_from_mb(times, scheme.pp)
-    section = CADSection(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, replicas=d, budget=budget, steps=out_steps,
-                         estimate_s=est)
+    section = CADSection(tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, recompute=scheme.recompute, replicas=d, budget=budget,
+                         steps=out_steps, estimate_s=est)
     return CADResult(section, est, docs_per_step, per_rank_tokens)
 
 

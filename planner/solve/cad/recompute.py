@@ -14,9 +14,9 @@ from hydraplan.solve.cad.step import StepProblem, step_time
 def estimate(profile: Profile, section: CADSection, lengths_by_seq: dict[int, int]) -> tuple[float, list[str]]:
     """Recompute a plan's CAD estimate from its `cad` section (and check it): (estimate, problems)."""
     problems: list[str] = []
-    scheme = profile.scheme(section.tp, section.pp, section.cp)
+    scheme = profile.scheme(*section.key)
     if scheme is None:
-        return 0.0, [f"cad: scheme <{section.tp},{section.pp},{section.cp}> not in profile {profile.name}"]
+        return 0.0, [f"cad: scheme {section.label} not in profile {profile.name}"]
     d = section.replicas
     cm = comm_model(profile, scheme, d)
     times = []

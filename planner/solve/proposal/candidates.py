@@ -11,7 +11,7 @@ import numpy as np
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Candidate, PipelineSpec, Strategies
+from hydraplan.core.schema import Candidate, PipelineSpec, Strategies, scheme_label
 from hydraplan.solve.placement import place_ranks
 from hydraplan.solve.proposal.cells import LENGTH_STEP, CellCosts, best_homogeneous, build_cells
 from hydraplan.solve.proposal.integer import solve_integer
@@ -141,7 +141,8 @@ def _most_useful(entries: Iterable[_Entry], cells: CellCosts, max_candidates: in
 def _candidate(n: int, e: _Entry, cells: CellCosts, gpus: int, gpus_per_node: int) -> Candidate:
     """Candidate S{n}: its pipelines widest first, ranks placed."""
     specs = [spec for k, d in sorted(e.counts, key=lambda kd: (-cells.schemes[kd[0]].gpus, cells.schemes[kd[0]].key))
-             for spec in [PipelineSpec(tp=cells.schemes[k].tp, pp=cells.schemes[k].pp, cp=cells.schemes[k].cp)] * d]
+             for spec in [PipelineSpec(tp=cells.schemes[k].tp, pp=cells.schemes[k].pp, cp=cells.schemes[k].cp,
+                                     recompute=cells.schemes[k].recompute)] * d]
     return Candidate(
         name=f"S{n}", pipelines=place_ranks(specs, gpus, gpus_per_node),
         max_len=max(cells.schemes[k].max_len for k, _ in e.counts),
@@ -180,7 +181,7 @@ def propose(cluster: Cluster, lengths_or_dataset: np.ndarray | _HasHistogram, co
 
 def strategy_label(candidate: Candidate) -> str:
     """'2x<8,1,1> + 4x<2,2,1>' in pipeline order."""
-    groups: dict[tuple[int, int, int], int] = {}
+    groups: dict[tuple[int, int, int, str], int] = {}
     for p in candidate.pipelines:
         groups[p.key] = groups.get(p.key, 0) + 1
-    return " + ".join(f"{n}x<{t},{p},{c}>" for (t, p, c), n in groups.items())
+    return " + ".join(f"{n}x{scheme_label(k)}" for k, n in groups.items())

@@ -1,0 +1,52 @@
+"""Activation recomputation, a per-pipeline choice (the plan's `recompute`, docs/formats.md):
+
+- "none": autograd keeps what each op saves;
+- "selective": what is cheap to recompute and large is dropped after the forward and recomputed in the
+  backward: the SwiGLU intermediates (`swiglu_down` keeps the gate and up projections; silu and their
+  product are recomputed, elementwise) and the attention core's score matrices where the kernel would keep
+  them (model.Attention.core: the CPU exact backend's bottom-right windows of Seq1F1B splits and CP runs;
+  the flash kernels recompute their scores in their own backward, so on GPUs only the SwiGLU part changes);
+- "full": each decoder layer keeps only its input and runs its forward again in the backward.
+
+Recomputation re-runs collectives (TP gathers, the CP K/V gather, CAD exchanges) in the backward; every rank
+of the group runs the same layers in the same order, so they meet. `recomputed` always re-runs its function
+whole (no early stop), so a collective after the last kept tensor is not skipped on some ranks only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils import checkpoint
+
+MODES = ("none", "selective", "full")
+
+
+def recomputed(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *args):
+    """fn(*args), keeping only its inputs: its forward runs again when the backward reaches it."""
+    with checkpoint.set_checkpoint_early_stop(False):
+        return checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """(silu(g) * u) @ w keeping only g, u and w: silu(g) and the product are recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor, w: torch.Tensor):
+        ctx.save_for_backward(g, u, w)
+        return (F.silu(g) * u) @ w
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        g, u, w = ctx.saved_tensors
+        sig = torch.sigmoid(g)
+        silu = g * sig
+        dp = dy @ w.T
+        return dp * u * sig * (1 + g * (1 - sig)), dp * silu, (silu * u).T @ dy
+
+
+def swiglu_down(g: torch.Tensor, u: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:
+    """The MLP's (silu(g) * u) @ w: under selective recomputation its intermediates are not kept."""
+    return _SwiGLUDown.apply(g, u, w) if mode == "selective" else (F.silu(g) * u) @ w
