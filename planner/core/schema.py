@@ -292,6 +292,8 @@ class CandidateSolve(_Model):
                                   "run's objective (end-to-end or propagation)")
     iteration_s: float | None = Field(None, description="end-to-end estimate (docs/formats.md); null if not solved")
     pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
+    refine_moves: int = Field(0, description="sequences moved or swapped by the local search after packing")
+    refine_s: float = Field(0.0, description="seconds of that local search")
     infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
 
 

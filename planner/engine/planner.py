@@ -27,10 +27,12 @@ from hydraplan.core.schema import CandidateSolve, IterationSummary, Plan, Profil
 from hydraplan.engine import synthesized
 from hydraplan.engine.cad_plan import CAD_CANDIDATE, cad_plan
 from hydraplan.engine.candidate import (
+    REFINE_MARGIN,
     CandidateSolution,
     ResolvedCandidate,
     candidate_bound,
     loses_to,
+    refine_solution,
     relaxation_bound,
     solve_candidate,
     solver_path,
@@ -181,12 +183,20 @@ class Planner:
             sol = self._prune_or_solve(rnd, cand, k, bound, best)
             if sol.pipelines is None:
                 return Outcome(sol.solve, None), sol
-            est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
-            sol.solve.iteration_s = est.iteration_s
-            score = self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
+            score = self._score(cand, sol)
+            if self.settings.refine and not loses_to(best, k, slack=REFINE_MARGIN)(score):
+                sol = refine_solution(cand, rnd.batch.lengths, sol, self.settings, rnd.seed, bound)
+                score = self._score(cand, sol)
             return Outcome(sol.solve, score, lambda: self._candidate_plan(rnd.batch, cand, sol)), sol
 
         return solve
+
+    def _score(self, cand: ResolvedCandidate, sol: CandidateSolution) -> float:
+        """The solution's score in the objective; records its end-to-end estimate in its summary."""
+        assert sol.pipelines is not None
+        est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
+        sol.solve.iteration_s = est.iteration_s
+        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
 
     def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float,
                         best: Best | None) -> CandidateSolution:
@@ -198,6 +208,8 @@ class Planner:
         relaxed = relaxation_bound(cand, rnd.batch.lengths, best, k) if loses is not None and np.isfinite(bound) else None
         if relaxed is not None:
             return CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bound, relaxed), pruned=True), None)
+        if loses is not None and self.settings.refine:  # the bounds of one dispatch: the local search may still win
+            loses = loses_to(best, k, slack=REFINE_MARGIN)
         return solve_candidate(cand, rnd.batch.lengths, self.settings, seed=rnd.seed, loses=loses,
                                pack_budget_s=rnd.pack_budget_s)
 

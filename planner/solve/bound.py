@@ -40,15 +40,17 @@ class Bisection:
     probes: int
 
 
-def bisect(feasible: Callable[[float], np.ndarray | None], lo: float, upper: float | None, rel_tol: float) -> Bisection:
+def bisect(feasible: Callable[[float], np.ndarray | None], lo: float, upper: float | None, rel_tol: float,
+           at_upper: np.ndarray | None = None, lo_infeasible: bool = False) -> Bisection:
     """The least X (within rel_tol) at which the monotone `feasible` answers (not None), above `lo`, a floor
-    known to be infeasible or at most the least feasible X; `upper`, a latency believed feasible, only narrows
-    the first bracket."""
+    at most the least feasible X (when `lo` itself is feasible, it is the answer) or, with `lo_infeasible`, known
+    to be infeasible; `upper`, a latency believed feasible, only narrows the first bracket (`at_upper`: the
+    answer there, when the caller has it)."""
     probes = 0
     best = None
     hi = upper if upper is not None and upper >= lo else None
     if hi is not None:
-        best, probes = feasible(hi), 1
+        best, probes = (feasible(hi), 1) if at_upper is None else (at_upper, 0)
         if best is None:
             lo, hi = hi, None
     if hi is None:  # grow the bracket until feasible
@@ -59,7 +61,7 @@ def bisect(feasible: Callable[[float], np.ndarray | None], lo: float, upper: flo
             probes += 1
             if best is None:
                 lo, step = hi, step * 2
-    else:
+    elif not lo_infeasible:
         found = feasible(lo)
         probes += 1
         if found is not None:

@@ -15,6 +15,7 @@ import highspy
 import numpy as np
 
 INF = highspy.kHighsInf
+LP_RETRIES = ({"presolve": "off"}, {"solver": "ipm"})  # what an LP ending with status Unknown is run again with
 _LIBC = ctypes.CDLL(None)
 
 
@@ -73,7 +74,8 @@ class SparseModel:
     def solve(self, *, relax: bool = False, max_nodes: int | None = None, time_limit_s: float | None = None,
               cost: np.ndarray | None = None) -> tuple[str, np.ndarray | None]:
         """("feasible", x), ("infeasible", None) or ("unknown", None) when a node or time limit ended the search
-        before a feasible point was found. `cost` (per column) is minimized; without it any feasible point."""
+        before a feasible point was found (or the solver could not tell). `cost` (per column) is minimized;
+        without it any feasible point."""
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = self.n_cols, self.n_rows
         lp.col_cost_ = np.zeros(self.n_cols) if cost is None else np.asarray(cost, dtype=np.float64)
@@ -91,11 +93,22 @@ class SparseModel:
         if mip:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                                for i in np.concatenate(self.integer)]
+        for retry in ({}, *(() if mip else LP_RETRIES)):  # simplex now and then ends an LP with status Unknown
+            status, x = self._run(lp, mip, max_nodes, time_limit_s, retry)
+            if status != "unknown":
+                return ("unknown", None) if status == "limit" else (status, x)
+        return "unknown", None
+
+    @staticmethod
+    def _run(lp: highspy.HighsLp, mip: bool, max_nodes: int | None, time_limit_s: float | None,
+             options: dict[str, str]) -> tuple[str, np.ndarray | None]:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
         h.setOptionValue("mip_rel_gap", 0.0)
+        for k, v in options.items():
+            h.setOptionValue(k, v)
         if max_nodes is not None:
             h.setOptionValue("mip_max_nodes", max_nodes)
         if time_limit_s is not None:
@@ -107,6 +120,6 @@ class SparseModel:
             return "infeasible", None
         if status == highspy.HighsModelStatus.kOptimal or h.getInfo().primal_solution_status == 2:
             return "feasible", np.asarray(h.getSolution().col_value)
-        if max_nodes is not None or time_limit_s is not None:
-            return "unknown", None
-        raise RuntimeError(f"HiGHS status {h.modelStatusToString(status)}")
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit):
+            return "limit", None
+        return "unknown", None

@@ -126,8 +126,9 @@ def relaxation(lengths: np.ndarray, schemes: list[Scheme], gpus: int, transfer: 
     ls = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     K = min(long, ls.size)
     short = ls[K:]
-    # groups: geometric bins, cut where a MaxLen falls, so every member of a group fits the same schemes
-    cuts = np.unique([s.max_len for s in ks])
+    # groups: geometric bins, cut where a MaxLen or half of one falls, so every member of a group fits the same
+    # schemes and is over half of the same MaxLens
+    cuts = np.unique([m for s in ks for m in (s.max_len, s.max_len // 2)])
     key = np.floor(np.log(np.maximum(short, 1)) / np.log(group_ratio)).astype(np.int64) * (cuts.size + 1)
     key += np.searchsorted(cuts, short, side="left")
     _, first, inv = np.unique(-key, return_index=True, return_inverse=True)  # longest first
@@ -155,29 +156,32 @@ def relaxation(lengths: np.ndarray, schemes: list[Scheme], gpus: int, transfer: 
 
 
 # --------------------------------------------------------------------------------------------- the hull
-def capacity_facets(Y: float, p: float, c: float, omega: float, rho_lo: float, rho_hi: float
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Facets alpha W + beta L <= gamma (alpha, beta >= 0; L in micro-batches of M tokens, rho per M tokens) of
-    the convex hull of one pipeline's feasible loads (module docstring), None when no V fits.
+def capacity_facets(Y: float, p: float, c: float, omega: np.ndarray, rho_lo: float, rho_hi: np.ndarray
+                    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """Per level (its omega and rho_hi), the facets alpha W + beta L <= gamma (alpha, beta >= 0; L in micro-batches
+    of M tokens, rho per M tokens) of the convex hull of one pipeline's feasible loads (module docstring), None
+    when no V fits.
 
     For V micro-batches the loads lie below the point (min(cap_V, rho_hi V), min(V, cap_V / rho_lo)), cap_V
     the largest W: Y - p c - c V - p omega and (Y - p c - c V) V / (V + p). Past the V maximizing the second
     term and past V (c + rho_lo) >= Y - p c - p omega the points only shrink, so V stops there."""
+    omega, rho_hi = np.atleast_1d(omega).astype(np.float64), np.atleast_1d(rho_hi).astype(np.float64)
     yp = Y - p * c
-    if yp - p * omega <= c:
-        return None
+    room = yp - p * omega
     v_top = np.sqrt(p * yp / c) + 1.0 if p > 0 else 1.0
-    vmax = int(min(np.floor((yp - p * omega) / c), max(v_top, (yp - p * omega) / (c + rho_lo) + 1.0) + 1.0))
-    V = np.arange(1, max(vmax, 1) + 1, dtype=np.float64)
-    cap = yp - p * omega - c * V
+    vmax = np.minimum(np.floor(room / c), np.maximum(v_top, room / (c + rho_lo) + 1.0) + 1.0)
+    V = np.arange(1, max(int(vmax.max(initial=1.0)), 1) + 1, dtype=np.float64)
+    cap = room[:, None] - c * V
     if p > 0:
         cap = np.minimum(cap, (yp - c * V) * V / (V + p))
-    W = np.minimum(cap, rho_hi * V)
+    W = np.minimum(cap, rho_hi[:, None] * V)
     L = np.minimum(V, cap / rho_lo)
-    ok = (W >= omega * (1 - 1e-12)) & (cap > 0)
-    if not ok.any():
-        return None
-    W, L = W[ok], L[ok]
+    ok = (W >= omega[:, None] * (1 - 1e-12)) & (cap > 0) & (V <= vmax[:, None])
+    return [_upper_right(W[j, ok[j]], L[j, ok[j]]) if ok[j].any() else None for j in range(omega.size)]
+
+
+def _upper_right(W: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The facets with nonnegative normals of the convex hull of points (W, L) and their projections on the axes."""
     order = np.lexsort((-L, -W))  # W descending, ties by L descending
     W, L = W[order], L[order]
     front = L > np.maximum.accumulate(np.r_[-np.inf, L[:-1]])  # the Pareto front, W falling as L rises
@@ -200,12 +204,14 @@ def capacity_facets(Y: float, p: float, c: float, omega: float, rho_lo: float, r
 # -------------------------------------------------------------------------------------------- the model
 @dataclass
 class _Loads:
-    """Entries of one scheme's demand: the columns of its items and their work and token (in M) coefficients,
-    with the level each belongs to (long sequences first, in order, then the short levels)."""
+    """Entries of one scheme's demand: the columns of its items and their work, token (in M) and big-sequence
+    coefficients (sequences over half of MaxLen: no two share a micro-batch), with the level each belongs to
+    (long sequences first, in order, then the short levels)."""
 
     cols: np.ndarray
     work: np.ndarray
     tok: np.ndarray
+    big: np.ndarray
     level: np.ndarray
 
 
@@ -229,66 +235,81 @@ def _hosts(m: SparseModel, rel: Relaxation, Y: np.ndarray, wl: np.ndarray, zi: n
     return h
 
 
+def _facet_rows(m: SparseModel, facets: list, W: np.ndarray, L: np.ndarray, count: np.ndarray) -> None:
+    """alpha W_j + beta L_j - gamma count_j <= 0 for every facet of every level j that has a hull."""
+    have = [j for j, f in enumerate(facets) if f is not None]
+    if not have:
+        return
+    al, be, ga = (np.concatenate([facets[j][x] for j in have]) for x in range(3))
+    lev = np.repeat(have, [facets[j][0].size for j in have])
+    F = al.size
+    m.add_rows(F, np.repeat(np.arange(F), 3), np.column_stack([W[lev], L[lev], count[lev]]).ravel(),
+               np.column_stack([al, be, -ga]).ravel(), upper=0.0)
+
+
 def _pipelines(m: SparseModel, rel: Relaxation, k: int, Y: float, n: int, loads: _Loads, hosts: np.ndarray,
                host_level: np.ndarray) -> None:
     """Scheme k's capacity rows: its loads within its pipelines' hull, by level when pp > 1."""
+    if loads.cols.size == 0:  # nothing it may hold: its pipelines stay idle
+        return
     p, c, M = rel.pp[k] - 1, rel.c[k], rel.max_len[k]
     rho_lo = (rel.a[k] * rel.shortest + rel.b[k]) * M
-    if p == 0:  # one hull for all its pipelines
-        longest = max(float(rel.long.max(initial=0)), float(rel.hi.max(initial=0)))
-        f = capacity_facets(Y, 0.0, c, 0.0, rho_lo, (rel.a[k] * min(longest, M) + rel.b[k]) * M)
-        if f is None:
+    K = rel.long.size
+    if p == 0:  # one hull for all its pipelines, whatever their longest sequence
+        levels = np.zeros(1, dtype=np.int64)
+        omega = np.zeros(1)
+        top = np.array([min(max(float(rel.long.max(initial=0)), float(rel.hi.max(initial=0))), M)])
+        item_level = np.zeros(loads.cols.size, dtype=np.int64)
+        count = np.array([n])
+    else:  # a level per long sequence (its pipeline's longest), then the short levels
+        levels, item_level = np.unique(loads.level, return_inverse=True)
+        short = levels >= K
+        length = np.empty(levels.size, dtype=np.float64)  # the shortest a pipeline's longest sequence may be
+        length[~short] = rel.long[levels[~short]]
+        length[short] = rel.level_lo[levels[short] - K]
+        omega = (rel.a[k] * length + rel.b[k]) * length
+        top = length.copy()  # the longest any of its sequences may be
+        top[short] = rel.level_hi[levels[short] - K]
+        top = np.minimum(top, M)
+        count = np.empty(levels.size, dtype=np.int64)
+        count[~short] = hosts[np.searchsorted(host_level, levels[~short])] if (~short).any() else []
+        count[short] = m.add_vars(int(short.sum()))
+    facets = capacity_facets(Y, p, c, omega, rho_lo, (rel.a[k] * top + rel.b[k]) * M)
+    J = levels.size
+    hull = np.array([f is not None for f in facets])
+    W = m.add_vars(J, 0.0, np.where(hull, np.inf, 0.0))
+    L = m.add_vars(J, 0.0, np.where(hull, np.inf, 0.0))
+    _facet_rows(m, facets, W, L, count)
+    # running sums: e_j = e_(j-1) + supply_j - demand_j >= 0, for work, tokens (and big sequences)
+    supply, demand = [W, L], [loads.work, loads.tok]
+    if loads.big.any():  # sequences over M / 2 take a micro-batch each: V >= their count, each costs w(M / 2)
+        half = np.floor(M / 2) + 1
+        big_facets = capacity_facets(Y, p, c, omega, (rel.a[k] * half + rel.b[k]) * half, np.full(J, np.inf))
+        B = m.add_vars(J, 0.0, np.where([f is not None for f in big_facets], np.inf, 0.0))
+        _facet_rows(m, big_facets, W, B, count)
+        supply.append(B)
+        demand.append(loads.big)
+    D = len(supply)
+    e = m.add_vars(D * J).reshape(D, J)
+    j = np.arange(J)
+    rows = [(d * J + j, e[d], np.ones(J)) for d in range(D)]
+    rows += [(d * J + j[1:], e[d, :-1], -np.ones(J - 1)) for d in range(D)]
+    rows += [(d * J + j, supply[d], -np.ones(J)) for d in range(D)]
+    rows += [(d * J + item_level, loads.cols, demand[d]) for d in range(D)]
+    r, cc, v = (np.concatenate(x) for x in zip(*rows))
+    nz = v != 0
+    m.add_rows(D * J, r[nz], cc[nz], v[nz], lower=0.0, upper=0.0)
+    used = count[hull] if p > 0 else np.zeros(0, dtype=np.int64)
+    if p == 0:
+        if not hull[0]:
             m.add_rows(1, np.zeros(1), [n], [1.0], upper=0.0)
-            return
-        al, be, ga = f
-        F = al.size
-        r = np.repeat(np.arange(F), loads.cols.size)
-        m.add_rows(F, np.r_[r, np.arange(F)], np.r_[np.tile(loads.cols, F), np.full(F, n)],
-                   np.r_[np.outer(al, loads.work).ravel() + np.outer(be, loads.tok).ravel(), -ga], upper=0.0)
         if hosts.size:
             m.add_rows(1, np.zeros(hosts.size + 1), np.r_[hosts, n], np.r_[np.ones(hosts.size), -1.0], upper=0.0)
         return
-    levels = np.unique(loads.level)
-    K = rel.long.size
-    counts, prev = [], None
-    for lam in levels.tolist():
-        sel = loads.level == lam
-        if lam < K:  # a long sequence's level: its pipeline's longest is that sequence
-            length = float(rel.long[lam])
-            omega, top = (rel.a[k] * length + rel.b[k]) * length, length
-        else:
-            length = float(rel.level_lo[lam - K])
-            omega, top = (rel.a[k] * length + rel.b[k]) * length, float(min(rel.level_hi[lam - K], M))
-        f = capacity_facets(Y, p, c, omega, rho_lo, (rel.a[k] * top + rel.b[k]) * M)
-        eW, eL = m.add_vars(2)
-        cols = [np.array([eW]), loads.cols[sel]]
-        vw = [np.ones(1), loads.work[sel]]
-        vl = [np.ones(1), loads.tok[sel]]
-        if prev is not None:
-            cols.append(np.array(prev)); vw.append(np.array([-1.0, 0.0])); vl.append(np.array([0.0, -1.0]))
-        if f is not None:
-            count = hosts[host_level == lam] if lam < K else m.add_vars(1)
-            W, L = m.add_vars(2)
-            al, be, ga = f
-            F = al.size
-            m.add_rows(F, np.repeat(np.arange(F), 3), np.tile([W, L, count[0]], F),
-                       np.column_stack([al, be, -ga]).ravel(), upper=0.0)
-            counts.append(count[0])
-            cols.append(np.array([W, L])); vw.append(np.array([-1.0, 0.0])); vl.append(np.array([0.0, -1.0]))
-        elif lam < K:  # (not reached: an eligible sequence runs alone within Y) no pipeline can be its host
-            m.add_rows(1, np.zeros(1), hosts[host_level == lam], [1.0], upper=0.0)
-        cc = np.concatenate(cols)
-        wv, lv = np.concatenate(vw), np.concatenate(vl)
-        tokens_col = cc.copy()
-        tokens_col[0] = eL
-        nzw, nzl = wv != 0, lv != 0
-        m.add_rows(2, np.r_[np.zeros(nzw.sum()), np.ones(nzl.sum())], np.r_[cc[nzw], tokens_col[nzl]],
-                   np.r_[wv[nzw], lv[nzl]], lower=0.0, upper=0.0)
-        prev = (eW, eL)
-    if counts:
-        m.add_rows(1, np.zeros(len(counts) + 1), np.r_[counts, n], np.r_[np.ones(len(counts)), -1.0], upper=0.0)
-    else:
-        m.add_rows(1, np.zeros(1), [n], [1.0], upper=0.0)
+    dead = count[~hull & (levels < K)]  # (never: an eligible sequence runs alone within Y) hosts without a hull
+    if dead.size:
+        m.add_rows(dead.size, np.arange(dead.size), dead, np.ones(dead.size), upper=0.0)
+    m.add_rows(1, np.zeros(used.size + 1), np.r_[used, n], np.r_[np.ones(used.size), -1.0], upper=0.0)
 
 
 def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[SparseModel, np.ndarray] | None:
@@ -319,8 +340,10 @@ def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[Sp
     for k in np.flatnonzero(usable).tolist():
         on_z, on_x = zk == k, gk == k
         tok = rel.tokens[gi[on_x]]
+        half = rel.max_len[k] / 2
         loads = _Loads(cols=np.r_[z[on_z], x[on_x]], work=np.r_[wl[zi[on_z], k], rho[gi[on_x], k] * tok],
                        tok=np.r_[rel.long[zi[on_z]], tok] / rel.max_len[k],
+                       big=np.r_[rel.long[zi[on_z]] > half, (rel.lo[gi[on_x]] > half) * tok / rel.hi[gi[on_x]]],
                        level=np.r_[zi[on_z], K + rel.level[gi[on_x]]])
         _pipelines(m, rel, k, float(Y[k]), int(n[k]), loads, h[on_z], zi[on_z])
     return m, n

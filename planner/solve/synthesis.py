@@ -28,7 +28,9 @@ LONG = 8  # longest sequences kept whole
 GROUP_RATIO = 1.25  # the other sequences in length groups this wide
 LEVEL_RATIO = 2.0  # and pp > 1 pipelines by their longest sequence in levels this wide
 SYNTH_REL_TOL = 0.005
-SLACK = (0.0, 0.02, 0.05)
+LP_FROM = 0.85  # the LP's bisection starts this far below the best candidate
+SLACK = (0.02, 0.05)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
+MIP_STEPS = (0.0, 0.01, 0.02, 0.04, 0.08)  # latencies above the LP's where the MILP is asked, in turn
 MAX_NODES = 100  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
 TOP = 3  # per length, the schemes carrying the most of its tokens per GPU
 V_MAX = 64  # micro-batches per pipeline the shortlist considers
@@ -102,19 +104,35 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
     rel = relaxation(lengths, [schemes[k] for k in short], gpus, t[short], long=LONG, group_ratio=GROUP_RATIO,
                      level_ratio=LEVEL_RATIO)
 
-    def feasible(X: float) -> np.ndarray | None:
-        return probe(rel, X, max_nodes=MAX_NODES)
+    def relaxed(X: float) -> np.ndarray | None:
+        return probe(rel, X, relax=True)
 
     floor = max(rel.floor(), rel.volume())
+    at_top, lo_infeasible = None, False
     if upper is not None:
-        target = upper * (1 - SKIP_RTOL)
-        if target < floor or feasible(target) is None:
+        upper *= 1 - SKIP_RTOL
+        at_top = relaxed(upper) if upper >= floor else None
+        if at_top is None:  # nothing in the shortlist beats the best candidate by SKIP_RTOL
             return []
-        upper = target
-    hi = bisect(feasible, floor, upper, SYNTH_REL_TOL).hi
+        below = LP_FROM * upper  # most batches: the best candidate is within 15% of what the LP allows
+        if below > floor:
+            at_below = relaxed(below)
+            if at_below is None:
+                floor, lo_infeasible = below, True
+            else:
+                upper, at_top = below, at_below
+    lp = bisect(relaxed, floor, upper, SYNTH_REL_TOL, at_top, lo_infeasible)
+    # the MILP on the schemes the LP uses, from the LP's latency up
+    most = np.where(lp.best > 1e-6, np.floor(gpus / rel.g), 0.0)
+    steps = [lp.hi * (1 + s) for s in MIP_STEPS]
+    if upper is not None:
+        steps = [X for X in steps if X < upper] + [upper]
+    found = ((X, probe(rel, X, most=most, max_nodes=MAX_NODES)) for X in steps)
+    hi, first = next(((X, n) for X, n in found if n is not None), (None, None))
+    if hi is None:
+        return []
     out: list[dict[int, int]] = []
-    for slack in SLACK:
-        n = probe(rel, hi * (1 + slack), fewest_gpus=True, max_nodes=MAX_NODES)
+    for n in (first, *(probe(rel, hi * (1 + slack), most=most, fewest_gpus=True, max_nodes=MAX_NODES) for slack in SLACK)):
         if n is None:
             continue
         counts = _fill({short[int(rel.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
