@@ -79,6 +79,7 @@ class PackConfig(PackArgs):
     workers: PositiveInt | None = None
     resume: bool = False
     synthesize: bool | None = None  # None: the objective's default (core.cluster.default_synthesize), resolved here
+    bound: bool = False  # each batch's any-strategy lower bound in summary.json (does not change the plans)
 
     @field_validator("strategies", mode="before")
     @classmethod

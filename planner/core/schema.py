@@ -315,10 +315,10 @@ class PackArgs(_Model):
     objective: str = Field("propagation", description="--objective end-to-end|propagation (runs that predate it: "
                            "propagation)")
     static: bool = Field(True, description="the static baseline's layout joins the candidates (--no-static: it does not)")
-    synthesize: bool = Field(True, description="a strategy made for each batch competes with the candidates "
-                             "(--synthesize; --candidates-only: it does not; default: only with the propagation "
-                             "objective)")
+    synthesize: bool = Field(True, description="strategies made for each batch compete with the candidates "
+                             "(--synthesize, the default; --candidates-only: they do not)")
     cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
+    refine: bool = Field(True, description="the local search after dispatch and packing ran (--no-refine: it did not)")
 
 
 class IterationSummary(_Model):
@@ -335,6 +335,8 @@ class IterationSummary(_Model):
     candidates: list[CandidateSolve] = Field(default_factory=list)
     tokens: int | None = Field(None, description="--outlier-delay: tokens trained in this iteration")
     delayed_token_iters: int | None = Field(None, description="--outlier-delay: sum over its tokens of iterations waited")
+    bound_s: float | None = Field(None, description="--bound: the any-strategy lower bound of the batch in the run's "
+                                  "objective (no plan of any strategy is faster)")
 
 
 class OutlierDelay(_Model):
@@ -368,6 +370,9 @@ class Summary(_Model):
     new_process_groups: int = Field(0, description="TP and CP process groups the run's plans create, in iteration "
                                     "order (runtime/groups.py creates each once; new ones cost an NCCL init)")
     empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
+    mean_plan_over_bound: float | None = Field(None, description="--bound: mean over iterations of the plan's score "
+                                               "in the objective / bound_s")
+    max_plan_over_bound: float | None = Field(None, description="--bound: the largest such ratio")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

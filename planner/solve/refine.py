@@ -202,29 +202,49 @@ class _Search:
             return False
         return self._move(a, mine, rest, top) or self._swap(a, mine, top) or self._exchange(a, mine, rest, top)
 
+    def lower(self, i: np.ndarray) -> np.ndarray:
+        """(len(i), pipelines) a lower bound on each pipeline's time with each sequence added: its work on top of
+        the pipeline's (the packing cannot make it cheaper); inf where it does not fit MaxLen."""
+        st = self.st
+        every = np.arange(self.est.size)
+        out = st.objective(every, self.est[None, :] + st.kind_work[:, i][st.kind].T)
+        out[st.lengths[i][:, None] > st.max_len[None, :]] = np.inf
+        return out
+
     def _move(self, a: int, mine: np.ndarray, rest: np.ndarray, top: float) -> bool:
+        """The move of a sequence off the critical pipeline a that leaves both pipelines lowest."""
+        lb = np.maximum(self.lower(mine), rest[:, None])
+        lb[:, a] = np.inf
         best, pick = top, None
-        for b in range(self.est.size):
-            if b == a:
+        for b in np.unique(np.nonzero(lb < top)[1]).tolist():
+            sel = np.flatnonzero(lb[:, b] < best)
+            if sel.size == 0:
                 continue
-            new_b = self.with_added(b, mine)
-            val = np.maximum(rest, new_b)
+            val = np.maximum(rest[sel], self.with_added(b, mine[sel]))
             k = int(val.argmin())
             if val[k] < best:
-                best, pick = float(val[k]), (int(mine[k]), b)
+                best, pick = float(val[k]), (int(mine[sel[k]]), b)
         if pick is None:
             return False
         self.commit([pick])
         return True
 
     def _swap(self, a: int, mine: np.ndarray, top: float) -> bool:
-        """i of the critical pipeline takes the place of k in k's micro-batch and k takes i's (tokens permitting)."""
+        """i of the critical pipeline takes the place of k in k's micro-batch and k takes i's (tokens permitting),
+        among the pairs whose work exchange alone leaves both below the critical time."""
         st = self.st
         others = np.flatnonzero((st.owner != a) & (st.owner >= 0))
         if others.size == 0:
             return False
         i, k = (x.ravel() for x in np.meshgrid(mine, others, indexing="ij"))
         b = st.owner[k]
+        rough_a = st.objective(a, self.est[a] - st.work(a, i) + st.work(a, k))
+        rough_b = st.objective(b, self.est[b] - st.work(b, k) + st.work(b, i))
+        keep = np.flatnonzero((np.maximum(rough_a, rough_b) < top) & (st.lengths[k] <= st.max_len[a])
+                              & (st.lengths[i] <= st.max_len[b]))
+        if keep.size == 0:
+            return False
+        i, k, b = i[keep], k[keep], b[keep]
         new_a = self._swapped(a, i, k)
         new_b = np.full(i.size, np.inf)
         for bb in np.unique(b).tolist():
@@ -260,17 +280,18 @@ class _Search:
             room_a = top - float(rest[n])
             if room_a <= 0:
                 break
-            over = np.array([self.with_added(b, np.array([i]))[0] if b != a else np.inf for b in range(self.est.size)])
-            over -= top
-            for b in np.argsort(over, kind="stable")[:TARGETS].tolist():
-                if not np.isfinite(over[b]):
+            rough = self.lower(np.array([i]))[0]
+            rough[a] = np.inf
+            for b in np.argsort(rough, kind="stable")[:TARGETS].tolist():
+                if not np.isfinite(rough[b]):
                     break
+                over = float(self.with_added(b, np.array([i]))[0]) - top
                 theirs = st.members(b)
                 theirs = theirs[st.lengths[theirs] <= st.max_len[a]]
                 give = theirs[np.argsort(-st.work(b, theirs), kind="stable")]
                 fits = np.cumsum(st.work(a, give)) <= room_a
                 got = np.cumsum(np.where(fits, st.work(b, give), 0.0))
-                enough = np.flatnonzero(fits & (got >= over[b]))
+                enough = np.flatnonzero(fits & (got >= over))
                 if enough.size == 0:
                     continue
                 back = give[:enough[0] + 1][fits[:enough[0] + 1]]

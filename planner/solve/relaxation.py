@@ -65,6 +65,8 @@ class Relaxation:
     level: np.ndarray  # (G,) level of each group, 0 the longest
     level_lo: np.ndarray  # (levels,) shortest length in each level
     level_hi: np.ndarray
+    short: np.ndarray  # the other sequences' lengths, longest first: group g is short[start[g]:start[g + 1]]
+    start: np.ndarray  # (G + 1,)
     shortest: int
     gpus: int
 
@@ -76,6 +78,20 @@ class Relaxation:
         """(len, S) a l^2 + b l per scheme."""
         l = np.asarray(lengths, dtype=np.float64)[:, None]
         return (self.a * l + self.b) * l
+
+    def alone_share(self, Y: np.ndarray) -> np.ndarray:
+        """(G, S) the share of each group's tokens in sequences that run alone within each scheme's budget Y and
+        fit its MaxLen: a pipeline of it holds no other of the group's sequences."""
+        r = Y / self.pp - self.c  # a l^2 + b l <= r
+        with np.errstate(invalid="ignore", divide="ignore"):
+            root = np.where(self.a > 0, (np.sqrt(np.maximum(self.b ** 2 + 4 * self.a * r, 0.0)) - self.b) / (2 * self.a),
+                            r / self.b)
+        longest = np.where(r >= 0, np.minimum(np.floor(root * (1 + 1e-12)), self.max_len), -1.0)
+        cum = np.r_[0.0, np.cumsum(self.short, dtype=np.float64)]
+        first = np.searchsorted(-self.short, -longest, side="left")  # the first sequence no longer than that
+        from_ = np.maximum(self.start[:-1, None], first[None, :])
+        end = self.start[1:, None]
+        return np.where(from_ < end, (cum[end] - cum[np.minimum(from_, end)]) / self.tokens[:, None], 0.0)
 
     def budget(self, X: float) -> np.ndarray:
         """Propagation budget of each scheme's busy pipelines at latency X (-inf: unusable)."""
@@ -152,7 +168,8 @@ def relaxation(lengths: np.ndarray, schemes: list[Scheme], gpus: int, transfer: 
     return Relaxation(keep=keep, a=arr(lambda s: s.time.a), b=arr(lambda s: s.time.b), c=arr(lambda s: s.time.c),
                       pp=arr(lambda s: s.pp), max_len=arr(lambda s: s.max_len), g=arr(lambda s: s.gpus),
                       transfer=t_all[keep], long=ls[:K], lo=lo, hi=hi, tokens=tokens, level=level.astype(np.int64),
-                      level_lo=level_lo, level_hi=level_hi, shortest=int(ls[-1]) if ls.size else 1, gpus=gpus)
+                      level_lo=level_lo, level_hi=level_hi, short=short, start=np.r_[first, short.size],
+                      shortest=int(ls[-1]) if ls.size else 1, gpus=gpus)
 
 
 # --------------------------------------------------------------------------------------------- the hull
@@ -312,6 +329,25 @@ def _pipelines(m: SparseModel, rel: Relaxation, k: int, Y: float, n: int, loads:
     m.add_rows(1, np.zeros(used.size + 1), np.r_[used, n], np.r_[np.ones(used.size), -1.0], upper=0.0)
 
 
+def _crowding(m: SparseModel, rel: Relaxation, Y: np.ndarray, n: np.ndarray, k: np.ndarray, cols: np.ndarray,
+              work: np.ndarray, count: np.ndarray) -> None:
+    """Sequences too costly to share a pipeline: two whose work each exceeds (Y - pp c) / (pp + 1) overrun Y
+    together (their bubble counts the larger again), so each pipeline holds at most one; with pp = 1, the dual
+    feasible function of Fekete and Schepers on work / (Y - c): over 2/3 counts 1, over 1/3 counts 1/2, and a
+    pipeline's counts sum to at most 1. Items are (scheme k, column, work at least, sequences at least per unit)."""
+    room = Y - rel.pp * rel.c
+    pair = np.where(work > room[k] / (rel.pp[k] + 1), count, 0.0)
+    third = np.where(rel.pp[k] == 1, np.where(work > 2 * room[k] / 3, count, np.where(work > room[k] / 3, count / 2, 0.0)), 0.0)
+    for f in (pair, third):
+        used = np.unique(k[f > 0])
+        if used.size == 0:
+            continue
+        row = np.searchsorted(used, k)
+        sel = f > 0
+        m.add_rows(used.size, np.r_[row[sel], np.arange(used.size)], np.r_[cols[sel], n[used]],
+                   np.r_[f[sel], -np.ones(used.size)], upper=0.0)
+
+
 def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[SparseModel, np.ndarray] | None:
     """The MILP at latency X and its pipeline-count columns, or None when some sequence fits no scheme within X
     (`most`: at most this many pipelines per kept scheme, a given strategy's)."""
@@ -322,8 +358,9 @@ def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[Sp
     wl = rel.work(rel.long)
     el = (rel.long[:, None] <= rel.max_len) & (rel.pp * (wl + rel.c) <= Y) & usable
     rho = rel.a * rel.lo[:, None] + rel.b  # work per token of each group's shortest sequence
-    eg = (rel.hi[:, None] <= rel.max_len) & (rel.pp * (rho * rel.lo[:, None] + rel.c) <= Y) & usable
-    if not (el.any(axis=1).all() and eg.any(axis=1).all()):
+    share = np.where(usable, rel.alone_share(Y), 0.0)  # of each group's tokens, what each scheme may hold
+    eg = share > 0
+    if not (el.any(axis=1).all() and (share.sum(axis=1) >= 1 - 1e-12).all()):
         return None
     m = SparseModel()
     S = rel.keep.size
@@ -334,8 +371,10 @@ def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[Sp
     m.add_rows(rel.long.size, zi, z, np.ones(z.size), lower=1.0, upper=1.0)
     h = _hosts(m, rel, Y, wl, zi, zk, z)
     gi, gk = np.nonzero(eg)
-    x = m.add_vars(gi.size, 0.0, 1.0)  # the share of each group's tokens on each scheme
+    x = m.add_vars(gi.size, 0.0, np.minimum(share[gi, gk], 1.0))  # the share of each group's tokens on each scheme
     m.add_rows(rel.lo.size, gi, x, np.ones(x.size), lower=1.0, upper=1.0)
+    _crowding(m, rel, Y, n, np.r_[zk, gk], np.r_[z, x], np.r_[wl[zi, zk], (rho * rel.lo[:, None])[gi, gk]],
+              np.r_[np.ones(z.size), rel.tokens[gi] / rel.hi[gi]])
     K = rel.long.size
     for k in np.flatnonzero(usable).tolist():
         on_z, on_x = zk == k, gk == k

@@ -21,18 +21,19 @@ import numpy as np
 
 from hydraplan.core.schema import PipelineSpec, Scheme
 from hydraplan.core.sync import propagation_budget_s
-from hydraplan.solve.bound import bisect
-from hydraplan.solve.relaxation import probe, relaxation
+from hydraplan.solve.bound import Bisection, bisect
+from hydraplan.solve.relaxation import Relaxation, probe, relaxation
 
-LONG = 8  # longest sequences kept whole
-GROUP_RATIO = 1.25  # the other sequences in length groups this wide
-LEVEL_RATIO = 2.0  # and pp > 1 pipelines by their longest sequence in levels this wide
-SYNTH_REL_TOL = 0.005
+LONG = 8  # the LP's relaxation: longest sequences kept whole,
+GROUP_RATIO = 1.25  # the other sequences in length groups this wide,
+LEVEL_RATIO = 1.5  # and pp > 1 pipelines by their longest sequence in levels this wide
+MIP_LONG, MIP_GROUP_RATIO, MIP_LEVEL_RATIO = 24, 1.1, 1.5  # the MILP's, on the few schemes the LP uses
+SYNTH_REL_TOL = 0.01
 LP_FROM = 0.85  # the LP's bisection starts this far below the best candidate
 SLACK = (0.02, 0.05)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
 MIP_STEPS = (0.0, 0.01, 0.02, 0.04, 0.08)  # latencies above the LP's where the MILP is asked, in turn
 MAX_NODES = 100  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
-TOP = 3  # per length, the schemes carrying the most of its tokens per GPU
+TOP = 2  # per length, the schemes carrying the most of its tokens per GPU
 V_MAX = 64  # micro-batches per pipeline the shortlist considers
 SKIP_RTOL = 0.01  # only strategies that beat the best candidate by more than this are worth dispatching
 GROUPS = 1.25  # the shortlist ranks schemes per geometric length bin this wide
@@ -85,6 +86,27 @@ def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, budget
     return sorted(set(prefer) | ranked(filler) | ranked(host))
 
 
+def _lp_least(rel: Relaxation, target: float | None) -> Bisection | None:
+    """The LP's least feasible latency (within SYNTH_REL_TOL), None when it is above `target` (nothing in the
+    relaxation's schemes beats the best candidate by SKIP_RTOL). The bracket starts LP_FROM below the target."""
+    def relaxed(X: float) -> np.ndarray | None:
+        return probe(rel, X, relax=True)
+
+    floor = max(rel.floor(), rel.volume())
+    if target is None:
+        return bisect(relaxed, floor, None, SYNTH_REL_TOL)
+    at_top = relaxed(target) if target >= floor else None
+    if at_top is None:
+        return None
+    below = LP_FROM * target  # most batches: the best candidate is within 15% of what the LP allows
+    if below <= floor:
+        return bisect(relaxed, floor, target, SYNTH_REL_TOL, at_top)
+    at_below = relaxed(below)
+    if at_below is None:
+        return bisect(relaxed, below, target, SYNTH_REL_TOL, at_top, lo_infeasible=True)
+    return bisect(relaxed, floor, below, SYNTH_REL_TOL, at_below)
+
+
 def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upper: float | None = None,
                transfer: np.ndarray | Sequence[float] | None = None, prefer: Iterable[int] = ()) -> list[dict[int, int]]:
     """Strategies for this batch as {scheme index: pipelines}, best-shaped first; none when `upper` (a latency some
@@ -103,39 +125,26 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
     short = _shortlist(lengths, schemes, gpus, np.asarray(propagation_budget_s(t, upper_rank)), prefer)
     rel = relaxation(lengths, [schemes[k] for k in short], gpus, t[short], long=LONG, group_ratio=GROUP_RATIO,
                      level_ratio=LEVEL_RATIO)
-
-    def relaxed(X: float) -> np.ndarray | None:
-        return probe(rel, X, relax=True)
-
-    floor = max(rel.floor(), rel.volume())
-    at_top, lo_infeasible = None, False
-    if upper is not None:
-        upper *= 1 - SKIP_RTOL
-        at_top = relaxed(upper) if upper >= floor else None
-        if at_top is None:  # nothing in the shortlist beats the best candidate by SKIP_RTOL
-            return []
-        below = LP_FROM * upper  # most batches: the best candidate is within 15% of what the LP allows
-        if below > floor:
-            at_below = relaxed(below)
-            if at_below is None:
-                floor, lo_infeasible = below, True
-            else:
-                upper, at_top = below, at_below
-    lp = bisect(relaxed, floor, upper, SYNTH_REL_TOL, at_top, lo_infeasible)
-    # the MILP on the schemes the LP uses, from the LP's latency up
-    most = np.where(lp.best > 1e-6, np.floor(gpus / rel.g), 0.0)
+    target = None if upper is None else upper * (1 - SKIP_RTOL)
+    lp = _lp_least(rel, target)
+    if lp is None:
+        return []
+    # the MILP on the schemes the LP uses, finer (more sequences whole), from the LP's latency up
+    used = [short[int(rel.keep[k])] for k in np.flatnonzero(lp.best > 1e-6)]
+    fine = relaxation(lengths, [schemes[k] for k in used], gpus, t[used], long=MIP_LONG, group_ratio=MIP_GROUP_RATIO,
+                      level_ratio=MIP_LEVEL_RATIO, prune=False)
     steps = [lp.hi * (1 + s) for s in MIP_STEPS]
-    if upper is not None:
-        steps = [X for X in steps if X < upper] + [upper]
-    found = ((X, probe(rel, X, most=most, max_nodes=MAX_NODES)) for X in steps)
+    if target is not None:
+        steps = [X for X in steps if X < target] + [target]
+    found = ((X, probe(fine, X, max_nodes=MAX_NODES)) for X in steps)
     hi, first = next(((X, n) for X, n in found if n is not None), (None, None))
     if hi is None:
         return []
     out: list[dict[int, int]] = []
-    for n in (first, *(probe(rel, hi * (1 + slack), most=most, fewest_gpus=True, max_nodes=MAX_NODES) for slack in SLACK)):
+    for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, max_nodes=MAX_NODES) for slack in SLACK)):
         if n is None:
             continue
-        counts = _fill({short[int(rel.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
+        counts = _fill({used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
         if counts not in out:
             out.append(counts)
     return out
