@@ -12,7 +12,7 @@ setup: $(STAMP)
 # Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds.
 # torch==2.13.0 resolves to the CPU wheel on this machine's disk (never a multi-GB CUDA build).
 $(STAMP): pyproject.toml
-	@echo "setup: $(VENV) with hydraplan (editable) and numpy, pandas, pyarrow, pydantic, typer, rich, ortools, highspy,"
+	@echo "setup: $(VENV) with hydraplan (editable) and numpy, numba, pandas, pyarrow, pydantic, typer, rich, ortools, highspy,"
 	@echo "setup: matplotlib, torch (runtime), pytest, ruff (test), binpacking (bench); pip lists each step below"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[test,runtime,bench]'

@@ -11,7 +11,8 @@ Loss. For training to equal single-process training on the global batch, each mi
 sum(token losses) / labeled_tokens(plan), where labeled_tokens counts every pipeline's tokens, and the
 ranks' gradients are summed, not averaged.
 
-Needs torch (the `runtime` extra) once a PlanLoader is made; importing this module does not import it.
+`read_plans` reads a run folder's plans in either form (JSON or compact). Needs torch (the `runtime`
+extra) once a PlanLoader is made; importing this module does not import it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import TYPE_CHECKING
 
 from hydraplan.core.schema import Plan
 from hydraplan.store.datasets import Dataset, load_dataset
+from hydraplan.store.planfile import read_plan
+from hydraplan.store.run import plan_files
 
 if TYPE_CHECKING:
     import torch
 
     from hydraplan.runtime.batches import PackedBatch
 
-__all__ = ["PackedBatch", "PlanLoader"]
+__all__ = ["PackedBatch", "PlanLoader", "read_plan", "read_plans"]
 
 
 def __getattr__(name: str) -> object:
@@ -38,6 +41,14 @@ def __getattr__(name: str) -> object:
 
         return PackedBatch
     raise AttributeError(f"module 'hydraplan.loader' has no attribute {name!r}")
+
+
+def read_plans(path: str | Path) -> Iterator[Plan]:
+    """The plans of a plan file or of a run folder, JSON or compact (`pack --format compact`), in iteration
+    order (`read_plan` reads one file)."""
+    path = Path(path)
+    for f in plan_files(path) if path.is_dir() else [path]:
+        yield read_plan(f)
 
 
 class PlanLoader:

@@ -1,44 +1,85 @@
-"""Tensor- and context-parallel process groups of the plans' pipelines, created once and reused across iterations."""
+"""The tensor-, context-parallel and CAD process groups of a run: made once, before the first iteration.
+
+torch.distributed.new_group is collective over the whole job: every rank calls it for every group, in one
+global order, and only the members set a communicator up (a non-member's call is tens of microseconds).
+`use_local_synchronization`, where only members call, is no way out: the name it gives a group hashes how
+many groups the caller already has, so members with different histories wait under different names. So
+the runtime walks the whole family once at start-up (solve/placement.py `family`: a few groups per rank
+and scheme width) and no plan creates a group later; NCCL sets a communicator up at its first collective.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import NoReturn
 
 import torch.distributed as dist
 
 from hydraplan.core.schema import Plan
+from hydraplan.solve.placement import process_groups
+
+RankSet = tuple[int, ...]
+
+
+def plan_cad_groups(plan: Plan) -> list[RankSet]:
+    """A CAD plan's exchange groups: the replicas' ranks at each TP rank (runtime/cad.py)."""
+    if plan.cad is None:
+        return []
+    return [tuple(sorted(p.ranks[t] for p in plan.pipelines)) for t in range(plan.pipelines[0].tp)]
+
+
+def plan_groups(plans: Iterable[Plan]) -> list[RankSet]:
+    """Every group these plans use (TP, CP, CAD: more than one rank), in a fixed order."""
+    out: set[RankSet] = set()
+    for plan in plans:
+        out |= process_groups(plan.pipelines)  # type: ignore[arg-type]
+        out.update(g for g in plan_cad_groups(plan) if len(g) > 1)
+    return sorted(out)
 
 
 class GroupCache:
-    """torch.distributed.new_group is collective over the whole job: every rank walks the plan's stages
-    in the same order and creates each missing TP group (a stage's ranks at one CP rank) and CP group (its
-    ranks at one TP rank), even groups it is not part of. A strategy seen before creates nothing, so
-    switching strategies between iterations needs no restart."""
+    """Process groups by rank set. `create` makes a family at start-up (every rank calls new_group for every
+    group, in the family's order); `ensure` then only meets what the family lacks (a plan on hand-written
+    ranks), created when every rank reaches that plan and counted in `late`."""
 
     def __init__(self, timeout: timedelta):
         self.timeout = timeout
-        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self.rank = dist.get_rank()
+        self._groups: dict[RankSet, dist.ProcessGroup] = {}
+        self._known: set[RankSet] = set()
+        self.late = 0
+
+    def create(self, sets: Sequence[RankSet]) -> int:
+        """Make every group of `sets` (collective); returns how many this rank belongs to."""
+        before = len(self._groups)
+        for ranks in sets:
+            self._make(ranks)
+        return len(self._groups) - before
+
+    def _make(self, ranks: RankSet) -> bool:
+        """Create the group if it is new (collective: every rank calls); returns whether it was new."""
+        if len(ranks) < 2 or ranks in self._known:
+            return False
+        self._known.add(ranks)
+        group = dist.new_group(list(ranks), timeout=self.timeout)
+        if self.rank in ranks:
+            self._groups[ranks] = group
+        return True
 
     def ensure(self, plan: Plan) -> None:
-        for p in plan.pipelines:
-            for s in range(p.pp):
-                stage = p.ranks[s * p.tp * p.cp:(s + 1) * p.tp * p.cp]  # CP-major, TP fastest
-                tp_groups = [tuple(stage[c * p.tp:(c + 1) * p.tp]) for c in range(p.cp)]
-                cp_groups = [tuple(stage[t::p.tp]) for t in range(p.tp)]
-                for ranks in tp_groups + cp_groups:
-                    if len(ranks) > 1 and ranks not in self._groups:
-                        self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
-        if plan.cad is not None:  # the replicas' ranks at each TP rank exchange attention tasks (runtime/cad.py)
-            for t in range(plan.pipelines[0].tp):
-                ranks = tuple(sorted(p.ranks[t] for p in plan.pipelines))
-                if ranks not in self._groups:
-                    self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+        for ranks in plan_groups([plan]):
+            self.late += self._make(ranks)
 
-    def get(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+    def get(self, ranks: RankSet) -> dist.ProcessGroup:
         return self._groups[ranks]
+
+    @property
+    def mine(self) -> int:
+        """Groups this rank belongs to."""
+        return len(self._groups)
 
 
 def exit_process(code: int) -> NoReturn:

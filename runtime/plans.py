@@ -10,20 +10,22 @@ from hydraplan.core.schema import Plan
 from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
-from hydraplan.store.fileio import load_model
+from hydraplan.store.planfile import read_plan
+from hydraplan.store.run import plan_files
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:
-    """(source, plan) for a plan file, or for a run folder's iter_*.json in order, the first `iterations`."""
+    """(source, plan) for a plan file, or for a run folder's plan files (JSON or compact) in order, the first
+    `iterations`."""
     path = Path(path)
-    files = sorted(path.glob("iter_*.json")) if path.is_dir() else [path]
+    files = plan_files(path) if path.is_dir() else [path]
     if not files:
-        raise UserError(f"{path}: no iter_*.json plan files in this folder")
+        raise UserError(f"{path}: no iter_*.json (or .parquet) plan files in this folder")
     if iterations is not None:
         if iterations > len(files):
             raise UserError(f"--iterations: {iterations} requested but {path} holds {len(files)} plan(s)")
         files = files[:iterations]
-    return [(str(f), load_model(Plan, f)) for f in files]
+    return [(str(f), read_plan(f)) for f in files]
 
 
 def check_plan(plan: Plan, source: str, world: int, cfg: ModelConfig) -> None:

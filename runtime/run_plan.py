@@ -1,13 +1,19 @@
 """Replay hydraplan plans: heterogeneous pipelines per iteration, LNK resharding, one global update.
 
-    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_JSON [--iterations K] [--model tiny | --init-from HF_DIR]
+    torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_FILE [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
              [--no-overlap] [--memory]
+    torchrun ... runtime/run_plan.py --profile P --dataset D --tokens-per-iter T --iterations K [pack's options]
+             [--planners-per-node 2] [--plan-ahead A] [--save-plans DIR [--format compact]] [--stop-at I] ...
 
-Per iteration every rank: creates the TP and CP groups of the plan's pipelines it has not seen yet
-(collective, plan order), pulls its stage's parameters from the owners' master shards (lnk.py), runs its
-pipeline's micro-batches with 1F1B (pipeline_exec.py; a CP rank on its share of the tokens,
-context_parallel.py), pushes its gradients to the owners, and each owner takes one AdamW step on its shard.
+Without a plan argument the job plans its own iterations while it trains, exactly `hydraplan pack`'s plans
+for the same options (runtime/online.py).
+
+Before the first iteration every rank creates the TP, CP and CAD groups of all the plans it belongs to
+(runtime/groups.py: members only, one global order). Per iteration every rank pulls its stage's parameters
+from the owners' master shards (lnk.py), runs its pipeline's micro-batches with 1F1B (pipeline_exec.py; a
+CP rank on its share of the tokens, context_parallel.py), pushes its gradients to the owners, and each
+owner takes one AdamW step on its shard.
 Pull and push go one layer group at a time: layer k+1 is pulled while layer k computes, and a layer's
 gradients are pushed as soon as the last backward has produced them (`--no-overlap`: all before / after).
 Each iteration prints its phases (replay.StepStats): pull, propagate, push and step times, how long compute
@@ -35,7 +41,9 @@ if __name__ == "__main__":
 import argparse
 import gc
 import os
+import time
 from collections import Counter
+from collections.abc import Callable, Collection
 from datetime import timedelta
 
 import torch
@@ -43,9 +51,11 @@ import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan
-from hydraplan.runtime import checkpoint, hf
+from hydraplan.methods.run import PlanRun
+from hydraplan.runtime import checkpoint, hf, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import RankSet, plan_groups
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
@@ -54,6 +64,8 @@ from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
 from hydraplan.runtime.reference import Reference
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
+from hydraplan.solve.placement import groups_per_rank
+from hydraplan.store.profiles import load_profile
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
@@ -75,8 +87,11 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", help="a plan JSON file, or a run folder of iter_*.json (replayed in order)")
-    ap.add_argument("--iterations", type=int, default=None, help="replay only the first K plans")
+    ap.add_argument("plan", nargs="?", default=None,
+                    help="a plan file, or a run folder of iter_*.json or .parquet (replayed in order); without it the "
+                         "job plans its own iterations while it trains, from pack's options below")
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="replay only the first K plans; planning while training: the run's iterations (pack's)")
     ap.add_argument("--model", default=None, help=f"model config: {', '.join(CONFIGS)} (default tiny)")
     ap.add_argument("--init-from", default=None, metavar="DIR",
                     help="start from a local Hugging Face Llama checkpoint (config.json + safetensors); sets the model")
@@ -86,14 +101,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="continue a run saved with --save (same world size and model): the plans after its last iteration")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype (masters are fp32, fp64 for fp64)")
     ap.add_argument("--dataset", default=None,
-                    help="tokenized dataset the plans were sampled from (token ids); default: synthetic tokens per sequence id")
+                    help="dataset the plans were (or are) sampled from; its token ids are trained on when it has them, "
+                         "else synthetic tokens per sequence id")
     ap.add_argument("--verify", action="store_true",
                     help="rank 0 also trains in one process in fp64 and compares parameters (fp64) or gradients (fp32, bf16)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
                          "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    ap.add_argument("--seed", type=int, default=0, help="parameter initialisation seed")
+    ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
                     help="CPU: measure each rank's peak heap bytes during every step (glibc allocator statistics, "
                          "runtime/memstats.py) and print them next to the plan's profile's memory model")
@@ -101,6 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="collective timeout: a stuck peer fails the job instead of hanging it")
+    online.add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -109,8 +126,11 @@ def describe(plan: Plan) -> str:
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args: argparse.Namespace,
-          device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None) -> int:
+def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
+          device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None,
+          trained: Callable[[Plan], None] | None = None) -> int:
+    """Train on `plans` in order (replayed, or planned while training), after making `groups`; `trained` is
+    called with each plan once it is trained."""
     rank = dist.get_rank()
     dtype = DTYPES[args.dtype]
     mdt = master_dtype(dtype)
@@ -121,9 +141,9 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
     if args.memory:
         map_large_allocations()
-    replayer = Replayer(cfg, data, dtype, args.seed, args.lr, device, timedelta(seconds=args.timeout_s),
+    replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, device, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and not exact)
-    reference = Reference(cfg, data, args.seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
+    reference = Reference(cfg, data, args.init_seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -133,8 +153,10 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
         if reference is not None:
             reference.load(hf_weights.full(torch.float64))
-    worst = 0.0
-    for _, plan in plans:
+    _make_groups(replayer, groups)
+    worst, last = 0.0, (done if done is not None else -1)
+    for plan in plans:
+        last = plan.iteration
         before = replayer.gather_weights() if args.verify and not exact else None
         if args.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
@@ -166,8 +188,9 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
                           flush=True)
                 worst = max(worst, diff)
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
+        if trained is not None:
+            trained(plan)
     if args.save:
-        last = plans[-1][1].iteration if plans else (done if done is not None else -1)
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
         if rank == 0:
             print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
@@ -179,6 +202,17 @@ def train(cfg: ModelConfig, data: TokenData, plans: list[tuple[str, Plan]], args
             print(f"verify: FAILED, {what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
+    """Every TP, CP and CAD group of the run, before its first iteration (runtime/groups.py)."""
+    t0 = time.perf_counter()
+    replayer.groups.create(sets)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        per_rank = int(groups_per_rank(sets, dist.get_world_size()).max(initial=0))
+        print(f"groups: {len(sets)} process groups made before the first iteration ({per_rank} per rank at most) "
+              f"in {time.perf_counter() - t0:.2f}s", flush=True)
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
@@ -243,13 +277,17 @@ def _print_cad_balance(plan: Plan, mine: list[float]) -> None:
           + " ".join(f"{x:.2f}" for x in planned if x is not None), flush=True)
 
 
-def _token_data(spec: str | None, cfg: ModelConfig) -> TokenData:
+def _token_data(spec: str | None, cfg: ModelConfig, planning: bool = False) -> TokenData:
+    """The tokens trained on: the dataset's ids, or synthetic ones without a dataset (or, when planning from
+    a dataset of lengths only, such as builtin:wikipedia)."""
     if spec is None:
         return TokenData(cfg.vocab)
     from hydraplan.store.datasets import load_dataset
 
     dataset = load_dataset(spec)  # untruncated: a truncated document still has the label after its cut
     if not dataset.has_tokens:
+        if planning:
+            return TokenData(cfg.vocab)
         raise UserError(f"--dataset: {spec} has lengths only, no token ids (omit --dataset for synthetic tokens)")
     return TokenData(cfg.vocab, dataset)
 
@@ -268,34 +306,99 @@ def _init(timeout: timedelta) -> torch.device:
     return device
 
 
+def _replayed(args: argparse.Namespace, cfg: ModelConfig, data: TokenData) -> tuple[list[Plan], int | None]:
+    """The plans of the plan argument, checked against the job (after --resume's iteration)."""
+    plans = load_plans(args.plan, args.iterations)
+    for source, plan in plans:
+        _check(plan, source, cfg, data)
+    done = None
+    if args.resume:
+        done = checkpoint.check(args.resume, dist.get_world_size(), cfg, master_dtype(DTYPES[args.dtype]))
+        plans = [(source, plan) for source, plan in plans if plan.iteration > done]
+    return [plan for _, plan in plans], done
+
+
+def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData) -> None:
+    check_plan(plan, source, dist.get_world_size(), cfg)
+    check_splits(plan, source)
+    data.check(plan, source)
+
+
+def _agree(error: str | None) -> str | None:
+    """Every rank must agree before the first collective of training, or one would wait forever: the first
+    rank's error, if any rank has one."""
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = _init(timedelta(seconds=args.timeout_s))
     try:
+        if args.plan is None:
+            return _online(args, device)
         error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
+            online.check_replay_args(args)
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
-            plans = load_plans(args.plan, args.iterations)
-            for source, plan in plans:
-                check_plan(plan, source, dist.get_world_size(), cfg)
-                check_splits(plan, source)
-                data.check(plan, source)
-            if args.resume:
-                done = checkpoint.check(args.resume, dist.get_world_size(), cfg, master_dtype(DTYPES[args.dtype]))
-                plans = [(source, plan) for source, plan in plans if plan.iteration > done]
+            plans, done = _replayed(args, cfg, data)
         except UserError as e:
             error = str(e)
-        # Every rank must agree before the first collective of training, or one would wait forever.
-        errors: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e), None)
-        if first is not None:
+        if (first := _agree(error)) is not None:
             print(f"run_plan: {first}", file=sys.stderr, flush=True)
             return 2
-        return train(cfg, data, plans, args, device, weights, done)
+        return train(cfg, data, plans, plan_groups(plans), args, device, weights, done)
     finally:
         dist.destroy_process_group()
+
+
+def _online(args: argparse.Namespace, device: torch.device) -> int:
+    """Plan while training (runtime/online.py): the run prepared on each node's first rank, the start-up
+    groups from rank 0, plans fed by a thread; one line and exit 2 for a bad argument or plan."""
+    world, error, run = dist.get_world_size(), None, None
+    plan_group = dist.new_group(backend="gloo")  # plans travel beside training, on CPU
+    topology = online.Topology.of(plan_group)
+    try:
+        config = online.run_config(args, world)
+        cfg, weights = _model(args)
+        data = _token_data(args.dataset, cfg, planning=True)
+        done = checkpoint.check(args.resume, world, cfg, master_dtype(DTYPES[args.dtype])) if args.resume else None
+        if args.resume:
+            online.check_resume(args.resume, config)
+        if topology.leader:
+            t0 = time.perf_counter()
+            run = PlanRun.prepare(config, load_profile(config.profile))
+            if dist.get_rank() == 0:
+                print(f"planning: run prepared in {time.perf_counter() - t0:.2f}s; {topology.nodes} node(s) x "
+                      f"{args.planners_per_node} planner process(es)", flush=True)
+    except UserError as e:
+        error = str(e)
+    if (first := _agree(error)) is not None:
+        print(f"run_plan: {first}", file=sys.stderr, flush=True)
+        return 2
+    start = 0 if done is None else done + 1
+    stop = min(config.iterations, args.stop_at) if args.stop_at is not None else config.iterations
+    groups = online.broadcast_groups(online.startup_groups(run) if dist.get_rank() == 0 else None, plan_group)
+    ahead = args.plan_ahead or 2 * args.planners_per_node * topology.nodes
+    feed = online.PlanFeed(run, topology, start, stop, args.planners_per_node, ahead, plan_group,
+                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data))
+    saving = online.save_plans(args.save_plans, args.format, run) if args.save_plans and dist.get_rank() == 0 else None
+    try:
+        code = train(cfg, data, feed, groups, args, device, weights, done, saving)
+    except UserError as e:
+        print(f"run_plan: {e}", file=sys.stderr, flush=True)
+        feed.close(abort=True)
+        return 2
+    feed.close()
+    if args.save and dist.get_rank() == 0:
+        online.save_run(args.save, config)
+    if dist.get_rank() == 0 and feed.waits:
+        print(f"planning: {len(feed.waits)} plans; training waited {feed.waits[0]:.3f}s for the first and "
+              f"{sum(feed.waits[1:]):.3f}s for the rest (at most {max(feed.waits[1:], default=0.0):.3f}s once)",
+              flush=True)
+    return code
 
 
 if __name__ == "__main__":

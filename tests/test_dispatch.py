@@ -126,7 +126,7 @@ def test_vectorized_greedy_is_algorithm_1():
     pool = [scheme(), scheme(tp=2, pp=2, a=5e-4, b=0.5, c=10.0, max_len=1500),
             scheme(tp=4, pp=3, a=2e-4, b=0.3, c=5.0, max_len=3000)]
     medium = (rng.integers(20, 3000, size=60), [pool[k] for k in rng.integers(0, 3, size=12)])
-    for lengths, schemes in [medium, *instances(30, seed=8)]:
+    for k, (lengths, schemes) in enumerate([medium, *instances(30, seed=8)]):
         P = Pipes.of(schemes)
         J = P.eligible_count(lengths)
         orders = trial_orders(lengths, J, 4, seed=1)
@@ -137,6 +137,13 @@ def test_vectorized_greedy_is_algorithm_1():
             want = [want[i] for i in range(len(lengths))]
             assert want == got[t].tolist()
             assert want == greedy_one(lengths, Wg, P, orders[t]).tolist()  # the heap version, one trial
+        # the end-to-end objective (a transfer per scheme): the compiled heap version equals the vectorized one
+        transfer = np.array([s.time.c * (k % 3) * 7.0 for s in schemes])
+        P = Pipes.of(schemes, transfer)
+        Wg = P.group_cost(lengths)
+        got = greedy_trials(lengths, Wg[:, P.gid], J, P, orders)
+        for t in range(len(orders)):
+            assert got[t].tolist() == greedy_one(lengths, Wg, P, orders[t]).tolist()
 
 
 def test_ilp_reaches_brute_force_from_a_poor_hint():

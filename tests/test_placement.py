@@ -7,7 +7,7 @@ import pytest
 
 from hydraplan.core.errors import UserError
 from hydraplan.schema import PipelineSpec
-from hydraplan.solve.placement import place_ranks
+from hydraplan.solve.placement import family, groups_per_rank, place_ranks, process_groups
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (2, 1, 2), (8, 1, 1), (4, 2, 1),
           (2, 1, 4), (8, 2, 1), (4, 4, 1), (8, 1, 2), (16, 1, 1)]
@@ -50,6 +50,32 @@ def test_random_strategies_respect_nodes(seed):
     placed = place_ranks(pipes, gpus, gpn)
     assert [p.key for p in placed] == [p.key for p in pipes]  # order kept
     check_node_rules(placed, gpus, gpn)
+    for p in placed:  # every stage on an aligned block, so every group in the family
+        S = p.tp * p.cp
+        for s in range(p.pp):
+            stage = p.ranks[s * S:(s + 1) * S]
+            assert stage[0] % S == 0 and stage == list(range(stage[0], stage[0] + S)), (p.key, p.ranks)
+    assert process_groups(placed) <= set(family({p.key for p in placed}, gpus))
+
+
+def test_family_is_every_group_of_every_aligned_placement():
+    keys = [(2, 1, 1), (1, 2, 2), (2, 1, 2), (4, 1, 2), (8, 1, 1)]
+    gpus = 24
+    every = set()
+    for tp, _, cp in keys:  # one pipeline on each aligned block, each time
+        S = tp * cp
+        every |= process_groups(PipelineSpec(tp=tp, pp=1, cp=cp, ranks=list(range(x, x + S)))
+                                for x in range(0, gpus - S + 1, S))
+    fam = family(keys, gpus)
+    assert len(fam) == len(set(fam)) and set(fam) == every
+    assert family(keys, gpus) == fam  # a fixed order: every rank creates its groups in it
+
+
+def test_groups_per_rank_by_hand():
+    fam = family([(2, 1, 1), (1, 1, 2), (2, 1, 2)], 8)
+    # TP pairs [0,1] [2,3] [4,5] [6,7] (the <1,1,2> CP pairs are the same sets), <2,1,2> CP pairs [0,2] [1,3] [4,6] [5,7]
+    assert sorted(fam) == [(0, 1), (0, 2), (1, 3), (2, 3), (4, 5), (4, 6), (5, 7), (6, 7)]
+    assert groups_per_rank(fam, 8).tolist() == [2] * 8
 
 
 def test_partial_last_node_and_unused_gpus():

@@ -1,5 +1,5 @@
 """Per-batch strategy synthesis: its strategies fit the job and hold the batch, it never makes a plan worse
-than the candidates alone, and it reuses rank lists (process groups) already in use."""
+than the candidates alone, and its pipelines use only process groups of the family made at start-up."""
 
 import numpy as np
 from helpers import tiny_profile
@@ -7,7 +7,7 @@ from helpers import tiny_profile
 from hydraplan.core.cluster import Cluster
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Strategies
-from hydraplan.solve.placement import place_reusing, process_groups
+from hydraplan.solve.placement import family, process_groups
 from hydraplan.solve.proposal import propose
 from hydraplan.solve.synthesis import synthesize
 from hydraplan.store.datasets import load_dataset, sample_iterations
@@ -48,13 +48,16 @@ def test_synthesis_never_makes_the_plan_worse():
     assert made > 0  # the case is built so that a mixed strategy beats both homogeneous candidates
 
 
-def test_placement_reuses_known_rank_lists():
-    known = [PipelineSpec(tp=2, pp=1, cp=1, ranks=[6, 7]), PipelineSpec(tp=2, pp=1, cp=1, ranks=[4, 5])]
-    specs = [PipelineSpec(tp=2, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1), PipelineSpec(tp=1, pp=1, cp=1)]
-    placed = place_reusing(specs, known, 8, 4)
-    assert placed[0].ranks == [6, 7]  # the first known list of the scheme
-    assert sorted(r for p in placed for r in p.ranks) == sorted(set(r for p in placed for r in p.ranks))
-    assert process_groups(placed) <= process_groups(known)  # no new group
+def test_synthesized_strategies_stay_on_the_family():
+    rng = np.random.default_rng(3)
+    planner = Planner(tiny_profile(), _strategies(), 8, synthesize=True)
+    groups = family(planner.scheme_keys, 8)
+    made = 0
+    for it in range(4):
+        plan = planner.solve(np.concatenate([rng.integers(16, 1800, 50), rng.integers(2000, 4000, 2)]), it).plan
+        made += bool(plan.synthesized)
+        assert process_groups(plan.pipelines) <= set(groups)
+    assert made > 0
 
 
 def test_synthesis_by_default_with_either_objective():

@@ -82,7 +82,7 @@ def pack(
     gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
     tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
     iterations: int = typer.Option(..., "--iterations", help="iterations to plan"),
-    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json, strategies.json, summary.json"),
+    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json (or .parquet), strategies.json, summary.json"),
     strategies: Path | None = typer.Option(
         None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
         "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
@@ -115,6 +115,8 @@ def pack(
                                    "(sequences moved and swapped off the slowest pipeline)"),
     bound: bool = typer.Option(False, "--bound", help="also compute every batch's any-strategy lower bound: "
                                "summary.json records bound_s and plan / bound (seconds of MILP per iteration)"),
+    plan_format: str = typer.Option("json", "--format", help="plan files: json (readable) or compact (Parquet, "
+                                    "iter_NNNNNN.parquet: a tenth of the bytes at thousands of GPUs; docs/formats.md)"),
 ) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
@@ -131,7 +133,8 @@ def pack(
                    iterations=iterations, out=out, strategies=None if strategies is None else str(strategies),
                    context_len=context_len, seed=seed, workers=workers, dispatch=dispatch, resume=resume,
                    seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
-                   static=not no_static, synthesize=synthesize, cad=cad, refine=not no_refine, bound=bound)
+                   static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
+                   refine=not no_refine, bound=bound)
     progress = PackBar(out)
     cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
     with progress.bar, cliopts.Heartbeat(progress.line):
@@ -173,6 +176,12 @@ class PackBar:
         return f"pack: {self.done}/{self.total} iterations planned into {self.out}"
 
 
+def _groups(summary: Summary) -> str:
+    outside = f", {summary.groups_outside_family} outside them" if summary.groups_outside_family else ""
+    return (f"{summary.new_process_groups} process groups used of the {summary.startup_process_groups} made at start-up "
+            f"({summary.process_groups_per_rank} per rank at most){outside}")
+
+
 def print_pack_summary(summary: Summary, out: Path) -> None:
     its = summary.iterations
     order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
@@ -181,7 +190,7 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
     e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
     console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
                   f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
-                  f"{summary.new_process_groups} process groups", soft_wrap=True)
+                  f"{_groups(summary)}", soft_wrap=True)
     if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
             and summary.mean_iteration_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "

@@ -1,7 +1,8 @@
 """`hydraplan pack`: plan a run's iterations into a run folder (store/run.py), resumable at any point.
 
-Batches are sampled in the parent, solved in a process pool and written in iteration order, so the output
-depends only on the config and its seed, never on the worker count or on timing.
+The run (methods/run.py: strategies, static baseline, Planner, batches) is what a job planning while it
+trains uses too. Batches are sampled in the parent, solved in a process pool and written in iteration
+order, so the output depends only on the config and its seed, never on the worker count or on timing.
 """
 
 from __future__ import annotations
@@ -10,29 +11,25 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import closing
-from itertools import islice
 from typing import Protocol
 
 import numpy as np
 
 from hydraplan.app.config import PackConfig
 from hydraplan.core.batch import Batch
-from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Plan, Strategies, Summary
+from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Summary
 from hydraplan.engine.groups import GroupLedger
 from hydraplan.engine.planner import Planner
-from hydraplan.engine.strategies import resolve_strategies, strategies_digest, warn_placement, with_static_candidate
-from hydraplan.methods.static import StaticBaseline, static_baseline
-from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay
-from hydraplan.solve.proposal import propose
-from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
-from hydraplan.store.fileio import atomic_write_text, load_model, model_json, write_model
+from hydraplan.engine.pool import freeze_heap
+from hydraplan.engine.strategies import strategies_digest
+from hydraplan.methods.run import PlanRun
+from hydraplan.methods.static import StaticBaseline
+from hydraplan.store.fileio import load_model, model_json, write_model
+from hydraplan.store.planfile import read_plan, write_plan
 from hydraplan.store.profiles import load_profile
 from hydraplan.store.run import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
 from hydraplan.store.runlock import locked_folder
-
-SAMPLE_CHUNK = 64  # iterations sampled at once: bounds parent memory on long runs
 
 
 class PackProgress(Protocol):
@@ -49,22 +46,15 @@ def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summar
 
 def _run_pack_locked(config: PackConfig, progress: PackProgress | None) -> Summary:
     profile = load_profile(config.profile)
-    cluster = Cluster.of(profile, config.gpus, config.objective)
     args = config.args(hashlib.sha256(model_json(profile).encode()).hexdigest())
     resumed = _resume_state(config, args)
-    dataset = load_dataset(config.dataset, config.context_len)
-    context_len = config.context_len or int(dataset.lengths.max())
-    strategies = _load_strategies(config, cluster, dataset, resumed)  # a bad --strategies fails before the baseline runs
-    warn_placement(strategies, cluster, context_len)
-    baseline = static_baseline(cluster, dataset, context_len, config.tokens_per_iter, config.iterations, config.seed)
-    if baseline is not None and config.static:
-        strategies = with_static_candidate(strategies, baseline.scheme, cluster, config.context_len)
-    digest = strategies_digest(strategies)
+    # a resumed run plans with its own strategies.json; a bad --strategies fails before the baseline runs
+    run = PlanRun.prepare(config, profile, config.out / STRATEGIES_FILE if resumed is not None else None)
+    planner, dataset = run.planner, run.dataset
+    digest = strategies_digest(planner.strategies)
     if resumed is not None and resumed.strategies_sha256 != digest:
         raise UserError(f"{config.out / STRATEGIES_FILE}: the candidates changed since the run started; "
                         "--resume needs the same strategies")
-    planner = Planner.for_cluster(cluster, strategies, config.settings(), config.context_len, resolved=True)
-
     done = resumed.iterations if resumed is not None else []
     summary = Summary(
         profile=profile.name, gpus=config.gpus, dataset=dataset.name, tokens_per_iter=config.tokens_per_iter,
@@ -72,17 +62,15 @@ def _run_pack_locked(config: PackConfig, progress: PackProgress | None) -> Summa
         iterations_requested=config.iterations, context_len=config.context_len, objective=config.objective,
         empty_documents=dataset.empty,
     )
-    rule = None
-    if config.outlier_delay:
-        rule = hydraplan_rule(dataset.lengths, config.tokens_per_iter)
-        summary.outlier_delay = OutlierDelay(threshold=rule.thresholds[0], release_tokens=rule.tokens,
-                                             max_wait=rule.max_wait)
-    summary.baseline = baseline.label if baseline is not None else None
+    if run.rule is not None:
+        summary.outlier_delay = OutlierDelay(threshold=run.rule.thresholds[0], release_tokens=run.rule.tokens,
+                                             max_wait=run.rule.max_wait)
+    summary.baseline = run.baseline.label if run.baseline is not None else None
     remove_plans_from(config.out, len(done))
     write_model(config.out / STRATEGIES_FILE, planner.strategies)
     if progress is not None:
         progress.start(len(done), config.iterations)
-    _plan_all(config, planner, _batches(dataset, config, len(done), rule), summary, baseline, progress)
+    _plan_all(config, planner, run.batches(len(done)), summary, run.baseline, progress)
     return summary
 
 
@@ -90,23 +78,25 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
               baseline: StaticBaseline | None, progress: PackProgress | None) -> None:
     """Plan the batches in order, writing each plan and (now and then) the summary; the summary is written
     last whatever stops the run, so it records every plan written."""
-    groups = GroupLedger(planner.strategies, config.gpus, planner.cluster.gpus_per_node)
-    for it in summary.iterations:  # a resumed run: the groups and placements its plans already use
-        summary.synthesized_iterations += groups.record(load_model(Plan, plan_path(config.out, it.iteration)), place=False)
-    summary.new_process_groups = groups.created
+    groups = GroupLedger(planner.scheme_keys, config.gpus)
+    summary.startup_process_groups, summary.process_groups_per_rank = len(groups.family), groups.per_rank
+    for it in summary.iterations:  # a resumed run: the groups its plans already use
+        summary.synthesized_iterations += groups.record(read_plan(plan_path(config.out, it.iteration, config.format)))
+    summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
     writer = SummaryWriter(config.out, summary)
     workers = config.workers or os.cpu_count() or 1
+    freeze_heap()
     try:
         with closing(planner.plan_stream(batches, workers=workers)) as stream:
             for result in stream:
-                summary.synthesized_iterations += groups.record(result.plan)  # reuses ranks already in use
-                summary.new_process_groups = groups.created
+                summary.synthesized_iterations += groups.record(result.plan)
+                summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
                 if baseline is not None:
                     lengths = np.array([s.length for s in result.plan.batch], dtype=np.int64)
                     prop, e2e = baseline.estimates_s(lengths)
                     result.summary.baselines_s["megatron"] = prop
                     result.summary.baselines_iteration_s["megatron"] = e2e
-                atomic_write_text(plan_path(config.out, result.plan.iteration), model_json(result.plan) + "\n")
+                write_plan(plan_path(config.out, result.plan.iteration, config.format), result.plan)
                 summary.iterations.append(result.summary)
                 writer.maybe_write()
                 if progress is not None:
@@ -136,35 +126,6 @@ def _resume_state(config: PackConfig, args: PackArgs) -> Summary | None:
     for i, it in enumerate(summary.iterations):
         if it.iteration != i:
             raise UserError(f"{path}: field iterations.{i}.iteration: expected {i} (got {it.iteration})")
-        if not plan_path(config.out, i).exists():
-            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(config.out, i)} is missing")
+        if not plan_path(config.out, i, config.format).exists():
+            raise UserError(f"{path}: iteration {i} is recorded but {plan_path(config.out, i, config.format)} is missing")
     return summary
-
-
-def _load_strategies(config: PackConfig, cluster: Cluster, dataset: Dataset, resumed: Summary | None) -> Strategies:
-    """--strategies, or a resumed run's strategies.json, resolved; else the proposal's candidates."""
-    source = config.strategies_path or (config.out / STRATEGIES_FILE if resumed is not None else None)
-    if source is not None:
-        return resolve_strategies(load_model(Strategies, source), cluster, context_len=config.context_len,
-                                  source=str(source))
-    context_len = config.context_len or int(dataset.lengths.max())
-    longest = max(s.max_len for s in cluster.schemes)
-    if config.context_len is None and context_len > longest:
-        raise UserError(f"dataset {config.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
-                        f"MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest}); pass --context-len")
-    return propose(cluster, dataset, context_len, tokens_per_iter=config.tokens_per_iter)
-
-
-def _sampled(dataset: Dataset, config: PackConfig, start: int) -> Iterator[Batch]:
-    for first in range(start, config.iterations, SAMPLE_CHUNK):
-        n = min(SAMPLE_CHUNK, config.iterations - first)
-        yield from sample_iterations(dataset, config.tokens_per_iter, n, config.seed, start=first)
-
-
-def _batches(dataset: Dataset, config: PackConfig, start: int, rule: DelayRule | None) -> Iterator[Batch]:
-    """The batches of iterations [start, iterations). Under an outlier delay rule the queue is a function of
-    the whole stream, so it is replayed from iteration 0 (sampling is cheap): a resumed run plans exactly
-    what an uninterrupted one would."""
-    if rule is None:
-        return _sampled(dataset, config, start)
-    return islice(outlier_delay(_sampled(dataset, config, 0), rule, config.iterations), start, None)

@@ -23,6 +23,7 @@ from hydraplan.core.sync import has_sync_model
 from hydraplan.engine.strategies import short_candidates
 from hydraplan.solve.placement import check_ranks, split_groups
 from hydraplan.store.fileio import load_model
+from hydraplan.store.planfile import read_plan
 from hydraplan.store.run import PLAN_FILE, STRATEGIES_FILE, SUMMARY_FILE, plan_files
 
 REL_TOL = 1e-6
@@ -278,13 +279,14 @@ def check_summary(summary: Summary, plans: dict[int, Plan], file: str) -> list[V
 
 
 def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None = None) -> ValidationReport:
-    """Validate one plan file, or a run folder (its plans, and summary.json/strategies.json if present)."""
+    """Validate one plan file, or a run folder (its plans in either form, and summary.json/strategies.json if
+    present)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file or folder")
     files = plan_files(path) if path.is_dir() else [path]
     if not files:
-        raise UserError(f"{path}: no iter_NNNNNN.json plan files in this folder")
+        raise UserError(f"{path}: no iter_NNNNNN.json (or .parquet) plan files in this folder")
     report = ValidationReport()
     views = Views(profile)
     strategies = None
@@ -292,7 +294,7 @@ def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None 
         strategies = load_model(Strategies, path / STRATEGIES_FILE)
     plans: dict[int, Plan] = {}
     for f in files:
-        plan = load_model(Plan, f)
+        plan = read_plan(f)
         name = str(f)
         report.plans += 1
         report.pipelines += len(plan.pipelines)

@@ -318,6 +318,8 @@ class PackArgs(_Model):
     synthesize: bool = Field(True, description="strategies made for each batch compete with the candidates "
                              "(--synthesize, the default; --candidates-only: they do not)")
     cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
+    format: Literal["json", "compact"] = Field("json", description="--format: plan files as JSON (iter_NNNNNN.json) or "
+                                               "compact (iter_NNNNNN.parquet)")
     refine: bool = Field(True, description="the local search after dispatch and packing ran (--no-refine: it did not)")
 
 
@@ -367,8 +369,12 @@ class Summary(_Model):
     mean_iteration_s: float | None = Field(None, description="mean end-to-end estimate per iteration")
     mean_baseline_iteration_s: float | None = Field(None, description="the static baseline's, end to end")
     synthesized_iterations: int = Field(0, description="iterations whose plan uses a strategy made for the batch")
-    new_process_groups: int = Field(0, description="TP and CP process groups the run's plans create, in iteration "
-                                    "order (runtime/groups.py creates each once; new ones cost an NCCL init)")
+    new_process_groups: int = Field(0, description="distinct TP and CP process groups the run's plans use")
+    startup_process_groups: int = Field(0, description="the TP and CP groups of the family the runtime creates once at "
+                                        "start-up (placement's aligned blocks for every scheme the run can use)")
+    process_groups_per_rank: int = Field(0, description="the most of those one rank belongs to")
+    groups_outside_family: int = Field(0, description="groups the plans use that the family lacks (pipelines on "
+                                       "hand-written ranks): the runtime creates them when first needed")
     empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
     mean_plan_over_bound: float | None = Field(None, description="--bound: mean over iterations of the plan's score "
                                                "in the objective / bound_s")

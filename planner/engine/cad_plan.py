@@ -7,6 +7,7 @@ from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.engine.plans import batch_seqs
 from hydraplan.solve.cad import CADResult
+from hydraplan.solve.placement import replica_ranks
 
 CAD_CANDIDATE = "cad"
 
@@ -19,7 +20,7 @@ def cad_plan(batch: Batch, result: CADResult, cluster: Cluster) -> Plan:
     pipes = []
     for j in range(sec.replicas):
         mbs = [MicroBatch(seqs=list(dict.fromkeys(pc.seq for pc in step.pieces if pc.rank == j))) for step in sec.steps]
-        pipes.append(PlanPipeline(tp=sec.tp, pp=sec.pp, cp=sec.cp, ranks=list(range(j * g, (j + 1) * g)),
+        pipes.append(PlanPipeline(tp=sec.tp, pp=sec.pp, cp=sec.cp, ranks=replica_ranks(g, j),
                                   micro_batches=mbs, estimate_s=result.estimate_s))
     it = cluster.estimate([p.key for p in pipes], [result.estimate_s] * len(pipes))
     est = Estimate(propagation_s=result.estimate_s, sync_s=it.sync_s, iteration_s=it.iteration_s)

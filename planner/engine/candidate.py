@@ -107,9 +107,11 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray, longest_first:
         return float("inf")
     alone_s = pp * ((a * top + b) * top + c)
     alone = float(np.where(fits, alone_s if t_uniq is None else end_to_end_s(t_uniq, alone_s), np.inf).min())
-    l = lengths.astype(np.float64)[:, None]
+    last = np.flatnonzero(np.r_[ls[1:] != ls[:-1], True])  # each distinct length once, with its count (25K
+    u, count = ls[last], np.diff(last, prepend=-1)  # sequences hold ~4K lengths at 8192 GPUs)
+    l = u.astype(np.float64)[:, None]
     w = (a * l + b) * l
-    mean_work = np.where(lengths[:, None] <= ml, w, np.inf).min(axis=1).sum() / len(cand.schemes)
+    mean_work = (np.where(u[:, None] <= ml, w, np.inf).min(axis=1) * count).sum() / len(cand.schemes)
     if t_uniq is not None:
         mean_work = end_to_end_s(float(t_uniq.min()), mean_work)
     crowded = max(pigeonhole_bound(ls, uniq, counts, t_uniq), top_sequences_bound(ls, uniq, counts, t_uniq))

@@ -124,6 +124,17 @@ class Planner:
         self.synthesize = wanted and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
 
     @property
+    def scheme_keys(self) -> set[tuple[int, int, int]]:
+        """The schemes its plans can use: the candidates', and the cluster's when strategies are made per batch
+        (or its cp = 1 schemes, CAD's)."""
+        keys = {p.key for c in self.strategies.candidates for p in c.pipelines}
+        if self.synthesize:
+            keys |= {s.key for s in self.cluster.schemes}
+        if self.settings.cad:
+            keys |= {s.key for s in self.cluster.schemes if s.cp == 1}
+        return keys
+
+    @property
     def max_len(self) -> int:
         """Longest sequence some candidate can hold."""
         return max(c.max_len for c in self.candidates)

@@ -2,8 +2,8 @@
 
 LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate list
 only saves solver time. The strategies are shaped and scored in the cluster's objective (end to end: each
-scheme's transfer enters the MILP) and placed on rank lists the candidates already use where they can, since
-every new TP or CP group is a process-group creation on NCCL.
+scheme's transfer enters the MILP) and placed like the candidates, stages on aligned blocks, so their TP and
+CP groups are among those the runtime created at start-up.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.engine.candidate import ResolvedCandidate
-from hydraplan.solve.placement import place_reusing
+from hydraplan.solve.placement import place_ranks
 from hydraplan.solve.synthesis import NAME, specs_of, synthesize
 
 
@@ -26,10 +26,9 @@ def strategies(cluster: Cluster, candidates: Sequence[ResolvedCandidate], length
     transfer = cluster.charged_for(schemes)
     index = {s.key: k for k, s in enumerate(schemes)}
     prefer = sorted({index[s.key] for c in candidates for s in c.schemes if s.key in index})
-    known = [p for c in candidates for p in c.specs]
     out = []
     for j, counts in enumerate(synthesize(lengths, schemes, cluster.gpus, upper=best_s, transfer=transfer, prefer=prefer)):
-        specs = place_reusing(specs_of(counts, schemes), known, cluster.gpus, cluster.gpus_per_node)
+        specs = place_ranks(specs_of(counts, schemes), cluster.gpus, cluster.gpus_per_node)
         out.append(ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
                                      tuple(float(transfer[index[p.key]]) for p in specs), synthesized=True))
     return out

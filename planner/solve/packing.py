@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from hydraplan.core.schema import Scheme
 from hydraplan.solve.dispatch import Infeasible
@@ -139,6 +138,8 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
     """Eq. (1) for one V. Items sorted longest first may only use bins 0..i (symmetry breaking).
     Returns (bins or None, status, deterministic time); status is optimal (proven, no gap used) |
     feasible | infeasible | unknown."""
+    from ortools.sat.python import cp_model  # loads in half a second; most pipelines never need it
+
     U = len(l)
     ref = float(w.sum()) if hint is None else _max_load(hint, w, V)
     scale = _SCALE / max(ref, 1e-30)

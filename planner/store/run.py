@@ -1,5 +1,6 @@
-"""The run folder of `hydraplan pack`: one plan file per iteration, summary.json, strategies.json. The one
-place their names are defined; `validate`, the runtime and the loader read run folders through it."""
+"""The run folder of `hydraplan pack`: one plan file per iteration (JSON, or compact: store/planfile.py),
+summary.json, strategies.json. The one place their names are defined; `validate`, the runtime and the
+loader read run folders through it."""
 
 from __future__ import annotations
 
@@ -11,24 +12,26 @@ import numpy as np
 
 from hydraplan.core.schema import Summary
 from hydraplan.store.fileio import write_model
+from hydraplan.store.planfile import SUFFIX
 
-PLAN_FILE = re.compile(r"^iter_(\d+)\.json$")
+PLAN_FILE = re.compile(r"^iter_(\d+)\.(json|parquet)$")  # store/planfile.py: JSON or compact
 SUMMARY_FILE = "summary.json"
 STRATEGIES_FILE = "strategies.json"
 
 
-def plan_path(out: Path, iteration: int) -> Path:
-    return out / f"iter_{iteration:06d}.json"
+def plan_path(out: Path, iteration: int, fmt: str = "json") -> Path:
+    """Iteration's plan file in `fmt` (json | compact)."""
+    return out / f"iter_{iteration:06d}{SUFFIX[fmt]}"
 
 
 def plan_files(folder: Path) -> list[Path]:
-    """The folder's plan files in iteration order."""
+    """The folder's plan files (either form) in iteration order."""
     return sorted((p for p in folder.iterdir() if PLAN_FILE.match(p.name)), key=lambda p: int(PLAN_FILE.match(p.name)[1]))
 
 
 def remove_plans_from(out: Path, first: int) -> None:
-    """Drop plan files a new or resumed run will (re)write, so the folder never mixes two runs."""
-    for p in out.glob("iter_*.json"):
+    """Drop plan files (either form) a new or resumed run will (re)write, so the folder never mixes two runs."""
+    for p in out.glob("iter_*.*"):
         m = PLAN_FILE.match(p.name)
         if m and int(m.group(1)) >= first:
             p.unlink()

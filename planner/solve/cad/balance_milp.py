@@ -11,8 +11,11 @@ import numpy as np
 from hydraplan.solve.cad.step import StepProblem, step_time
 from hydraplan.solve.highs import run_mip
 
-MILP_MAX_VARS = 4000  # task x rank binaries up to which the exact refinement runs
-MILP_TIME_S = 1.0
+# The refinement is limited by work, never by a clock, so plans do not depend on the machine's speed or load:
+# it runs on steps of up to MILP_MAX_VARS variables (2 x tasks x ranks; larger ones spend seconds on the root
+# node alone) and stops after MILP_MAX_NODES branch-and-bound nodes.
+MILP_MAX_VARS = 512
+MILP_MAX_NODES = 200
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,11 @@ def _tasks_by_document(p: StepProblem) -> dict[int, list[int]]:
     return docs
 
 
-def _model(col: _Columns, time_limit_s: float) -> highspy.Highs:
+def _model(col: _Columns, max_nodes: int) -> highspy.Highs:
     """Binary x, 0 <= w <= 1, z >= 0 minimized."""
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("threads", 1)
     nv, nx = col.nv, col.nx
@@ -139,7 +142,7 @@ def _warm_start(h: highspy.Highs, col: _Columns, docs: dict[int, list[int]], sta
     h.setSolution(warm)
 
 
-def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: float = MILP_TIME_S
+def milp(p: StepProblem, budget_s: float, start: Sequence[int], max_nodes: int = MILP_MAX_NODES
          ) -> tuple[list[int], bool] | None:
     """Exact re-assignment of the fixed tasks (HiGHS MILP), None if too large. Returns (ranks, proven optimal).
 
@@ -156,13 +159,13 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], time_limit_s: fl
     cap = max(budget_s, float(start_comm.max()))
     start_time = step_time(start_comp, start_comm)
     scale = 1.0 / max(start_time, 1e-30)  # seconds -> O(1)
-    h = _model(col, time_limit_s)
+    h = _model(col, max_nodes)
     _assignment_rows(h, col, docs)
     _rank_rows(h, p, col, _comm_coefficients(p, col, docs, scale), cap, scale)
     _warm_start(h, col, docs, start, start_time, scale)
     run_mip(h)
     status = h.getModelStatus()
-    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kSolutionLimit):
         return None
     vals = np.asarray(h.getSolution().col_value)
     if vals.size != col.nv:

@@ -26,7 +26,7 @@ def solve_step(p: StepProblem, budget_s: float, exact: bool = True) -> tuple[lis
         if out is not None:
             ranks, optimal = out
             if step_time(*p.loads(ranks)) < step_time(*p.loads(rank)) * (1 - 1e-9):
-                rank, solver = ranks, "greedy+milp" + ("" if optimal else "/time-limit")
+                rank, solver = ranks, "greedy+milp" + ("" if optimal else "/node-limit")
             elif optimal:
                 solver = "greedy+milp"
     return rank, solver

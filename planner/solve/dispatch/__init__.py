@@ -31,7 +31,6 @@ from hydraplan.solve.dispatch.bounds import (
     trivial_bound,
 )
 from hydraplan.solve.dispatch.greedy import greedy_best
-from hydraplan.solve.dispatch.ilp import ilp
 from hydraplan.solve.dispatch.pipes import Costs, Pipes, cost_sorted
 
 __all__ = ["DispatchResult", "Infeasible", "dispatch", "lower_bound", "pigeonhole_bound", "scheme_arrays",
@@ -103,6 +102,8 @@ def _solve(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: int,
     optimal = cost <= bound * (1 + 1e-12)
     solver = "greedy"
     if method == "ilp" and not optimal:
+        from hydraplan.solve.dispatch.ilp import ilp  # CP-SAT (OR-Tools) loads in half a second: only when asked
+
         sol, proven = ilp(lengths, W, J, P, assign, cost, time_limit_s, seed)
         ilp_cost = cost_sorted(lengths, W, P, sol) if sol is not None else np.inf
         if ilp_cost < cost * (1 - 1e-12):

@@ -3,8 +3,7 @@ maximum objective; LPT first, then randomized-LPT trials all at once, the best f
 
 from __future__ import annotations
 
-import heapq
-
+import numba
 import numpy as np
 
 from hydraplan.core.sync import busy_float_s, busy_s
@@ -64,55 +63,114 @@ def greedy_one(lengths: np.ndarray, Wg: np.ndarray, P: Pipes, order: np.ndarray)
     new_j as `greedy_trials`, found with a heap per group of identical pipelines keyed by current load O_j
     (new_j >= O_j + w, so popping stops as soon as O_j + w cannot beat the best) and one pool of empty
     pipelines per group (identical, so only the lowest index is a candidate). Used for the LPT trial,
-    which at 1024 GPUs (~900 pipelines, 4 distinct schemes) is the only one run."""
+    which at a thousand GPUs and more is the only one run; compiled (numba), since it is a loop over every
+    sequence that no array operation replaces."""
     G = len(P.rep)
     r = P.rep
-    gc, gp, gm, gt = P.c[r].tolist(), P.ppm1[r].tolist(), P.max_len[r].tolist(), P.t[r].tolist()
-    empty = [sorted(np.flatnonzero(P.gid == g).tolist(), reverse=True) for g in range(G)]  # pop() = lowest
-    heaps: list[list[tuple[float, int]]] = [[] for _ in range(G)]
-    D = len(P.gid)
-    C, L, Mx = [0.0] * D, [0] * D, [0.0] * D
-    out = np.empty(len(lengths), dtype=np.int64)
-    by_len = sorted(range(G), key=lambda g: -gm[g])
-    wrows = Wg.tolist()
-    for i in order.tolist():
-        l = int(lengths[i])
-        wr = wrows[i]
+    members = np.argsort(P.gid, kind="stable")  # each group's pipelines, ascending, group after group
+    starts = np.searchsorted(P.gid[members], np.arange(G + 1))
+    by_len = np.argsort(-P.max_len[r], kind="stable")
+    return _greedy_heaps(np.ascontiguousarray(lengths, dtype=np.int64), np.ascontiguousarray(Wg, dtype=np.float64),
+                         np.ascontiguousarray(order, dtype=np.int64), members.astype(np.int64), starts.astype(np.int64),
+                         by_len.astype(np.int64), P.c[r].astype(np.float64), P.ppm1[r].astype(np.float64),
+                         P.max_len[r].astype(np.int64), P.t[r].astype(np.float64))
+
+
+_busy = numba.njit(cache=True)(busy_float_s)
+
+
+@numba.njit(cache=True)
+def _before(k1: float, j1: int, k2: float, j2: int) -> bool:
+    """(k1, j1) < (k2, j2), as Python compares the tuples."""
+    return k1 < k2 or (k1 == k2 and j1 < j2)
+
+
+@numba.njit(cache=True)
+def _sift_up(hk: np.ndarray, hj: np.ndarray, base: int, i: int) -> None:
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _before(hk[base + i], hj[base + i], hk[base + p], hj[base + p]):
+            return
+        hk[base + i], hk[base + p] = hk[base + p], hk[base + i]
+        hj[base + i], hj[base + p] = hj[base + p], hj[base + i]
+        i = p
+
+
+@numba.njit(cache=True)
+def _sift_down(hk: np.ndarray, hj: np.ndarray, base: int, size: int) -> None:
+    i = 0
+    while True:
+        small, a, b = i, 2 * i + 1, 2 * i + 2
+        if a < size and _before(hk[base + a], hj[base + a], hk[base + small], hj[base + small]):
+            small = a
+        if b < size and _before(hk[base + b], hj[base + b], hk[base + small], hj[base + small]):
+            small = b
+        if small == i:
+            return
+        hk[base + i], hk[base + small] = hk[base + small], hk[base + i]
+        hj[base + i], hj[base + small] = hj[base + small], hj[base + i]
+        i = small
+
+
+_I, _F = "int64[::1]", "float64[::1]"
+
+
+@numba.njit(f"{_I}({_I}, float64[:, ::1], {_I}, {_I}, {_I}, {_I}, {_F}, {_F}, {_I}, {_F})", cache=True)  # loaded at import
+def _greedy_heaps(lengths: np.ndarray, W: np.ndarray, order: np.ndarray, members: np.ndarray, starts: np.ndarray,
+                  by_len: np.ndarray, gc: np.ndarray, gp: np.ndarray, gm: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """greedy_one's loop. Group g owns slots starts[g]:starts[g+1] of the heap arrays (keys hk: load, ties by
+    pipeline hj) and of `members`, its pipelines in ascending order, of which the first `used[g]` have work."""
+    D, G = members.size, gc.size
+    hk, hj = np.zeros(D), np.zeros(D, dtype=np.int64)
+    size, used = np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64)
+    C, L, Mx = np.zeros(D), np.zeros(D, dtype=np.int64), np.zeros(D)
+    pg, po, pj = np.zeros(D, dtype=np.int64), np.zeros(D), np.zeros(D, dtype=np.int64)  # popped this step
+    out = np.empty(lengths.size, dtype=np.int64)
+    for i in order:
+        l = lengths[i]
         best_obj, best_new, best_j, best_g, best_empty = np.inf, np.inf, D, -1, False
-        popped: list[tuple[int, float, int]] = []
+        npop = 0
         for g in by_len:
             if gm[g] < l:
                 break
-            w = wr[g]
-            t = gt[g]
-            if empty[g]:
-                j = empty[g][-1]
+            w, t, base = W[i, g], gt[g], starts[g]
+            if used[g] < starts[g + 1] - base:
+                j = members[base + used[g]]
                 new = w + gc[g] * -(-l // gm[g]) + gp[g] * (w + gc[g])
-                obj = busy_float_s(t, new) if t else new
-                if (obj, j) < (best_obj, best_j):
+                obj = _busy(t, new) if t else new
+                if _before(obj, j, best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, True
-            h = heaps[g]
-            while h:  # h_g(O_j + w) lower-bounds the objective of adding i to pipeline j
-                least = h[0][0] + w
-                least = busy_float_s(t, least) if t else least
-                if not (least < best_obj or (least == best_obj and h[0][1] < best_j)):
+            while size[g] > 0:  # h_g(O_j + w) lower-bounds the objective of adding i to pipeline j
+                least = hk[base] + w
+                least = _busy(t, least) if t else least
+                if not _before(least, hj[base], best_obj, best_j):
                     break
-                o, j = heapq.heappop(h)
-                popped.append((g, o, j))
+                o, j = hk[base], hj[base]
+                size[g] -= 1
+                hk[base], hj[base] = hk[base + size[g]], hj[base + size[g]]
+                _sift_down(hk, hj, base, size[g])
+                pg[npop], po[npop], pj[npop] = g, o, j
+                npop += 1
                 new = C[j] + w + gc[g] * -(-(L[j] + l) // gm[g]) + gp[g] * (max(Mx[j], w) + gc[g])
-                obj = busy_float_s(t, new) if t else new
-                if (obj, j) < (best_obj, best_j):
+                obj = _busy(t, new) if t else new
+                if _before(obj, j, best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, False
-        for g, o, j in popped:
-            if j != best_j:
-                heapq.heappush(heaps[g], (o, j))
+        for k in range(npop):
+            if pj[k] != best_j:
+                g = pg[k]
+                hk[starts[g] + size[g]], hj[starts[g] + size[g]] = po[k], pj[k]
+                _sift_up(hk, hj, starts[g], size[g])
+                size[g] += 1
         if best_empty:
-            empty[best_g].pop()
-        w = wr[best_g]
+            used[best_g] += 1
+        w = W[i, best_g]
         C[best_j] += w
         L[best_j] += l
         Mx[best_j] = max(Mx[best_j], w)
-        heapq.heappush(heaps[best_g], (best_new, best_j))
+        base = starts[best_g]
+        hk[base + size[best_g]], hj[base + size[best_g]] = best_new, best_j
+        _sift_up(hk, hj, base, size[best_g])
+        size[best_g] += 1
         out[i] = best_j
     return out
 

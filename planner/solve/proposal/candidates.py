@@ -140,9 +140,8 @@ def _most_useful(entries: Iterable[_Entry], cells: CellCosts, max_candidates: in
 
 def _candidate(n: int, e: _Entry, cells: CellCosts, gpus: int, gpus_per_node: int) -> Candidate:
     """Candidate S{n}: its pipelines widest first, ranks placed."""
-    specs = [PipelineSpec(tp=s.tp, pp=s.pp, cp=s.cp) for k, d in
-             sorted(e.counts, key=lambda kd: (-cells.schemes[kd[0]].gpus, cells.schemes[kd[0]].key))
-             for s in [cells.schemes[k]] * d]
+    specs = [spec for k, d in sorted(e.counts, key=lambda kd: (-cells.schemes[kd[0]].gpus, cells.schemes[kd[0]].key))
+             for spec in [PipelineSpec(tp=cells.schemes[k].tp, pp=cells.schemes[k].pp, cp=cells.schemes[k].cp)] * d]
     return Candidate(
         name=f"S{n}", pipelines=place_ranks(specs, gpus, gpus_per_node),
         max_len=max(cells.schemes[k].max_len for k, _ in e.counts),

@@ -1,0 +1,167 @@
+"""Planning while training (runtime/online.py): the job trains exactly pack's plans, whatever its number of
+nodes or planner processes, resumes planning where it stopped, and makes every process group up front."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+from hydraplan.app.config import PackConfig
+from hydraplan.app.pack import run_pack
+from hydraplan.loader import read_plans
+from hydraplan.methods.run import PlanRun
+from hydraplan.runtime.groups import plan_groups
+from hydraplan.runtime.online import check_replay_args, run_config, startup_groups
+from hydraplan.runtime.run_plan import parse_args
+from hydraplan.store.profiles import load_profile
+
+SCRIPT = Path(__file__).resolve().parents[1] / "runtime" / "run_plan.py"
+TINY = ["--profile", "cpu-tiny", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "1536", "--context-len", "768"]
+
+
+def _pack(tmp: Path, args: list[str], iterations: int) -> list:
+    """pack's plans for the same arguments (parsed as run_plan parses them) on 4 GPUs."""
+    config = run_config(parse_args([*args, "--iterations", str(iterations)]), 4)
+    run_pack(PackConfig(**config.model_dump(exclude={"profile_sha256"}), out=tmp / "pack", workers=1))
+    return list(read_plans(tmp / "pack"))
+
+
+def _torchrun(args: list[str], nproc: int = 4, nodes: int = 1) -> list[subprocess.CompletedProcess]:
+    """run_plan under `nodes` torchrun agents of `nproc / nodes` ranks each (on this machine), all at once."""
+    port, env = free_port(), dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc // nodes)]
+    if nodes > 1:
+        cmd += ["--nnodes", str(nodes), "--master-addr", "127.0.0.1"]
+    procs = [subprocess.Popen([*cmd, *(["--node-rank", str(n)] if nodes > 1 else []), "--master-port", str(port),
+                               str(SCRIPT), *args, "--timeout-s", "60"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in range(nodes)]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"run_plan timed out: {cmd}")
+        out.append(subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr))
+    return out
+
+
+def _waits(stdout: str) -> list[tuple[int, int, float]]:
+    return [(int(i), int(n), float(w)) for i, n, w in
+            re.findall(r"^plan: iteration (\d+) from node (\d+), training waited (\S+)s$", stdout, re.M)]
+
+
+@pytest.mark.slow
+def test_training_while_planning_is_exact_and_trains_packs_plans(tmp_path):
+    """4 ranks, 2 planner processes: every plan pack's (outlier delay, CAD, Seq1F1B, CP sharding asked for),
+    fp64 training equal to one process, the plans saved compact."""
+    args = [*TINY, "--seed", "2", "--outlier-delay", "--cad", "--seq1f1b", "2", "--cp-shard"]
+    want = _pack(tmp_path, args, 4)
+    res, = _torchrun([*args, "--iterations", "4", "--planners-per-node", "2", "--dtype", "fp64", "--verify",
+                      "--save-plans", str(tmp_path / "trained"), "--format", "compact"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert list(read_plans(tmp_path / "trained")) == want
+    assert any(p.cad is not None for p in want)
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+    assert len(diffs) == 4 and max(diffs) <= 1e-9
+    assert [(i, n) for i, n, _ in _waits(res.stdout)] == [(i, 0) for i in range(4)]
+    assert re.search(r"^groups: \d+ process groups made before the first iteration", res.stdout, re.M)
+
+
+@pytest.mark.slow
+def test_two_nodes_share_the_planning_and_train_the_same_plans(tmp_path):
+    """Two torchrun agents (--nnodes 2): iterations alternate between the nodes' planners; a profile with
+    cp > 1 schemes, so CP sharding is planned."""
+    strategies = tmp_path / "cp.json"  # cp = 2 pipelines, so the plans carry CP shards
+    strategies.write_text('{"schema": "hydraplan.strategies/v1", "candidates": [{"name": "cp2", "pipelines": '
+                          '[{"tp": 1, "pp": 1, "cp": 2}, {"tp": 1, "pp": 1, "cp": 2}]}]}')
+    args = ["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "3000",
+            "--context-len", "1024", "--cp-shard", "--outlier-delay", "--strategies", str(strategies),
+            "--candidates-only"]
+    want = _pack(tmp_path, args, 4)
+    assert any(mb.cp_shard for p in want for q in p.pipelines for mb in q.micro_batches)
+    res = _torchrun([*args, "--iterations", "4", "--planners-per-node", "1", "--save-plans", str(tmp_path / "trained")],
+                    nodes=2)
+    assert all(r.returncode == 0 for r in res), "\n".join(r.stdout + r.stderr for r in res)
+    assert list(read_plans(tmp_path / "trained")) == want
+    assert [(i, n) for i, n, _ in _waits(res[0].stdout)] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+
+
+@pytest.mark.slow
+def test_resume_plans_from_where_training_stopped(tmp_path):
+    base = [*TINY, "--seed", "3", "--outlier-delay", "--planners-per-node", "1"]
+    want = _pack(tmp_path, base, 4)
+    args = [*base, "--iterations", "4"]
+    first, = _torchrun([*args, "--stop-at", "2", "--save", str(tmp_path / "ckpt")])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert [i for i, _, _ in _waits(first.stdout)] == [0, 1]
+    changed, = _torchrun([*base, "--iterations", "5", "--resume", str(tmp_path / "ckpt")])
+    assert changed.returncode != 0 and "field iterations: the run was planned with 4, now 5" in changed.stderr
+    rest, = _torchrun([*args, "--resume", str(tmp_path / "ckpt"), "--save-plans", str(tmp_path / "rest")])
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert [i for i, _, _ in _waits(rest.stdout)] == [2, 3]
+    assert list(read_plans(tmp_path / "rest")) == want[2:]
+
+
+def test_missing_planning_options_are_one_line():
+    from hydraplan.core.errors import UserError
+
+    with pytest.raises(UserError, match="give --profile, --dataset, --tokens-per-iter and --iterations"):
+        run_config(parse_args(["--profile", "cpu-tiny"]), 4)
+    with pytest.raises(UserError, match="--planners-per-node must be a positive integer"):
+        run_config(parse_args([*TINY, "--iterations", "2", "--planners-per-node", "0"]), 4)
+    with pytest.raises(UserError, match="--dispatch must be"):
+        run_config(parse_args([*TINY, "--iterations", "2", "--dispatch", "x"]), 4)
+    with pytest.raises(UserError, match="--outlier-delay: planning options apply only without a plan argument"):
+        check_replay_args(parse_args(["plans/example", "--outlier-delay"]))
+
+
+@pytest.mark.parametrize("args,gpus", [
+    ([*TINY, "--cad"], 4),
+    (["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "200000", "--context-len",
+      "32768", "--objective", "propagation", "--synthesize"], 64),
+])
+def test_every_group_of_the_plans_is_made_at_start_up(args, gpus):
+    """The start-up family holds every TP, CP and CAD group the run's plans use (CAD's, and strategies made
+    for a batch), so none is made mid-run."""
+    config = run_config(parse_args([*args, "--iterations", "3"]), gpus)
+    run = PlanRun.prepare(config, load_profile(config.profile))
+    plans = [run.planner.solve(b).plan for b in run.batches()]
+    assert set(plan_groups(plans)) <= set(startup_groups(run))
+    assert any(p.cad is not None or p.synthesized for p in plans)
+
+
+@pytest.mark.slow
+def test_a_plan_the_job_cannot_train_stops_every_rank_with_one_line(tmp_path):
+    """Token ids beyond the model's vocabulary: every rank refuses the first plan and exits 2, none hangs
+    (the planning rank stops the plan feed)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"input_ids": [rng.integers(0, 500, n).tolist() for n in rng.integers(20, 200, 300)]}),
+                   tmp_path / "tokens.parquet")
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--profile", "cpu-tiny", "--dataset", str(tmp_path / "tokens.parquet"),
+             "--tokens-per-iter", "600", "--iterations", "6", "--planners-per-node", "1", "--timeout-s", "60"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("a rank hung instead of exiting")
+        lines = [line for line in err.splitlines() if line.startswith("run_plan:")]
+        assert proc.returncode == 2 and len(lines) == 1 and "vocab" in lines[0], err
