@@ -191,16 +191,31 @@ class Planner:
     def _solver(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float
                 ) -> Callable[[Best | None], tuple[Outcome, CandidateSolution | None]]:
         def solve(best: Best | None) -> tuple[Outcome, CandidateSolution | None]:
-            sol = self._prune_or_solve(rnd, cand, k, bound, best)
-            if sol.pipelines is None:
+            sol, score = self._finished(rnd, cand, k, bound, best, self.settings)
+            if self.settings.dispatch == "ilp" and sol.solve.dispatch_solver.startswith("greedy+"):
+                # the ILP's objective is Eq. (3), not the canonical estimate: its plan is kept only when at least as
+                # good as the greedy dispatch's on the estimate in force
+                greedy = self.settings.model_copy(update={"dispatch": "greedy"})
+                alt, alt_score = self._finished(rnd, cand, k, bound, best, greedy)
+                if alt_score is not None and (score is None or alt_score < score):
+                    sol, score = alt, alt_score
+            if score is None:
                 return Outcome(sol.solve, None), sol
-            score = self._score(cand, sol)
-            if self.settings.refine and not loses_to(best, k, slack=REFINE_MARGIN)(score):
-                sol = refine_solution(cand, rnd.batch.lengths, sol, self.settings, rnd.seed, bound)
-                score = self._score(cand, sol)
             return Outcome(sol.solve, score, lambda: self._candidate_plan(rnd.batch, cand, sol)), sol
 
         return solve
+
+    def _finished(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
+                  settings: PlanSettings) -> tuple[CandidateSolution, float | None]:
+        """Contender k pruned (score None), or dispatched, packed and refined, with its score."""
+        sol = self._prune_or_solve(rnd, cand, k, bound, best, settings)
+        if sol.pipelines is None:
+            return sol, None
+        score = self._score(cand, sol)
+        if settings.refine and not loses_to(best, k, slack=REFINE_MARGIN)(score):
+            sol = refine_solution(cand, rnd.batch.lengths, sol, settings, rnd.seed, bound)
+            score = self._score(cand, sol)
+        return sol, score
 
     def _score(self, cand: ResolvedCandidate, sol: CandidateSolution) -> float:
         """The solution's score in the objective; records its end-to-end estimate in its summary."""
@@ -209,8 +224,8 @@ class Planner:
         sol.solve.iteration_s = est.iteration_s
         return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
 
-    def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float,
-                        best: Best | None) -> CandidateSolution:
+    def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
+                        settings: PlanSettings) -> CandidateSolution:
         """Contender k ruled out by its cheap lower `bound`, then by its LP relaxation, or dispatched and packed
         (abandoned as soon as a partial bound loses)."""
         loses = loses_to(best, k) if self.settings.prune else None
@@ -221,7 +236,7 @@ class Planner:
             return CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bound, relaxed), pruned=True), None)
         if loses is not None and self.settings.refine:  # the bounds of one dispatch: the local search may still win
             loses = loses_to(best, k, slack=REFINE_MARGIN)
-        return solve_candidate(cand, rnd.batch.lengths, self.settings, seed=rnd.seed, loses=loses,
+        return solve_candidate(cand, rnd.batch.lengths, settings, seed=rnd.seed, loses=loses,
                                pack_budget_s=rnd.pack_budget_s)
 
     def _cad(self, b: Batch) -> Outcome:

@@ -25,6 +25,7 @@ from hydraplan.solve.packing import pack
 MAX_STEPS = 200  # kept changes per search
 EXCHANGES = 6  # sequences of the critical pipeline an exchange is tried for per step, with TARGETS receivers each
 TARGETS = 4
+SWAP_TARGETS = 8  # pipelines a swap step prices exactly: those with the best pairs by the work exchange alone
 _TOL = 1e-12
 
 
@@ -231,7 +232,8 @@ class _Search:
 
     def _swap(self, a: int, mine: np.ndarray, top: float) -> bool:
         """i of the critical pipeline takes the place of k in k's micro-batch and k takes i's (tokens permitting),
-        among the pairs whose work exchange alone leaves both below the critical time."""
+        among the pairs whose work exchange alone leaves both below the critical time, on the SWAP_TARGETS
+        pipelines whose best such pair is lowest."""
         st = self.st
         others = np.flatnonzero((st.owner != a) & (st.owner >= 0))
         if others.size == 0:
@@ -245,6 +247,11 @@ class _Search:
         if keep.size == 0:
             return False
         i, k, b = i[keep], k[keep], b[keep]
+        rough = np.maximum(rough_a, rough_b)[keep]
+        ranked = b[np.argsort(rough, kind="stable")]
+        _, first = np.unique(ranked, return_index=True)
+        near = np.isin(b, ranked[np.sort(first)[:SWAP_TARGETS]])  # thousands of GPUs: hundreds of receivers
+        i, k, b = i[near], k[near], b[near]
         new_a = self._swapped(a, i, k)
         new_b = np.full(i.size, np.inf)
         for bb in np.unique(b).tolist():
