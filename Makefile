@@ -5,7 +5,7 @@ HP := $(VENV)/bin/hydraplan
 STAMP := $(VENV)/.installed
 DEMO := plans/demo
 
-.PHONY: setup demo example test bench lint clean
+.PHONY: setup demo example test bench docs lint clean
 
 setup: $(STAMP)
 
@@ -37,11 +37,21 @@ EXAMPLE_ARGS := --profile cpu-tiny --dataset builtin:wikipedia --gpus 4 --tokens
 example: setup
 	$(HP) pack $(EXAMPLE_ARGS) --out plans/example
 
+# tests/test_bench.py runs every bench's smoke configuration (what `python -m bench --smoke` runs) and checks the
+# docs' tables and figures against bench/results.
 test: setup
 	$(PY) -m pytest -q -n 2 --durations=10
 
+# Every benchmark with today's code (bench/results/*.json; what each took: the timings table of
+# docs/architecture.md, `compare` the longest), then the docs' tables and figures rewritten from them.
 bench: setup
 	$(PY) -m bench
+	$(PY) -m bench.docs
+
+# The docs' tables and figures rewritten from bench/results (after running some benches alone:
+# `$(PY) -m bench NAME`); `$(PY) -m bench.docs --check` lists what differs, `--status` how each file was made.
+docs: setup
+	$(PY) -m bench.docs
 
 lint: setup
 	$(PY) -m ruff check planner runtime bench tests examples

@@ -11,27 +11,26 @@ batch), for both objectives: `pack --objective propagation` against the propagat
 configurations of issue 28 against the better plans found there by hand, and the planning speed of `pack`
 (whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the
 figures before (bench/results/scale.json). Bound probes are deterministic (node limits, no clock). Writes
-bench/results/bound.json.
+bench/results/bound.json; `python -m bench bound sweep|long|speed` re-measures one part, keeping the others.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.methods.run import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
 from hydraplan.solve.loose import loose_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 
-RESULTS = Path(__file__).parent / "results" / "bound.json"
 CONTEXT = 32768
 SEED = 3
 TOKENS_PER_GPU = 3125  # 200K tokens at 64 GPUs
@@ -52,6 +51,10 @@ SPEED = ((64, 200_000), (256, 800_000), (1024, 3_200_000))
 SPEED_ITERATIONS = 5
 REL_TOL = 5e-3  # the bounds' bisections stop this close (below the least feasible latency: plan / bound errs high)
 TARGETS = {"plan_over_bound_max": 1.05, "plan_over_bound_mean": 1.03, "s_per_iter_64": 0.3, "s_per_iter_256": 2.0}
+
+
+def _short(dataset: str) -> str:
+    return dataset.removeprefix("builtin:")
 
 
 def _strategy(plan) -> str:
@@ -87,7 +90,8 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
         loose = loose_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, rel_tol=REL_TOL)
         row.update({"tight_bound_s": tight, "loose_bound_s": loose, "plan_over_bound": score / tight,
                     "tight_bound_cpu_s": c2 - c1})
-    out = {"profile": profile, "dataset": dataset, "gpus": gpus, "objective": objective, "context_len": context,
+    out = {"id": f"{profile}_{_short(dataset)}_{gpus}_{objective}", "profile": profile, "dataset": dataset,
+           "gpus": gpus, "objective": objective, "context_len": context,
            "tokens_per_iter": tokens, "iterations": iterations, "seed": SEED,
            "plan_s_mean": float(np.mean([r["plan_s"] for r in rows])), "batches": rows}
     if bounds:
@@ -100,15 +104,15 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
     return out
 
 
-def speed(gpus: int, tokens: int) -> dict:
+def speed(gpus: int, tokens: int, iterations: int = SPEED_ITERATIONS) -> dict:
     """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration."""
     from bench.bench_scale import measure
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        r = pool.apply(measure, (gpus, tokens, SPEED_ITERATIONS + 1))
+        r = pool.apply(measure, (gpus, tokens, iterations + 1))
     keep = ("gpus", "tokens_per_iter", "iterations", "candidates", "first_plan_wall_s", "first_plan_cpu_s",
             "s_per_iter_wall_mean", "s_per_iter_cpu_mean", "s_per_iter_cpu", "mean_estimate_s")
-    out = {k: r[k] for k in keep}
+    out = {"id": str(gpus), **{k: r[k] for k in keep}}
     scale = Path(__file__).parent / "results" / "scale.json"
     before = [x for x in json.loads(scale.read_text())["runs"] if x["gpus"] == gpus] if scale.exists() else []
     if before:  # bench_scale's run of the same size, before synthesis and local search were on by default
@@ -118,15 +122,21 @@ def speed(gpus: int, tokens: int) -> dict:
 
 
 def summarize(out: dict) -> None:
-    """Per objective over the sweep's rows: the largest and mean plan / tight bound, and whether the tight bound
-    is at least the loose one on every row."""
+    """Per objective over the sweep's rows: the largest and mean plan / tight bound, whether the tight bound is at
+    least the loose one on every row, and the rows of issue 28 as fast as the better plan found there."""
+    out["summary"] = []
     for objective in OBJECTIVES:
         rows = [c for c in out["cases"] if c["objective"] == objective]
         if rows:
-            out["summary"][objective] = {
-                "rows": len(rows), "plan_over_bound_max": max(c["plan_over_bound_max"] for c in rows),
+            out["summary"].append({
+                "id": objective, "rows": len(rows), "plan_over_bound_max": max(c["plan_over_bound_max"] for c in rows),
                 "plan_over_bound_mean": float(np.mean([c["plan_over_bound_mean"] for c in rows])),
-                "tight_at_least_loose": all(c["tight_at_least_loose"] for c in rows)}
+                "tight_at_least_loose": all(c["tight_at_least_loose"] for c in rows),
+                "tight_over_loose_max": max(r["tight_bound_s"] / r["loose_bound_s"] for c in rows for r in c["batches"])})
+    issue = [c for c in out["cases"] if "better_plan_s" in c]
+    out["issue_rows_at_least_as_fast"] = sum(c["plan_s_mean"] <= c["better_plan_s"] * (1 + 5e-4) for c in issue)
+    out["issue_rows"] = len(issue)
+    out["issue_misses"] = len(issue) - out["issue_rows_at_least_as_fast"]
 
 
 def _sweep() -> list[tuple[str, str, int, str]]:
@@ -136,46 +146,40 @@ def _sweep() -> list[tuple[str, str, int, str]]:
     return sorted(every, key=lambda k: k not in BETTER)
 
 
-def _write(out: dict) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+SMOKE = [("h100-llama2-7b", "builtin:wikipedia", 16, o) for o in OBJECTIVES]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(run: Run) -> None:
     """Everything, or one part: `sweep`, `long` (the 128K row), `speed`; a part keeps the others' results. The
     file is rewritten after every row, so an interrupted run keeps what it measured."""
-    parts = argv or ["sweep", "long", "speed"]
-    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    out = {"cases": [], "long_context": None, "speed": [], "summary": {}, "targets": TARGETS}
-    out.update({k: v for k, v in old.items() if k in out and k != "targets"})
+    parts = list(run.argv) or ["sweep", "long", "speed"]
+    if not set(parts) <= {"sweep", "long", "speed"}:
+        raise SystemExit(f"bench bound: unknown part {parts} (sweep, long, speed)")
+    out = {"cases": [], "long_context": None, "speed": [], "summary": [], "targets": TARGETS}
+    if run.argv:
+        out.update({k: v for k, v in run.previous().items() if k in out and k != "targets"})
+    merged = bool(run.argv)
     if "sweep" in parts:
         out["cases"] = []
-        for key in _sweep():
-            c = case(*key)
+        for key in run.pick(_sweep(), SMOKE):
+            c = case(*key) if not run.smoke else case(*key, tokens=20_000)
             out["cases"].append(c)
             summarize(out)
-            _write(out)
-            better = f"  better plan {c['better_plan_s']:.3f} s" if "better_plan_s" in c else ""
-            print(f"{c['profile']:16s} {c['dataset']:18s} {c['gpus']:4d} GPUs {c['objective']:12s} plan "
-                  f"{c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  (tight >= loose: "
-                  f"{c['tight_at_least_loose']}){better}", flush=True)
+            run.write(out, merged=merged)
+            print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  "
+                  f"(tight >= loose: {c['tight_at_least_loose']})", flush=True)
     if "long" in parts:
-        c = case(LONG["profile"], LONG["dataset"], LONG["gpus"], LONG["objective"], context=LONG["context"],
-                 tokens=LONG["tokens"], iterations=LONG["iterations"], bounds=False)
-        out["long_context"] = {**c, "better_plan_mean_s": LONG["better_mean_s"]}
-        _write(out)
-        print(f"128K: plan mean {c['plan_s_mean']:.3f} s (better plan {LONG['better_mean_s']:.3f} s)", flush=True)
+        L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16})
+        c = case(L["profile"], L["dataset"], L["gpus"], L["objective"], context=L["context"], tokens=L["tokens"],
+                 iterations=L["iterations"], bounds=False)
+        out["long_context"] = {**c, "better_plan_mean_s": L["better_mean_s"]}
+        run.write(out, merged=merged)
+        print(f"128K: plan mean {c['plan_s_mean']:.3f} s (better plan {L['better_mean_s']:.3f} s)", flush=True)
     if "speed" in parts:
         out["speed"] = []
-        for gpus, tokens in SPEED:
-            s = speed(gpus, tokens)
+        for gpus, tokens in run.pick(SPEED, ((16, 50_000),)):
+            s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1))
             out["speed"].append(s)
-            _write(out)
-            print(f"speed {gpus:5d} GPUs  first plan {s['first_plan_cpu_s']:.2f} s CPU  per iteration "
-                  f"{s['s_per_iter_cpu_mean']:.3f} s CPU ({s['s_per_iter_wall_mean']:.3f} s wall); before "
+            run.write(out, merged=merged)
+            print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU; before "
                   f"{s.get('before_s_per_iter_cpu_mean')}", flush=True)
-    print(f"wrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -6,23 +6,20 @@ report the vectorized path as a ratio measured in the same run and to check both
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.run import Run
 from hydraplan.core.lengthstats import summarize
 from hydraplan.store.datasets import load_dataset, sample_iterations
-from hydraplan.store.paths import ROOT
 
-RESULTS = ROOT / "bench" / "results" / "datasets.json"
-CONTEXT, BUDGET, ITERS, SEED = 32768, 200_000, 1000, 0
-REPEATS = 3
+CONTEXT, BUDGET, SEED = 32768, 200_000, 0
 
 
-def best_of(fn, repeats: int = REPEATS) -> tuple[float, object]:
+def best_of(fn, repeats: int) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -31,11 +28,11 @@ def best_of(fn, repeats: int = REPEATS) -> tuple[float, object]:
     return best, out
 
 
-def python_loop_sampling(lengths: np.ndarray) -> list[list[int]]:
+def python_loop_sampling(lengths: np.ndarray, iterations: int) -> list[list[int]]:
     """The reference rule, one sequence at a time: take documents until the budget is reached."""
     batches: list[list[int]] = []
     epoch, order, pos, batch, tokens = 0, np.random.default_rng([SEED, 0]).permutation(lengths.size), 0, [], 0
-    while len(batches) < ITERS:
+    while len(batches) < iterations:
         if pos == lengths.size:
             epoch, pos = epoch + 1, 0
             order = np.random.default_rng([SEED, epoch]).permutation(lengths.size)
@@ -49,41 +46,36 @@ def python_loop_sampling(lengths: np.ndarray) -> list[list[int]]:
     return batches
 
 
-def main() -> None:
+def main(run: Run) -> None:
+    iters, repeats = run.pick(1000, 20), run.pick(3, 1)
     rows: dict[str, float] = {}
     load_wiki = lambda: load_dataset("builtin:wikipedia", CONTEXT)  # noqa: E731
-    rows["load builtin:wikipedia (parquet histogram)"], wiki = best_of(load_wiki)
+    rows["load_wikipedia_histogram"], wiki = best_of(load_wiki, repeats)
     with tempfile.TemporaryDirectory() as tmp:
         lengths = np.random.default_rng(1).permutation(wiki.lengths)
         np.savetxt(Path(tmp) / "w.txt", lengths, fmt="%d")
         np.save(Path(tmp) / "w.npy", lengths)
-        rows["load 1M lengths .txt"], _ = best_of(lambda: load_dataset(Path(tmp) / "w.txt", CONTEXT))
-        rows["load 1M lengths .npy"], raw = best_of(lambda: load_dataset(Path(tmp) / "w.npy", CONTEXT))
+        rows["load_lengths_txt"], _ = best_of(lambda: load_dataset(Path(tmp) / "w.txt", CONTEXT), repeats)
+        rows["load_lengths_npy"], raw = best_of(lambda: load_dataset(Path(tmp) / "w.npy", CONTEXT), repeats)
     # A new Dataset object per repeat: nothing cached from the previous run.
-    rows["load + sample 1000 x 200K tokens"], batches = best_of(
-        lambda: sample_iterations(load_wiki(), BUDGET, ITERS, SEED))
-    fresh = [load_wiki() for _ in range(REPEATS)]
-    rows["sample 1000 x 200K tokens (dataset loaded)"], batches = best_of(
-        lambda: sample_iterations(fresh.pop(), BUDGET, ITERS, SEED))
-    fresh = [load_wiki() for _ in range(REPEATS)]
-    rows["resume: iterations 990-999 only"], _ = best_of(
-        lambda: sample_iterations(fresh.pop(), BUDGET, 10, SEED, start=ITERS - 10))
-    rows["python loop sampling (reference)"], ref = best_of(lambda: python_loop_sampling(wiki.lengths), 1)
-    rows["stats of 1M lengths"], _ = best_of(lambda: summarize(raw.lengths, dataset="w"))
+    rows["load_and_sample"], batches = best_of(lambda: sample_iterations(load_wiki(), BUDGET, iters, SEED), repeats)
+    fresh = [load_wiki() for _ in range(repeats)]
+    rows["sample"], batches = best_of(
+        lambda: sample_iterations(fresh.pop(), BUDGET, iters, SEED), repeats)
+    fresh = [load_wiki() for _ in range(repeats)]
+    rows["resume_last_10"], _ = best_of(
+        lambda: sample_iterations(fresh.pop(), BUDGET, 10, SEED, start=iters - 10), repeats)
+    rows["python_loop_sample"], ref = best_of(lambda: python_loop_sampling(wiki.lengths, iters), 1)
+    rows["stats"], _ = best_of(lambda: summarize(raw.lengths, dataset="w"), repeats)
     same = all(b.lengths.tolist() == wiki.lengths[r].tolist() for b, r in zip(batches, ref))
-    speedup = rows["python loop sampling (reference)"] / rows["sample 1000 x 200K tokens (dataset loaded)"]
+    speedup = rows["python_loop_sample"] / rows["sample"]
     sampled = sum(b.ids.size for b in batches)
     out = {
-        "dataset": "builtin:wikipedia", "context_len": CONTEXT, "tokens_per_iter": BUDGET, "iterations": ITERS,
-        "sequences_sampled": sampled, "seconds": rows, "vectorized_speedup_vs_python_loop": speedup,
-        "same_batches_as_python_loop": same,
+        "dataset": "builtin:wikipedia", "documents": int(wiki.lengths.size), "context_len": CONTEXT,
+        "tokens_per_iter": BUDGET, "iterations": iters, "repeats": repeats, "sequences_sampled": sampled,
+        "seconds": rows, "vectorized_speedup_vs_python_loop": speedup, "same_batches_as_python_loop": same,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    run.write(out)
     for name, secs in rows.items():
         print(f"{name:44s} {secs * 1000:9.1f} ms")
     print(f"vectorized sampling is {speedup:.0f}x the Python loop ({sampled:,} sequences); same batches: {same}")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,12 +5,12 @@
 2 planner processes on one node, and as two nodes (two torchrun agents, 2 ranks and 2 planner processes
 each). Per run: rank 0's wait for every plan (the first includes starting the planner processes), the
 largest parameter difference to one-process training, and whether the plans trained on equal `hydraplan
-pack`'s for the same arguments. Writes bench/results/online.json.
+pack`'s for the same arguments. Writes bench/results/online.json; the smoke run trains 2 iterations with one
+planner process on one node.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -18,23 +18,23 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.run import Run
 from hydraplan.loader import read_plans
 from hydraplan.store.paths import ROOT
 from tests.helpers import free_port
 
-RESULTS = Path(__file__).parent / "results" / "online.json"
 ARGS = ["--profile", "cpu-tiny", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "1536", "--context-len", "768",
-        "--iterations", "8", "--seed", "1"]
+        "--seed", "1"]
 WAIT = re.compile(r"^plan: iteration (\d+) from node (\d+), training waited (\S+)s$", re.M)
 DIFF = re.compile(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", re.M)
 
 
-def run(out: Path, planners: int, nodes: int) -> dict:
+def train(out: Path, args: list[str], planners: int, nodes: int) -> dict:
     port, env = str(free_port()), dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(4 // nodes), "--master-port", port]
     if nodes > 1:
         base += ["--nnodes", str(nodes), "--master-addr", "127.0.0.1"]
-    flags = [*ARGS, "--planners-per-node", str(planners), "--dtype", "fp64", "--verify", "--save-plans", str(out)]
+    flags = [*args, "--planners-per-node", str(planners), "--dtype", "fp64", "--verify", "--save-plans", str(out)]
     procs = [subprocess.Popen([*base, *(["--node-rank", str(n)] if nodes > 1 else []),
                                str(ROOT / "runtime" / "run_plan.py"), *flags], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for n in range(nodes)]
@@ -43,31 +43,24 @@ def run(out: Path, planners: int, nodes: int) -> dict:
         raise RuntimeError("\n".join(o + e for o, e in outs))
     stdout = outs[0][0]
     waits = [(int(i), int(n), float(w)) for i, n, w in WAIT.findall(stdout)]
-    return {"planners_per_node": planners, "nodes": nodes, "ranks": 4,
+    return {"id": f"{nodes}x{planners}", "planners_per_node": planners, "nodes": nodes, "ranks": 4,
             "waits_s": [w for _, _, w in waits], "planned_by_node": [n for _, n, _ in waits],
             "first_wait_s": waits[0][2], "max_later_wait_s": max(w for _, _, w in waits[1:]),
             "max_abs_param_diff": max(float(x) for x in DIFF.findall(stdout))}
 
 
-def main() -> None:
+def main(run: Run) -> None:
+    args = [*ARGS, "--iterations", str(run.pick(8, 2))]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         pack = Path(tmp) / "pack"
-        subprocess.run([str(Path(sys.executable).with_name("hydraplan")), "pack", *ARGS, "--gpus", "4", "--out",
+        subprocess.run([str(Path(sys.executable).with_name("hydraplan")), "pack", *args, "--gpus", "4", "--out",
                         str(pack)], check=True, capture_output=True)
         want = list(read_plans(pack))
-        for planners, nodes in ((1, 1), (2, 1), (2, 2)):
-            out = Path(tmp) / f"trained_{planners}_{nodes}"
-            r = run(out, planners, nodes)
-            r["plans_equal_pack"] = list(read_plans(out)) == want
+        for planners, nodes in run.pick(((1, 1), (2, 1), (2, 2)), ((1, 1),)):
+            r = train(Path(tmp) / f"trained_{planners}_{nodes}", args, planners, nodes)
+            r["plans_equal_pack"] = list(read_plans(Path(tmp) / f"trained_{planners}_{nodes}")) == want
             rows.append(r)
             print(f"{nodes} node(s) x {planners} planner(s): first plan waited {r['first_wait_s']:.2f} s, later at most "
                   f"{r['max_later_wait_s']:.3f} s; plans equal pack's: {r['plans_equal_pack']}", flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": rows, "args": ARGS, "note": "4 gloo ranks on a shared 2-core machine; "
-                                   "waits are rank 0's, in seconds"}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main()
+    run.write({"runs": rows, "args": args, "note": "4 gloo ranks on a shared 2-core machine; waits are rank 0's, in seconds"})

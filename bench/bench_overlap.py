@@ -13,7 +13,6 @@ events that makes the overlap (tests/test_run_plan.py); this is what it buys on 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,12 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.run import Run
 from hydraplan.store.fileio import write_model
 from hydraplan.store.paths import ROOT
 from tests.helpers import free_port, overlap_plans
 
-RESULTS = Path(__file__).parent / "results" / "overlap.json"
 REPEATS = 3
+TARGET_RATIO = 0.5  # exposed sync with overlap at most half of that without
 STATS = re.compile(r"^iteration (\d+) .* time=([\d.]+)s .* sync exposed ([\d.]+)s, hidden ([\d.]+)s, "
                    r"peer wait ([\d.]+)s", re.M)
 
@@ -45,34 +45,30 @@ def run(folder: Path, world: int, *flags: str) -> dict[str, float]:
             "hidden_s": sum(float(r[3]) for r in rows), "peer_wait_s": sum(float(r[4]) for r in rows)}
 
 
-def measure(world: int) -> dict:
+def measure(world: int, repeats: int = REPEATS) -> dict:
     runs: dict[str, list[dict[str, float]]] = {"overlap": [], "no_overlap": []}
     with tempfile.TemporaryDirectory() as tmp:
         for p in overlap_plans(world):
             write_model(Path(tmp) / f"iter_{p.iteration:06d}.json", p)
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             runs["overlap"].append(run(Path(tmp), world))
             runs["no_overlap"].append(run(Path(tmp), world, "--no-overlap"))
     on = min(r["exposed_s"] for r in runs["overlap"])
     off = min(r["exposed_s"] for r in runs["no_overlap"])
-    return {"ranks": world, "runs": runs, "exposed_overlap_s": on, "exposed_no_overlap_s": off, "ratio": on / off,
+    return {"id": str(world), "ranks": world, "runs": runs, "exposed_overlap_s": on, "exposed_no_overlap_s": off,
+            "ratio": on / off, "hidden_share": 1 - on / off, "target_met": on / off <= TARGET_RATIO,
             "iteration_overlap_s": min(r["iteration_s"] for r in runs["overlap"]),
             "iteration_no_overlap_s": min(r["iteration_s"] for r in runs["no_overlap"])}
 
 
-def main() -> None:
-    rows = [measure(4), measure(2)]
-    res = {"model": "tiny-wide", "dtype": "fp64", "iterations": 4, "cores": os.cpu_count(), "rows": rows,
-           "target": "exposed with overlap <= 0.5 x without"}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"least of {REPEATS} runs, summed over 4 iterations")
+def main(run: Run) -> None:
+    repeats = run.pick(REPEATS, 1)
+    rows = [measure(w, repeats) for w in run.pick((4, 2), (2,))]
+    run.write({"model": "tiny-wide", "dtype": "fp64", "iterations": 4, "repeats": repeats, "cores": os.cpu_count(),
+               "rows": rows, "target_ratio": TARGET_RATIO})
+    print(f"least of {repeats} runs, summed over 4 iterations")
     print(f"{'ranks':>5s} {'exposed, overlap':>17s} {'exposed, off':>13s} {'ratio':>6s} {'iteration, overlap':>19s} "
           f"{'iteration, off':>15s}")
     for r in rows:
         print(f"{r['ranks']:5d} {r['exposed_overlap_s']:16.3f}s {r['exposed_no_overlap_s']:12.3f}s {r['ratio']:6.2f} "
               f"{r['iteration_overlap_s']:18.3f}s {r['iteration_no_overlap_s']:14.3f}s")
-
-
-if __name__ == "__main__":
-    main()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 
+from bench.run import Run
 from hydraplan.core.cluster import for_gpus
 from hydraplan.core.schedules import build_schedule, fb_split, simulate, unit_timeline
 from hydraplan.solve.cpshard import adaptive_shard, attention_work, shard_per_document, shard_per_sequence
@@ -25,7 +25,6 @@ from hydraplan.solve.seqsplit import computation_splits, seq1f1b_max_len, split_
 from hydraplan.store.datasets import load_dataset
 from hydraplan.store.profiles import load_profile
 
-RESULTS = Path(__file__).parent / "results" / "pipeline.json"
 P, M, K = 8, 32, 4
 
 
@@ -135,21 +134,22 @@ def pack_with_seq1f1b(iterations: int = 3) -> dict[str, object]:
     return out
 
 
-def main() -> None:
+def main(run: Run) -> None:
     sch = schedules()
     trend = table6_trend()
-    mbs = packed_micro_batches(200)
+    mbs = packed_micro_batches(run.pick(200, 20))
     res = {"schedules_P8_M32_K4": sch, "table6_trend_a800_7b_pp8_24k": trend,
            "split_balance_prolong_32k": split_balance(mbs), "cp_sharding_prolong_32k_cp4": cp_sharding(mbs),
-           "pack_prolong_16gpus_2x_2_4_1": pack_with_seq1f1b()}
+           "pack_prolong_16gpus_2x_2_4_1": pack_with_seq1f1b(run.pick(3, 1))}
     one, seq = sch["1f1b"], sch["seq1f1b"]
+    res["table6_throughput_k4_over_k1"] = trend[2]["tokens_per_s"] / trend[0]["tokens_per_s"]
+    res["split_balance_prolong_32k"]["spread_K4"] = res["split_balance_prolong_32k"]["K4_worst_max_over_min"] - 1
     res["targets"] = {
         "seq1f1b_bubble_lower": seq["bubble_ratio"] < one["bubble_ratio"],
         "peak_live_ratio_seq1f1b_over_1f1b": seq["peak_live_micro_batches"] / one["peak_live_micro_batches"],
         "splits_within_1pct": all(v <= 1.01 for k, v in res["split_balance_prolong_32k"].items() if k.startswith("K")),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    run.write(res)
     print(f"{'schedule':22s} {'latency/T':>9s} {'bubble':>7s} {'peak live (mb)':>14s}")
     for name, r in sch.items():
         print(f"{name:22s} {r['latency_T']:9.3f} {r['bubble_ratio']:7.1%} {r['peak_live_micro_batches']:14.2f}")

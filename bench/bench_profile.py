@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.run import Run
 from hydraplan.app import measure
 from hydraplan.app.cmd_profile import CPU_MEMORY_GIB
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
@@ -43,28 +43,27 @@ from hydraplan.solve.seqsplit import computation_splits
 from hydraplan.store.datasets import load_dataset
 from hydraplan.store.fileio import write_model
 
-RESULTS = Path(__file__).parent / "results" / "profile.json"
 P, M, TOKENS = 4, 8, 1024
 CFG = CONFIGS["tiny"]
 
 
-def micro_batches() -> list[list[int]]:
-    """M micro-batches of wikipedia documents (context 512) in sampled order, packed up to TOKENS."""
+def micro_batches(m: int) -> list[list[int]]:
+    """m micro-batches of wikipedia documents (context 512) in sampled order, packed up to TOKENS."""
     lengths = load_dataset("builtin:wikipedia", 512).lengths
     rng = np.random.default_rng(0)
     out, cur = [], []
-    for n in rng.choice(lengths, size=4 * M * TOKENS // 64):
+    for n in rng.choice(lengths, size=4 * m * TOKENS // 64):
         if sum(cur) + n > TOKENS:
             out.append(cur)
             cur = []
-            if len(out) == M:
+            if len(out) == m:
                 break
         cur.append(int(n))
     return out
 
 
-def seq1f1b_vs_1f1b() -> list[dict[str, float]]:
-    docs = micro_batches()
+def seq1f1b_vs_1f1b(m: int = M) -> list[dict[str, float]]:
+    docs = micro_batches(m)
     data = TokenData(CFG.vocab)
     mbs, sid = [], 0
     for d in docs:
@@ -94,7 +93,7 @@ def seq1f1b_vs_1f1b() -> list[dict[str, float]]:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             run_in_process(stages, before)
-        tl = simulate(schedule_seq1f1b(P, M, K), 1.0, 1.0,
+        tl = simulate(schedule_seq1f1b(P, m, K), 1.0, 1.0,
                       act_bytes=lambda r, m, s, c: float(sum(saved.get((r, m, s), {}).values())))
         cpu = critical_path([(r, P, st.cpu_s) for r, st in enumerate(stages)])
         rows.append({"K": K, "peak_bytes_per_stage": tl.peak_live_bytes, "cpu_s": cpu,
@@ -107,7 +106,7 @@ def seq1f1b_vs_1f1b() -> list[dict[str, float]]:
     return rows
 
 
-def attention_cost() -> list[dict[str, float]]:
+def attention_cost(runs_per_case: int = 7) -> list[dict[str, float]]:
     rows = []
     gen = torch.Generator().manual_seed(0)
     for docs in ([1024], [256] * 4, [64] * 16):
@@ -119,7 +118,7 @@ def attention_cost() -> list[dict[str, float]]:
         for name, fn in (("varlen_s", lambda: varlen_attention(q, k, v, mb.cu_seqlens, mb.max_seqlen)),
                          ("seq1f1b_cached_s", lambda: cached_attention(q, k, v, view))):
             runs = []
-            for i in range(7):
+            for i in range(runs_per_case):
                 t0 = time.thread_time()
                 fn().sum().backward()
                 if i:
@@ -135,45 +134,56 @@ def attention_cost() -> list[dict[str, float]]:
 # (ranks, schemes, pack arguments): 4 gloo ranks on this 2-core machine (two per core: an exchange in flight can
 # only progress when compute leaves a core free) and 2 ranks (a core each, as a GPU has its own copy engines)
 E2E = {4: ([(1, 1, 1), (2, 1, 1), (1, 2, 1), (4, 1, 1)], "1536"), 2: ([(1, 1, 1), (2, 1, 1), (1, 2, 1)], "768")}
-E2E_LAUNCHES = 3  # separate runtime jobs per measurement, their median kept (measure.median_points)
+E2E_LAUNCHES, E2E_REPEATS, E2E_ITERATIONS = 3, 5, 6  # launches: separate runtime jobs, their median kept
+TARGET_MEAN_REL_ERR = 0.15  # profile --check: mean whole-iteration error
+SMOKE_E2E = {"schemes": [(1, 1, 1), (2, 1, 1)], "launches": 1, "repeats": 1, "iterations": 2}
 
 
-def e2e_pack(ranks: int) -> list[str]:
+def e2e_pack(ranks: int, iterations: int = E2E_ITERATIONS) -> list[str]:
     return ["--dataset", "builtin:wikipedia", "--gpus", str(ranks), "--tokens-per-iter", E2E[ranks][1], "--context-len",
-            "768", "--iterations", "6", "--seed", "1"]
+            "768", "--iterations", str(iterations), "--seed", "1"]
 
 
-def end_to_end_check(ranks: int) -> dict:
+def end_to_end_check(ranks: int, smoke: bool = False) -> dict:
     """Measure a profile on `ranks` ranks, plan with it, replay the plans as whole iterations; `profile --check`."""
+    schemes, launches, repeats, iterations = (
+        (SMOKE_E2E["schemes"], SMOKE_E2E["launches"], SMOKE_E2E["repeats"], SMOKE_E2E["iterations"]) if smoke
+        else (E2E[ranks][0], E2E_LAUNCHES, E2E_REPEATS, E2E_ITERATIONS))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench-tiny.json"
-        runs = measure.Runs(model="tiny", device="cpu", clock="cpu", repeats=5, launches=E2E_LAUNCHES)
-        prof, fits = measure.measure_profile(path.stem, runs, E2E[ranks][0], CPU_MEMORY_GIB * 2**30, gpus_per_node=ranks)
+        runs = measure.Runs(model="tiny", device="cpu", clock="cpu", repeats=repeats, launches=launches)
+        prof, fits = measure.measure_profile(path.stem, runs, schemes, CPU_MEMORY_GIB * 2**30, gpus_per_node=ranks)
         write_model(path, prof)
         run = Path(tmp) / "run"
-        subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "pack", "--profile", str(path), *e2e_pack(ranks),
-                        "--out", str(run)], check=True, capture_output=True)
+        subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "pack", "--profile", str(path),
+                        *e2e_pack(ranks, iterations), "--out", str(run)], check=True, capture_output=True)
         rows = measure.check_plans(str(run), prof, runs)
-    return {"ranks": ranks, "launches": E2E_LAUNCHES,
+    return {"id": str(ranks), "ranks": ranks, "launches": launches, "repeats": repeats,
             "profile": {"network": prof.network.model_dump(), "params": prof.model.params,
                         "network_note": prof.notes["network"],
                         "schemes": [{"scheme": s.label, "max_len": s.max_len, **s.time.model_dump(), "r2": f.r2,
                                      "worst_rel_err": f.worst_rel_err} for s, f in zip(prof.schemes, fits)]},
-            "pack": " ".join(e2e_pack(ranks)), **measure.check_summary(rows),
+            "pack": " ".join(e2e_pack(ranks, iterations)), **measure.check_summary(rows),
             "iterations": [measure.check_row_json(r) for r in rows]}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(run: Run) -> None:
     """All three parts, or with argument `check` only the end-to-end checks (the other parts kept from the file)."""
+    part = run.argv[0] if run.argv else None
+    if part not in (None, "check"):
+        raise SystemExit(f"bench profile: unknown part {part!r} (check)")
     torch.set_num_threads(1)
-    checks = [end_to_end_check(r) for r in (2, 4)]
-    if argv and argv[0] == "check":
-        out = {**json.loads(RESULTS.read_text()), "end_to_end_check": checks}
+    checks = [end_to_end_check(r, run.smoke) for r in run.pick((2, 4), (2,))]
+    if part == "check":
+        out = {**run.previous(), "end_to_end_check": checks}
     else:
-        out = {"seq1f1b_vs_1f1b": seq1f1b_vs_1f1b(), "attention": attention_cost(), "end_to_end_check": checks}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1))
-    print(f"Seq1F1B in the executor, P={P}, M={M} micro-batches of ~{TOKENS} tokens (tiny model, CPU):")
+        out = {"seq1f1b_vs_1f1b": seq1f1b_vs_1f1b(run.pick(M, 4)), "attention": attention_cost(run.pick(7, 2)),
+               "end_to_end_check": checks}
+    out["target_mean_rel_err"] = TARGET_MEAN_REL_ERR
+    for e in out["end_to_end_check"]:
+        e["target_met"] = e["mean_rel_err"] <= TARGET_MEAN_REL_ERR
+    run.write(out, merged=part is not None)
+    print(f"Seq1F1B in the executor, P={P}, micro-batches of ~{TOKENS} tokens (tiny model, CPU):")
     print("  K  peak act. vs 1F1B  planner factor  CPU time vs 1F1B")
     for r in out["seq1f1b_vs_1f1b"]:
         print(f"  {r['K']}  {r['peak_vs_1f1b']:17.3f}  {r['planner_memory_factor']:14.3f}  {r['cpu_vs_1f1b']:16.3f}")
@@ -192,7 +202,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  mean error {e2e['mean_rel_err']:.1%}, worst {e2e['worst_rel_err']:.1%} (iteration "
               f"{e2e['worst_iteration']}); mean share of the measured iteration: propagation "
               f"{e2e['mean_propagation_err']:+.1%}, sync {e2e['mean_sync_err']:+.1%}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -5,10 +5,10 @@ run, and the model's expected time of the best heterogeneous candidate against t
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from bench.run import Run
 from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.solve.proposal import (
     TOKENS_PER_GPU,
@@ -20,13 +20,10 @@ from hydraplan.solve.proposal import (
     solve_relaxed,
 )
 from hydraplan.store.datasets import load_dataset
-from hydraplan.store.paths import ROOT
 from hydraplan.store.profiles import load_profile
 
-RESULTS = ROOT / "bench" / "results" / "proposal.json"
 PROFILE, DATASET, CONTEXT = "h100-llama2-7b", "builtin:wikipedia", 32768
 SIZES = {64: 0.5, 1024: 10.0}  # GPUs: target seconds
-REPEATS = 3
 
 
 def timed(fn):
@@ -58,13 +55,14 @@ def phases(profile, dataset, gpus: int) -> dict[str, float]:
     return t
 
 
-def main() -> None:
+def main(run: Run) -> None:
+    sizes, repeats = run.pick(SIZES, {16: SIZES[64]}), run.pick(3, 1)
     profile = load_profile(PROFILE)
     load_s, dataset = timed(lambda: load_dataset(DATASET, CONTEXT))
     out = {"profile": PROFILE, "dataset": DATASET, "context_len": CONTEXT, "dataset_load_s": round(load_s, 3),
            "load_average_1min": os.getloadavg()[0], "sizes": []}
-    for gpus, target in SIZES.items():
-        runs = [cpu_timed(lambda: propose(Cluster.of(profile, gpus), dataset, CONTEXT)) for _ in range(REPEATS)]
+    for gpus, target in sizes.items():
+        runs = [cpu_timed(lambda: propose(Cluster.of(profile, gpus), dataset, CONTEXT)) for _ in range(repeats)]
         seconds = sorted(r[0] for r in runs)
         cpu = sorted(r[1] for r in runs)
         strategies = runs[0][2]
@@ -72,7 +70,7 @@ def main() -> None:
         homo = next(c for c in cands if "homogeneous" in c.sources)
         hetero = [c for c in cands if c.kind == "heterogeneous" and c.max_len >= CONTEXT]
         best = min(hetero, key=lambda c: c.expected_s_per_token)
-        row = {"gpus": gpus, "target_s": target, "propose_s_median": round(seconds[len(seconds) // 2], 3),
+        row = {"id": str(gpus), "gpus": gpus, "target_s": target, "propose_s_median": round(seconds[len(seconds) // 2], 3),
                "propose_s_min": round(seconds[0], 3), "propose_cpu_s_median": round(cpu[len(cpu) // 2], 3),
                "within_target": seconds[0] <= target or cpu[len(cpu) // 2] <= target,
                "candidates": len(cands), "proposed_before_cap": strategies.proposed,
@@ -82,8 +80,7 @@ def main() -> None:
                "phases_s": {k: (round(v, 4) if isinstance(v, float) else v)
                             for k, v in phases(profile, dataset, gpus).items()}}
         out["sizes"].append(row)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    run.write(out)
     print(f"{PROFILE}, {DATASET}, context {CONTEXT} (dataset load {load_s:.2f} s, not included; "
           f"load average {out['load_average_1min']:.1f} on {os.cpu_count()} cores)")
     print(f"{'GPUs':>5} {'wall s':>7} {'CPU s':>6} {'target':>7} {'cands':>6} {'hetero':>6} {'homo/best':>9}  phases (wall s)")
@@ -91,8 +88,3 @@ def main() -> None:
         ph = ", ".join(f"{k} {v}" for k, v in r["phases_s"].items())
         print(f"{r['gpus']:>5} {r['propose_s_median']:>7.3f} {r['propose_cpu_s_median']:>6.3f} {r['target_s']:>7.1f} "
               f"{r['candidates']:>6} {r['heterogeneous']:>6} {r['homogeneous_over_best_expected']:>9.3f}  {ph}")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
-
-
-if __name__ == "__main__":
-    main()

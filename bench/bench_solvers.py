@@ -6,13 +6,12 @@ iterations drawn by `sample_iterations`. Writes bench/results/solvers.json.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
+from bench.run import Run
 from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.solve import packing
 from hydraplan.solve.dispatch import Infeasible, dispatch
@@ -21,15 +20,15 @@ from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 
-RESULTS = Path(__file__).parent / "results" / "solvers.json"
 PROFILE = "h100-llama2-7b"
 DATASETS = ("builtin:wikipedia", "builtin:prolong")
 
 
-def candidates(profile, dataset, gpus: int, tokens: int, context: int) -> list[list]:
+def candidates(profile, dataset, gpus: int, tokens: int, context: int, limit: int | None = None) -> list[list]:
+    """The proposed candidates' schemes (the first `limit` of them)."""
     view = for_gpus(profile, gpus)
     strategies = propose(Cluster.of(profile, gpus), dataset, context, tokens_per_iter=tokens)
-    return [[view.scheme(*p.key) for p in c.pipelines] for c in strategies.candidates]
+    return [[view.scheme(*p.key) for p in c.pipelines] for c in strategies.candidates[:limit]]
 
 
 def speed(profile, gpus: int, tokens: int, iterations: int, context: int = 32768) -> dict:
@@ -75,12 +74,13 @@ def speed(profile, gpus: int, tokens: int, iterations: int, context: int = 32768
     }
 
 
-def gap(profile, context: int, iterations: int, time_limit_s: float, gpus: int = 64, tokens: int = 200_000) -> dict:
+def gap(profile, context: int, iterations: int, time_limit_s: float, gpus: int = 64, tokens: int = 200_000,
+        limit: int | None = None) -> dict:
     """Greedy (Eq. 3 objective) over the ILP's, where the ILP proves optimality."""
     rows = []
     for name in DATASETS:
         ds = load_dataset(name, context)
-        cands = candidates(profile, ds, gpus, tokens, context)
+        cands = candidates(profile, ds, gpus, tokens, context, limit)
         for batch in sample_iterations(ds, tokens, iterations, seed=1):
             for schemes in cands:
                 try:
@@ -110,7 +110,7 @@ def gap(profile, context: int, iterations: int, time_limit_s: float, gpus: int =
     }
 
 
-def pack_quality(profile, gpus: int = 64, per_case: int = 6) -> dict:
+def pack_quality(profile, gpus: int = 64, per_case: int = 6, mults: tuple[int, ...] = (3, 6, 12)) -> dict:
     """Packing on pipelines with pp > 1 (the proposals here pick pp = 1, whose packing the greedy solves
     exactly): real sequences worth 3, 6 and 12 x UtilLen on pp = 2, 4, 8 schemes. Default settings (ILP
     skipped or stopped within rel_gap 0.1% of the bound) against rel_gap = 0 (ILP to proof or limit)."""
@@ -121,7 +121,7 @@ def pack_quality(profile, gpus: int = 64, per_case: int = 6) -> dict:
     for name in DATASETS:
         for s in schemes:
             pool = load_dataset(name, min(32768, s.max_len)).lengths
-            for mult in (3, 6, 12):
+            for mult in mults:
                 for _ in range(per_case):
                     draw = rng.choice(pool, size=400)
                     lengths = draw[: int(np.searchsorted(np.cumsum(draw), mult * s.util_len)) + 1]
@@ -148,16 +148,16 @@ def pack_quality(profile, gpus: int = 64, per_case: int = 6) -> dict:
     }
 
 
-def main() -> None:
+def main(run: Run) -> None:
     profile = load_profile(PROFILE)
+    limit = run.pick(None, 2)  # candidates per batch in the ILP gap
     out = {"profile": PROFILE, "datasets": list(DATASETS)}
-    out["speed_64"] = speed(profile, 64, 200_000, iterations=5)
-    out["speed_1024"] = speed(profile, 1024, 3_200_000, iterations=2)
-    out["gap_32k"] = gap(profile, 32768, iterations=2, time_limit_s=10.0)
-    out["gap_8k"] = gap(profile, 8192, iterations=2, time_limit_s=10.0)
-    out["pack_quality"] = pack_quality(profile)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    out["speed_64"] = speed(profile, 64, 200_000, iterations=run.pick(5, 1))
+    out["speed_1024"] = speed(profile, *run.pick((1024, 3_200_000), (128, 400_000)), iterations=run.pick(2, 1))
+    out["gap_32k"] = gap(profile, 32768, run.pick(2, 1), run.pick(10.0, 1.0), limit=limit)
+    out["gap_8k"] = gap(profile, 8192, run.pick(2, 1), run.pick(10.0, 1.0), limit=limit)
+    out["pack_quality"] = pack_quality(profile, per_case=run.pick(6, 1), mults=run.pick((3, 6, 12), (3,)))
+    run.write(out)
 
     print(f"{'CPU time':<22}{'dispatch ms/cand':>18}{'pack ms/cand':>14}{'all cands s/iter':>18}{'(wall)':>8}")
     for k in ("speed_64", "speed_1024"):
@@ -175,8 +175,3 @@ def main() -> None:
           f"{100 * q['exact_proven_share']:.0f}%); ILP gain over warm start mean "
           f"{100 * q['exact_gain_over_warm_start_mean']:.3f}% "
           f"max {100 * q['exact_gain_over_warm_start_max']:.3f}%")
-    print(f"wrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,7 @@
 """Shared by the tests: a tiny profile with the paper's trade-offs, an interrupted pack run, and gloo
 process groups for multi-process runtime tests."""
 
+import re
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -117,3 +118,51 @@ def overlap_plans(world: int = 4) -> list[Plan]:
                   first_id=200),
         make_plan(3, "D", [(1, 1, [r], [[20, 20], [32]]) for r in range(4)], first_id=300),
     ]
+
+
+MEMORY_LINE = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d),(\d),1> stage (\d) largest micro-batch "
+                         r"(\d+) tokens: peak ([\d.]+) MiB, model ([\d.]+) MiB, measured/model ([\d.]+)$", re.M)
+"""A line of `run_plan --memory`: iteration, rank, tp, pp, stage, tokens, peak MiB, model MiB, measured/model."""
+
+
+def memory_plans(layouts: int | None = None, repeats: int = 2) -> list[Plan]:
+    """Micro-batches at cpu-tiny's MaxLen on every rank of 4, for each of its schemes: a <2,1,1> pipeline with one
+    next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>, one <4,1,1>, <2,2,1> with two and
+    <1,4,1> with four; each plan `repeats` times in a row (the first warms the allocator up)."""
+    from hydraplan.store.profiles import load_profile
+
+    ml = {s.key[:2]: s.max_len for s in load_profile("cpu-tiny").schemes}
+    a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
+    chosen = [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
+              ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),
+              ("TP4", [(4, 1, [0, 1, 2, 3], [[ml[(4, 1)]]])]),
+              ("TP2xPP2", [(2, 2, [0, 1, 2, 3], [[ml[(2, 2)]]] * 2)]),
+              ("PP4", [(1, 4, [0, 1, 2, 3], [[ml[(1, 4)]]] * 4)])][:layouts]
+    plans = []
+    for name, pipes in chosen:
+        for _ in range(repeats):
+            it = len(plans)
+            plans.append(make_plan(it, name, pipes, first_id=100 * it))
+    return plans
+
+
+# Hydraulis' fitted A800 LLaMA-2 7B coefficients (a, b, c in ms per micro-batch per stage) and MaxLen (tokens):
+# tests/test_costmodel.py keeps the analytic profile within 2x of them, bench/bench_analytic.py reports the ratios.
+HYDRAULIS_TIME = {(2, 1, 1): (2.054e-6, 0.09671, 65.18), (8, 1, 1): (5.07e-7, 0.03662, 44.32)}
+HYDRAULIS_MAX_LEN = {(2, 1, 1): 22_000, (4, 1, 1): 46_000, (8, 1, 1): 85_000, (16, 1, 1): 138_000}
+
+
+def max_len_with_sequence_parallelism(tp: int, pp: int, cp: int) -> int:
+    """A800 LLaMA-2 7B MaxLen at the reference job size from the analytic memory formula WITH sequence parallelism
+    (which Hydraulis' system has: norm and GEMM inputs split by TP too) and bf16 gradients (4 bytes per
+    parameter held locally), the setting of Hydraulis' published MaxLen; the shipped profiles have neither."""
+    from dataclasses import replace
+
+    from hydraplan.core.analytic import REFERENCE_GPUS, analytic_memory, capacity_bytes
+    from hydraplan.core.cluster import max_len_from_memory
+    from hydraplan.core.hardware import A800, FRAMEWORK, MODELS
+
+    with_sp = replace(FRAMEWORK, act_h_replicated=0, act_h=FRAMEWORK.act_h + FRAMEWORK.act_h_replicated,
+                      local_bytes_per_param=4)
+    return max_len_from_memory(capacity_bytes(A800, with_sp), analytic_memory(MODELS["llama2-7b"], tp, pp, cp, with_sp),
+                               REFERENCE_GPUS)

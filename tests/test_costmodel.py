@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import HYDRAULIS_MAX_LEN, HYDRAULIS_TIME, max_len_with_sequence_parallelism
 
 from hydraplan.core.analytic import MIN_MAX_LEN, REFERENCE_GPUS, analytic_memory, analytic_profiles, capacity_bytes, scheme_space
 from hydraplan.core.cluster import for_gpus, max_len_for_gpus, max_len_from_memory
@@ -97,25 +98,17 @@ def test_no_scheme_beats_the_physical_limit(profiles):
         assert 0.3 < best_4k < 0.70, p.name
 
 
-# Hydraulis' fitted A800 LLaMA-2 7B coefficients (ms per micro-batch per stage) and MaxLen.
-ANCHOR_TIME = {(2, 1, 1): (2.054e-6, 0.09671, 65.18), (8, 1, 1): (5.07e-7, 0.03662, 44.32)}
-ANCHOR_MAX_LEN = {(2, 1, 1): 22_000, (4, 1, 1): 46_000, (8, 1, 1): 85_000, (16, 1, 1): 138_000}
-
-
 def test_hydraulis_anchors_within_2x(profiles):
     """Time coefficients of the shipped profile, and the memory formula WITH sequence parallelism (which
     Hydraulis' system has: its MaxLen grows ~linearly with TP), land within 2x of the paper's fits."""
     p = profiles["a800-llama2-7b"]
-    for key, ref in ANCHOR_TIME.items():
+    for key, ref in HYDRAULIS_TIME.items():
         t = p.scheme(*key).time
         for ours, theirs in zip((t.a * 1e3, t.b * 1e3, t.c * 1e3), ref):
             assert 0.5 <= ours / theirs <= 2.0, (key, ours, theirs)
-    with_sp = replace(FRAMEWORK, act_h_replicated=0, act_h=FRAMEWORK.act_h + FRAMEWORK.act_h_replicated,
-                      local_bytes_per_param=4)
-    cap = capacity_bytes(A800, with_sp)
-    for (tp, pp, cp), ref in ANCHOR_MAX_LEN.items():
-        max_len = max_len_from_memory(cap, analytic_memory(MODELS["llama2-7b"], tp, pp, cp, with_sp), REFERENCE_GPUS)
-        assert 0.5 <= max_len / ref <= 2.0, (tp, max_len, ref)
+    for key, ref in HYDRAULIS_MAX_LEN.items():
+        max_len = max_len_with_sequence_parallelism(*key)
+        assert 0.5 <= max_len / ref <= 2.0, (key, max_len, ref)
 
 
 def test_no_sequence_parallelism_replicates_norm_and_gemm_inputs():

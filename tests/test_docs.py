@@ -19,6 +19,7 @@ MODELS = {"hydraplan.profile/v1": Profile, "hydraplan.strategies/v1": Strategies
 PAGES = doc_pages()
 FENCED = re.compile(r"```.*?```", re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+DEFINITION = re.compile(r"^\[[^\]\n]+\]: (\S+)(?: \"[^\"\n]*\")?[ \t]*$", re.M)  # a reference link's target
 
 
 def text_of(page: str) -> str:
@@ -94,11 +95,12 @@ def anchors(path) -> set[str]:
 def test_links_resolve_inside_the_repository(page):
     text = text_of(page)
     assert "DESIGN.md" not in text and "/work/" not in text
-    prose = LINK.sub("", text)
+    prose = DEFINITION.sub("", LINK.sub("", text))
     assert "../" not in prose, f"{page}: a path outside the repository"
     here = (ROOT / page).parent
     checked = 0
-    for target in LINK.findall(FENCED.sub("", text)):
+    outside_code = FENCED.sub("", text)
+    for target in LINK.findall(outside_code) + DEFINITION.findall(outside_code):
         if target.startswith(("http://", "https://")):
             continue
         path, _, anchor = target.partition("#")

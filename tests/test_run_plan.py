@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, make_plan, overlap_plans
+from helpers import MEMORY_LINE, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
 
 from hydraplan.core.errors import UserError
@@ -367,34 +367,19 @@ def test_pull_and_push_overlap_the_compute_layer_by_layer(tmp_path, overlap):
     assert checked == 16
 
 
-MEMORY = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d),(\d),1> stage (\d) largest micro-batch (\d+) "
-                    r"tokens: peak ([\d.]+) MiB, model ([\d.]+) MiB, measured/model ([\d.]+)$", re.M)
-
-
 @pytest.mark.slow
 def test_peak_memory_per_rank_is_the_profiles_model_within_ten_percent(tmp_path):
-    """Micro-batches at cpu-tiny's MaxLen on every rank, for each of its schemes: a <2,1,1> pipeline with one
-    next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>, one <4,1,1>, <2,2,1> with two and
-    <1,4,1> with four; each plan twice, the first time warming the allocator up. Every rank's peak heap bytes
-    of the step (plus its master shard and AdamW state) is within 10% of the profile's model for its scheme,
-    stage and micro-batch (measured_memory: fixed + stashed saved activations + the peak of the one in
-    backward), and a micro-batch at MaxLen runs."""
-    prof = load_profile("cpu-tiny")
-    ml = {s.key[:2]: s.max_len for s in prof.schemes}
-    a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
-    layouts = [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
-               ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),
-               ("TP4", [(4, 1, [0, 1, 2, 3], [[ml[(4, 1)]]])]),
-               ("TP2xPP2", [(2, 2, [0, 1, 2, 3], [[ml[(2, 2)]]] * 2)]),
-               ("PP4", [(1, 4, [0, 1, 2, 3], [[ml[(1, 4)]]] * 4)])]
-    it = 0
-    for name, pipes in layouts:
-        for _ in range(2):
-            write_model(tmp_path / f"iter_{it:06d}.json", make_plan(it, name, pipes, first_id=100 * it))
-            it += 1
+    """Micro-batches at cpu-tiny's MaxLen on every rank, for each of its schemes (helpers.memory_plans), each
+    plan twice, the first time warming the allocator up. Every rank's peak heap bytes of the step (plus its
+    master shard and AdamW state) is within 10% of the profile's model for its scheme, stage and micro-batch
+    (measured_memory: fixed + stashed saved activations + the peak of the one in backward), and a micro-batch
+    at MaxLen runs."""
+    ml = {s.key[:2]: s.max_len for s in load_profile("cpu-tiny").schemes}
+    for p in memory_plans():
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
     res = _torchrun(4, str(tmp_path), "--memory")
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = [r for r in MEMORY.findall(res.stdout) if int(r[0]) % 2 == 1]  # the second run of each plan
+    rows = [r for r in MEMORY_LINE.findall(res.stdout) if int(r[0]) % 2 == 1]  # the second run of each plan
     assert sorted((int(r[0]), int(r[1])) for r in rows) == [(i, k) for i in (1, 3, 5, 7, 9) for k in range(4)], res.stdout
     for it_, rank, tp, pp, stage, tokens, peak, model, ratio in rows:
         assert int(tokens) == ml[(int(tp), int(pp))]
