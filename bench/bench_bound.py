@@ -177,7 +177,7 @@ def main(run: Run) -> None:
         print(f"128K: plan mean {c['plan_s_mean']:.3f} s (better plan {L['better_mean_s']:.3f} s)", flush=True)
     if "speed" in parts:
         out["speed"] = []
-        for gpus, tokens in run.pick(SPEED, ((16, 50_000),)):
+        for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):  # a size bench_scale has a row of
             s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1))
             out["speed"].append(s)
             run.write(out, merged=merged)
