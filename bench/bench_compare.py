@@ -86,9 +86,12 @@ def lnk(profile: str, gpus: int, strategies: dict[str, str]) -> dict:
     pp1 = [s for s in cluster.view.schemes if s.pp == 1][:2]
     switch_gbs = CompareConfig.model_fields["switch_bandwidth_gbs"].default
     switch = SwitchModel(model_param_bytes(cluster.profile.model), switch_gbs * 1e9)
-    return {"bandwidth_GBps": cluster.bandwidth_GBps,
-            "per_direction": {k: {"GB": 2 * params / (tp * pp) / 1e9, "s": float(cluster.transfer_s(tp, pp))}
-                              for k, (tp, pp) in keys.items()},
+    per_direction = {k: {"GB": 2 * params / (tp * pp) / 1e9, "s": float(cluster.transfer_s(tp, pp))}
+                     for k, (tp, pp) in keys.items()}
+    megatron = strategies.get("megatron", "")
+    scheme = megatron[:megatron.index(">") + 1] if ">" in megatron else None
+    return {"bandwidth_GBps": cluster.bandwidth_GBps, "per_direction": per_direction,
+            "megatron": {"scheme": scheme, **per_direction[scheme]} if scheme in per_direction else None,
             "hotspa_switch_GBps": switch.bandwidth_Bps / 1e9, "hotspa_switch_s_pp1": switch.switch_s(*pp1)}
 
 

@@ -1,6 +1,7 @@
 """A plain FSDP2 training loop fed by hydraplan: balanced data parallelism for variable-length data.
 
-    torchrun --nproc-per-node 4 examples/fsdp2_train.py --dataset TOKENS.parquet --iterations 3 --dtype fp64
+    torchrun --nproc-per-node 2 examples/fsdp2_train.py                # CPU: gloo, fp32, synthetic tokens
+    torchrun --nproc-per-node 8 examples/fsdp2_train.py --dataset TOKENS.parquet --dtype bf16   # GPUs: NCCL
 
 Every iteration, rank 0 samples a global batch (`--tokens-per-iter` tokens of whole documents) and plans it
 with hydraplan.Planner on a homogeneous layout of WORLD_SIZE one-GPU pipelines, i.e. plain data
@@ -8,8 +9,10 @@ parallelism: dispatch balances the ranks' estimated compute (attention grows wit
 document's length, so equal token counts are not equal work) and packing fills each rank's micro-batches
 up to the profile's MaxLen (WLB-LLM-style balanced packing, which any data-parallel trainer can use). Each
 rank trains on its own micro-batches from hydraplan.loader, FSDP2 (`fully_shard`) sums the gradients over
-ranks, and the loss is the sum of token losses over the global batch's token count, so each update equals
-single-process training on the whole global batch.
+ranks (reduce-scatter with ReduceOp.SUM only: gloo has no PREMUL_SUM), and the loss is the sum of token losses
+over the global batch's token count, so each update equals single-process training on the whole global batch.
+On GPUs each rank uses the GPU of its LOCAL_RANK; `--dtype bf16` keeps fp32 parameters and AdamW state and
+computes in bf16 (FSDP2's MixedPrecisionPolicy: bf16 parameters for compute, fp32 gradient reduction).
 
 Without torchrun it runs as one process (the plan then has one pipeline). The model is the runtime's
 LLaMA-style decoder (`--model tiny` by default); a dataset without token ids (such as builtin:wikipedia,
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from hydraplan import Planner
 from hydraplan.core.errors import UserError
@@ -38,7 +41,7 @@ from hydraplan.schema import Candidate, PipelineSpec, Plan, Strategies
 from hydraplan.store.datasets import Batch, load_dataset, sample_iterations
 from hydraplan.store.fileio import write_model
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tokens-per-iter", type=int, default=4096, help="tokens of one global batch")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                    help="compute dtype (bf16: fp32 parameters and optimizer, bf16 compute, fp32 gradient reduction)")
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0, help="sampling, planning and initialization seed")
@@ -58,12 +62,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def init_distributed() -> None:
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+def init_distributed() -> torch.device:
+    """NCCL on this rank's GPU (LOCAL_RANK) when there are GPUs, else gloo on CPU; returns the device."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)  # before the process group: NCCL binds each rank to its own GPU
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, timeout=timedelta(minutes=5))
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return device
 
 
 def data_parallel_planner(args: argparse.Namespace, world: int) -> Planner:
@@ -96,23 +107,26 @@ def idle_batch(device: torch.device) -> PackedBatch:
 
 def build_model(args: argparse.Namespace, device: torch.device) -> StageModule:
     cfg = get_config(args.model)
-    dtype = DTYPES[args.dtype]
+    compute = DTYPES[args.dtype]
+    dtype = torch.float32 if compute == torch.bfloat16 else compute  # parameters (and AdamW state)
     model = StageModule(cfg, dtype=dtype, device=device)
     load_full(model, [init_full(spec, i, args.seed, dtype) for i, spec in enumerate(param_specs(cfg))])
+    model.dtype = compute  # what the stage computes its RoPE tables in (FSDP2 casts the parameters)
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=dtype) if compute != dtype else MixedPrecisionPolicy()
     for block in model.layers.values():
-        fully_shard(block, reshard_after_forward=False)
-    fully_shard(model, reshard_after_forward=False)
+        fully_shard(block, reshard_after_forward=False, mp_policy=policy)
+    fully_shard(model, reshard_after_forward=False, mp_policy=policy)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # sum the ranks' gradients: the loss is already a global mean
+            m.set_force_sum_reduction_for_comms(True)  # ReduceOp.SUM only: gloo (and zero-copy NCCL) lack PREMUL_SUM
     return model
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    init_distributed()
+    device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
     model = build_model(args, device)
     if args.optimizer == "adamw":
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)

@@ -236,15 +236,32 @@ def exact_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w:
 
 
 # --------------------------------------------------------------------------------------- interface
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
-    """Causal attention of each segment's queries (q [sum q_lens, Hq, D]) to its key window (k, v
-    [sum k_lens, Hkv, D]; Hq a multiple of Hkv: grouped-query attention). Returns [sum q_lens, Hq, D]."""
-    backend = select(q).backend
+def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> list[str]:
+    """Every backend this device can run for this dtype and head dim (`hydraplan doctor` checks each one)."""
+    cap = probe(device)
+    out = ["sdpa-per-document"]
+    kernels = cap.cuda and dtype in HALF and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and (
+        (cap.compute_capability or (0, 0)) >= MIN_CAPABILITY)
+    if kernels and cap.torch_varlen:
+        out.append("torch-varlen")
+    if kernels and cap.flash_attn is not None and _major_minor(cap.flash_attn) >= FLASH_ATTN_MIN:
+        out.append("flash-attn")
+    return out
+
+
+def run_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
+    """`window_attention` with the given backend instead of the chosen one."""
     if backend == "torch-varlen":
         return _torch_varlen_call(q, k, v, kernel_args(q, k, w))
     if backend == "flash-attn":
         return _flash_attn_call(q, k, v, kernel_args(q, k, w))
     return exact_window_attention(q, k, v, w)
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
+    """Causal attention of each segment's queries (q [sum q_lens, Hq, D]) to its key window (k, v
+    [sum k_lens, Hkv, D]; Hq a multiple of Hkv: grouped-query attention). Returns [sum q_lens, Hq, D]."""
+    return run_backend(select(q).backend, q, k, v, w)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

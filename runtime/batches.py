@@ -23,6 +23,7 @@ from hydraplan.core.schema import BatchSeq, Plan, PlanPipeline
 from hydraplan.runtime.attention import Windows, documents
 
 if TYPE_CHECKING:
+    from hydraplan.runtime.device import Device
     from hydraplan.store.datasets import Dataset
 
 IGNORE = -100
@@ -79,6 +80,13 @@ def rank_pipeline(plan: Plan, rank: int) -> PlanPipeline | None:
     return next((p for p in plan.pipelines if rank in p.ranks), None)
 
 
+def to_device(t: torch.Tensor, device: Device | torch.device | str) -> torch.Tensor:
+    """A host tensor on `device`; through the device seam when given one (pinned, non-blocking on CUDA)."""
+    if isinstance(device, (torch.device, str)):
+        return t.to(device)
+    return device.to_device(t)
+
+
 def synthetic_sequence(seq_id: int, length: int, vocab: int) -> torch.Tensor:
     """length+1 deterministic tokens for sequence `seq_id` (inputs are the first length, labels the last)."""
     gen = torch.Generator().manual_seed(int(seq_id))
@@ -126,8 +134,9 @@ class TokenData:
                 raise UserError(f"{where}.doc: document {s.doc} of {ds.name} has token id {top} >= the model's "
                                 f"vocab {self.vocab}")
 
-    def pack(self, seqs: Sequence[BatchSeq], device: torch.device | str = "cpu") -> PackedBatch:
-        """Pack the sequences in the given order into one micro-batch of sum(length) tokens."""
+    def pack(self, seqs: Sequence[BatchSeq], device: Device | torch.device | str = "cpu") -> PackedBatch:
+        """Pack the sequences in the given order into one micro-batch of sum(length) tokens, built on the host and
+        copied to `device` (a runtime Device: pinned and non-blocking on CUDA)."""
         data = [self.sequence(s) for s in seqs]
         lengths = torch.tensor([s.length for s in seqs], dtype=torch.int64)
         cu = torch.zeros(len(seqs) + 1, dtype=torch.int64)
@@ -137,13 +146,14 @@ class TokenData:
         for start, d in zip(cu[:-1].tolist(), data):
             labels[start:start + len(d) - 1] = d[1:]
         return PackedBatch(
-            tokens=torch.cat([d[:n] for d, n in zip(data, lengths.tolist())]).to(device),
-            labels=labels.to(device),
-            positions=(torch.arange(total) - torch.repeat_interleave(cu[:-1], lengths, output_size=total)).to(device),
-            cu_seqlens=cu.to(torch.int32).to(device),
+            tokens=to_device(torch.cat([d[:n] for d, n in zip(data, lengths.tolist())]), device),
+            labels=to_device(labels, device),
+            positions=to_device(torch.arange(total) - torch.repeat_interleave(cu[:-1], lengths, output_size=total), device),
+            cu_seqlens=to_device(cu.to(torch.int32), device),
             max_seqlen=int(lengths.max()),
         )
 
-    def micro_batches(self, plan: Plan, pipeline: PlanPipeline, device: torch.device | str = "cpu") -> list[PackedBatch]:
+    def micro_batches(self, plan: Plan, pipeline: PlanPipeline,
+                      device: Device | torch.device | str = "cpu") -> list[PackedBatch]:
         """The pipeline's micro-batches in plan order: what each of its ranks trains on this iteration."""
         return [self.pack(seqs, device) for seqs in micro_batch_seqs(plan, pipeline)]

@@ -3,175 +3,281 @@
 In step v replica j holds the pieces [start, end) of documents the plan gives it and runs the linear
 layers on them. Core attention runs as tasks: task (seq, [s, e), home, rank) computes queries [s, e) of
 seq against its keys [0, e) on replica `rank`. Per layer and TP rank (the replicas' ranks at the same TP
-rank form the exchange group; each holds heads/tp heads):
-1. every replica sends each executor the rows of its local [Q | K | V] that the executor's tasks need
-   (the union over its tasks of the causal prefixes it holds; one all_to_all_single with uneven sizes);
-2. the executor picks each task's queries and key window out of what it received (index_select) and
-   runs bottom-right causal window attention (runtime/attention.py), the shape of a CP rank's run;
-3. outputs go back to their home (a second all_to_all) and are put in local token order.
-Both exchanges are one autograd Function whose backward is the reverse all_to_all with the gradient
-scatter-added at the sent rows, as context_parallel._GatherTokens does for K/V. So each replica's
-parameter gradients are partial sums over its tokens' paths, and LNK push adds them up like any pipeline's.
-Attention seconds of each layer are recorded per rank (`CADContext.attention_s`) for the balance report.
+rank form the exchange group; each holds heads/tp heads), one all_to_all_single with uneven sizes sends
+each executor what attention needs and nothing more: Q of the queries it runs, K and V of every token of
+their key prefixes (once per document and executor, the cost model's K/V de-duplication); the executor
+picks each task's key window out of them, runs bottom-right causal window attention
+(runtime/attention.py, the shape of a CP rank's run), and a second all_to_all sends the outputs home.
+
+Ping-pong (runtime/cad_exec.py): a step's documents are split into two halves, each replica's tokens of
+half A and of half B run the layers as two micro-batches, and each half's exchanges are in flight while the
+other half computes, in forward and backward, so transfers hide behind compute as the cost model charges
+(max(compute, comm)). Documents never cross halves, so the halves are independent and the result is exact.
+
+Everything a rank needs is planned here from the plan alone with numpy over intervals and token positions,
+the same on every rank (`cad_context`); `check_cad` checks a plan at the level of intervals.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from hydraplan.core.schema import CADStep, Plan
-from hydraplan.runtime.attention import Windows, window_attention
-from hydraplan.runtime.batches import IGNORE, PackedBatch, TokenData
+from hydraplan.runtime.attention import Windows
+from hydraplan.runtime.batches import IGNORE, PackedBatch, TokenData, to_device
 
 
-class _Exchange(torch.autograd.Function):
-    """Forward: rows x[send_index] go out (send_sizes per group rank), recv_sizes rows come in, in group rank
-    order. Backward: the received rows' gradients go back and are summed into the rows they came from."""
+# ------------------------------------------------------------------------------------------- arrays
+@dataclass(frozen=True)
+class StepArrays:
+    """A step's pieces and tasks as arrays, in plan order (seq: the sequence ids of the plan)."""
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, send_index: torch.Tensor, send_sizes: list[int], recv_sizes: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.save_for_backward(send_index)
-        ctx.sizes, ctx.group, ctx.n = (send_sizes, recv_sizes), group, x.shape[0]
-        out = x.new_empty(sum(recv_sizes), *x.shape[1:])
-        dist.all_to_all_single(out, x.index_select(0, send_index).contiguous(), recv_sizes, send_sizes, group=group)
-        return out
+    p_seq: np.ndarray
+    p_start: np.ndarray
+    p_end: np.ndarray
+    p_rank: np.ndarray
+    t_seq: np.ndarray
+    t_start: np.ndarray
+    t_end: np.ndarray
+    t_home: np.ndarray
+    t_rank: np.ndarray
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (send_index,) = ctx.saved_tensors
-        send_sizes, recv_sizes = ctx.sizes
-        back = grad.new_empty(sum(send_sizes), *grad.shape[1:])
-        dist.all_to_all_single(back, grad.contiguous(), send_sizes, recv_sizes, group=ctx.group)
-        out = grad.new_zeros(ctx.n, *grad.shape[1:]).index_add_(0, send_index, back)
-        return out, None, None, None, None
+    @classmethod
+    def of(cls, step: CADStep) -> StepArrays:
+        p = np.array([(x.seq, x.start, x.end, x.rank) for x in step.pieces], dtype=np.int64).reshape(-1, 4)
+        t = np.array([(x.seq, x.start, x.end, x.home, x.rank) for x in step.tasks], dtype=np.int64).reshape(-1, 5)
+        return cls(*p.T, *t.T)
 
-
-@dataclass
-class CADContext:
-    """One replica's view of one step: what to send, how to find each local task's rows, where outputs go."""
-
-    group: dist.ProcessGroup
-    qkv_send: torch.Tensor  # local rows sent, grouped by destination in group rank order
-    qkv_send_sizes: list[int]
-    qkv_recv_sizes: list[int]
-    q_index: torch.Tensor  # rows of the received buffer: each local task's queries, tasks back to back
-    k_index: torch.Tensor  # the same for each task's key window [0, e)
-    windows: Windows
-    out_send_sizes: list[int]  # output rows per home (they are the task rows, grouped by home in group order)
-    out_order: torch.Tensor  # permutation of the task rows grouping them by home
-    out_recv_sizes: list[int]
-    out_place: torch.Tensor  # received output rows -> local token order
-    attention_s: list[float] = field(default_factory=list)  # per layer (forward), this rank's task compute
+    def subset(self, seqs: np.ndarray) -> StepArrays:
+        """The pieces and tasks of these sequences only (plan order kept)."""
+        pm, tm = np.isin(self.p_seq, seqs), np.isin(self.t_seq, seqs)
+        return StepArrays(self.p_seq[pm], self.p_start[pm], self.p_end[pm], self.p_rank[pm], self.t_seq[tm],
+                          self.t_start[tm], self.t_end[tm], self.t_home[tm], self.t_rank[tm])
 
 
-def cad_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CADContext) -> torch.Tensor:
-    """Causal attention of the local tokens' queries q [n, H, D] over their whole documents, computed on the
-    replicas the plan names. Collective over the group in forward and backward."""
-    h = q.shape[1]
-    qkv = torch.cat([q, k, v], dim=1)
-    got = _Exchange.apply(qkv, ctx.qkv_send, ctx.qkv_send_sizes, ctx.qkv_recv_sizes, ctx.group)
-    tq = got.index_select(0, ctx.q_index)[:, :h]
-    kv = got.index_select(0, ctx.k_index)
-    t0 = time.perf_counter()
-    if tq.shape[0]:
-        o = window_attention(tq, kv[:, h:h + k.shape[1]], kv[:, h + k.shape[1]:], ctx.windows)
-    else:  # no task here, but the exchange's backward is collective: keep it in the graph
-        o = tq + 0 * got.sum()
-    ctx.attention_s.append(time.perf_counter() - t0)
-    back = _Exchange.apply(o.index_select(0, ctx.out_order), torch.arange(o.shape[0], device=o.device),
-                           ctx.out_send_sizes, ctx.out_recv_sizes, ctx.group)
-    return back.index_select(0, ctx.out_place)
-
-
-def _rows(pieces: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int], int]:
-    """(seq, position) -> row of a buffer holding these (seq, start, end) pieces back to back."""
-    out, n = {}, 0
-    for seq, s, e in pieces:
-        for p in range(s, e):
-            out[(seq, p)] = n
-            n += 1
-    return out
-
-
-def _spans(tokens: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """Sorted (seq, pos) tokens as maximal (seq, start, end) runs."""
-    out: list[list[int]] = []
-    for seq, p in tokens:
-        if out and out[-1][0] == seq and out[-1][2] == p:
-            out[-1][2] += 1
-        else:
-            out.append([seq, p, p + 1])
-    return [tuple(x) for x in out]  # type: ignore[misc]
-
-
-def cad_context(step: CADStep, replica: int, group_replicas: Sequence[int], group: dist.ProcessGroup,
-                device: torch.device | str = "cpu") -> CADContext:
-    """The exchange plan of `replica` in one step. group_replicas: the replica of each group rank, in order."""
-    d = len(group_replicas)
-    held = [[(pc.seq, pc.start, pc.end) for pc in step.pieces if pc.rank == r] for r in range(d)]
-    local = _rows(held[replica])
-
-    def needs(src: int, dst: int) -> list[tuple[int, int]]:
-        """Tokens `src` holds that the tasks run on `dst` read (keys and values; queries among them)."""
-        ends: dict[int, int] = {}
-        for t in step.tasks:
-            if t.rank == dst:
-                ends[t.seq] = max(ends.get(t.seq, 0), t.end)
-        return sorted((seq, p) for seq, s, e in held[src] if seq in ends for p in range(s, min(e, ends[seq])))
-
-    send = [needs(replica, dst) for dst in group_replicas]
-    recv = [needs(src, replica) for src in group_replicas]
-    where: dict[tuple[int, int], int] = {}
-    off = 0
-    for toks in recv:
-        for i, tok in enumerate(toks):
-            where[tok] = off + i
-        off += len(toks)
-    mine = [t for t in step.tasks if t.rank == replica]
-    q_idx = [where[(t.seq, p)] for t in mine for p in range(t.start, t.end)]
-    k_idx = [where[(t.seq, p)] for t in mine for p in range(0, t.end)]
-    q_len = np.array([t.end - t.start for t in mine], dtype=np.int64)
-    k_len = np.array([t.end for t in mine], dtype=np.int64)
-    windows = Windows(_offsets(q_len), _offsets(k_len), int(q_len.max(initial=0)), int(k_len.max(initial=0)))
-    # outputs: this replica's task rows grouped by home (group order); homes receive from every executor
-    row0 = np.concatenate(([0], np.cumsum(q_len)))
-    order, out_send = [], []
-    for home in group_replicas:
-        rows = [r for i, t in enumerate(mine) if t.home == home for r in range(int(row0[i]), int(row0[i + 1]))]
-        order.extend(rows)
-        out_send.append(len(rows))
-    came: list[tuple[int, int]] = []
-    out_recv = []
-    for ex in group_replicas:
-        toks = [(t.seq, p) for t in step.tasks if t.rank == ex and t.home == replica for p in range(t.start, t.end)]
-        came.extend(toks)
-        out_recv.append(len(toks))
-    pos = {tok: i for i, tok in enumerate(came)}
-    place = [pos[tok] for tok in sorted(local, key=local.__getitem__)]
-
-    def lt(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64, device=device)
-
-    return CADContext(group, lt([local[tok] for toks in send for tok in toks]), [len(s) for s in send],
-                      [len(r) for r in recv], lt(q_idx), lt(k_idx),
-                      Windows(windows.cu_q.to(device), windows.cu_k.to(device), windows.max_q, windows.max_k),
-                      out_send, lt(order), out_recv, lt(place))
+def _spans(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(s, e) over the spans (empty spans contribute nothing)."""
+    n = np.maximum(ends - starts, 0)
+    total = int(n.sum())
+    return np.repeat(starts - (np.cumsum(n) - n), n) + np.arange(total, dtype=np.int64)
 
 
 def _offsets(lengths: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(([0], np.cumsum(lengths)))).to(torch.int32)
 
 
-def pack_pieces(data: TokenData, plan: Plan, pieces: Sequence[tuple[int, int, int]], ctx: CADContext,
-                device: torch.device | str = "cpu") -> PackedBatch:
-    """A replica's micro-batch of one step: its pieces back to back, labels the next token of each document."""
+# ------------------------------------------------------------------------------------------- checks
+def check_cad(plan: Plan, source: str) -> str | None:
+    """Why this runtime cannot replay the CAD plan, or None. Interval arithmetic per step: each sequence's
+    pieces tile [0, n) once, its tasks tile the same range once, and every task's queries sit on its home."""
+    assert plan.cad is not None
+    if plan.cad.pp != 1 or any(p.pp != 1 or p.cp != 1 for p in plan.pipelines):
+        return f"{source}: field cad.pp: the runtime replays CAD plans with pp = 1 and cp = 1 only"
+    if len(plan.pipelines) != plan.cad.replicas:
+        return f"{source}: field cad.replicas: {plan.cad.replicas}, but the plan has {len(plan.pipelines)} pipelines"
+    if len({p.tp for p in plan.pipelines}) != 1:
+        return f"{source}: field pipelines: CAD replicas must share one tp"
+    d = plan.cad.replicas
+    for v, step in enumerate(plan.cad.steps):
+        if (why := _check_step(StepArrays.of(step), d)) is not None:
+            return f"{source}: field cad.steps.{v}{why}"
+    return None
+
+
+def _check_step(a: StepArrays, d: int) -> str | None:
+    if ((a.p_rank < 0) | (a.p_rank >= d)).any() or ((a.t_rank < 0) | (a.t_rank >= d) | (a.t_home < 0)
+                                                     | (a.t_home >= d)).any():
+        return f": a piece or task names a replica outside [0, {d})"
+    if (a.p_end <= a.p_start).any() or (a.t_end <= a.t_start).any():
+        return ": a piece or task is empty"
+    if np.bincount(a.p_rank, minlength=d).min() == 0:
+        return ".pieces: a replica holds no tokens"
+    po = np.lexsort((a.p_start, a.p_seq))
+    seq, lo, hi, rank = a.p_seq[po], a.p_start[po], a.p_end[po], a.p_rank[po]
+    first = np.r_[True, seq[1:] != seq[:-1]]
+    gap = np.flatnonzero(np.where(first, lo != 0, lo != np.r_[0, hi[:-1]]))
+    if gap.size:
+        return f".pieces: the pieces of sequence {int(seq[gap[0]])} do not hold its tokens from 0 exactly once"
+    last = np.r_[seq[1:] != seq[:-1], True]
+    n_of = dict(zip(seq[last].tolist(), hi[last].tolist()))
+    to = np.lexsort((a.t_start, a.t_seq))
+    tseq, ts, te = a.t_seq[to], a.t_start[to], a.t_end[to]
+    tfirst = np.r_[True, tseq[1:] != tseq[:-1]]
+    tlast = np.r_[tseq[1:] != tseq[:-1], True]
+    covered = dict(zip(tseq[tlast].tolist(), te[tlast].tolist()))
+    if (np.where(tfirst, ts != 0, ts != np.r_[0, te[:-1]]).any() or covered != n_of):
+        return ".tasks: tasks do not cover every token's query exactly once"
+    # every task's queries on its home: the pieces covering [s, e) in one coordinate over all sequences
+    base = dict(zip(seq[first].tolist(), (np.cumsum(hi[last]) - hi[last]).tolist()))
+    g_lo = np.array([base[s] for s in seq.tolist()], dtype=np.int64) + lo
+    run = np.cumsum(np.r_[True, (rank[1:] != rank[:-1]) | first[1:]])
+    t_lo = np.array([base[s] for s in a.t_seq.tolist()], dtype=np.int64)
+    i0 = np.searchsorted(g_lo, t_lo + a.t_start, side="right") - 1
+    i1 = np.searchsorted(g_lo, t_lo + a.t_end - 1, side="right") - 1
+    bad = np.flatnonzero((run[i0] != run[i1]) | (rank[i0] != a.t_home))
+    if bad.size:
+        i = int(bad[0])
+        return (f".tasks.{i}: queries [{int(a.t_start[i])}, {int(a.t_end[i])}) are not all on home "
+                f"{int(a.t_home[i])}")
+    return None
+
+
+# ---------------------------------------------------------------------------------------- exchanges
+@dataclass
+class HalfContext:
+    """One replica's view of one half of a step: what it sends (Q rows of the queries each executor runs, K/V
+    rows of their key prefixes), how it finds its tasks' key windows in what it receives, and where outputs go.
+    Row counts are per group rank in group order; element counts follow from the head sizes at run time."""
+
+    group: dist.ProcessGroup | None
+    q_send: torch.Tensor  # local rows whose Q goes out, grouped by destination
+    q_send_counts: list[int]
+    kv_send: torch.Tensor  # local rows whose K/V go out, grouped by destination
+    kv_send_counts: list[int]
+    q_recv_counts: list[int]  # received Q rows: this replica's tasks' queries, in task order
+    kv_recv_counts: list[int]
+    k_index: torch.Tensor  # rows of the received K/V: each task's key window [0, e), tasks back to back
+    windows: Windows
+    out_send_counts: list[int]  # output rows per home (task order groups them by home)
+    out_recv_counts: list[int]
+    out_place: torch.Tensor  # received output rows -> local token order
+    stamps: list[tuple[Any, Any]] = field(default_factory=list)  # per layer: device stamps around its attention
+
+
+def _lookup(a: StepArrays, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Replica r's local layout (its pieces back to back in plan order): pieces sorted by (seq, start) as
+    (seq, start, end, first local row), and its token count."""
+    m = np.flatnonzero(a.p_rank == r)
+    size = a.p_end[m] - a.p_start[m]
+    offset = np.cumsum(size) - size
+    o = np.lexsort((a.p_start[m], a.p_seq[m]))
+    return a.p_seq[m][o], a.p_start[m][o], a.p_end[m][o], offset[o], int(size.sum())
+
+
+def _rows(lookup: tuple, seq: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Local rows of tokens (seq, pos) in a layout from `_lookup` (every token must be held there)."""
+    lseq, lstart, _, loff, _ = lookup
+    big = int(max(lstart.max(initial=0), pos.max(initial=0))) + 1
+    keys = lseq * big + lstart
+    i = np.searchsorted(keys, seq * big + pos, side="right") - 1
+    return loff[i] + pos - lstart[i]
+
+
+def half_context(a: StepArrays, replica: int, group_replicas: Sequence[int], group: dist.ProcessGroup | None,
+                 device: torch.device | str = "cpu") -> HalfContext:
+    """The exchange plan of `replica` for the pieces and tasks in `a`. group_replicas: the replica of each group
+    rank, in order."""
+    d = len(group_replicas)
+    gpos = np.empty(max(group_replicas) + 1, dtype=np.int64)
+    gpos[list(group_replicas)] = np.arange(d)
+    seqs, t_seq = np.unique(a.t_seq, return_inverse=True)
+    p_seq = np.searchsorted(seqs, a.p_seq)
+    reach = np.zeros((len(seqs), d), dtype=np.int64)  # key prefix each executor (group position) reads per seq
+    np.maximum.at(reach, (t_seq, gpos[a.t_rank]), a.t_end)
+    mine = _lookup(a, replica)
+
+    def kv_runs(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pieces of src (plan order) cut to the key prefix dst reads: (seq, start, stop, index of the piece)."""
+        m = np.flatnonzero(a.p_rank == src)
+        stop = np.minimum(a.p_end[m], reach[p_seq[m], gpos[dst]])
+        keep = stop > a.p_start[m]
+        return a.p_seq[m][keep], a.p_start[m][keep], stop[keep], m[keep]
+
+    def query_tasks(home: int, executor: int) -> np.ndarray:
+        return np.flatnonzero((a.t_home == home) & (a.t_rank == executor))
+
+    size = a.p_end - a.p_start
+    local_off = np.zeros(len(size), dtype=np.int64)  # first local row of each piece on its replica
+    for r in np.unique(a.p_rank):
+        m = np.flatnonzero(a.p_rank == r)
+        local_off[m] = np.cumsum(size[m]) - size[m]
+    q_send, q_counts, kv_send, kv_counts = [], [], [], []
+    for dst in group_replicas:
+        t = query_tasks(replica, dst)
+        q_send.append(_rows(mine, np.repeat(a.t_seq[t], a.t_end[t] - a.t_start[t]), _spans(a.t_start[t], a.t_end[t])))
+        q_counts.append(len(q_send[-1]))
+        _, start, stop, piece = kv_runs(replica, dst)
+        kv_send.append(_spans(local_off[piece], local_off[piece] + stop - start))
+        kv_counts.append(len(kv_send[-1]))
+    # received K/V: per source (group order) its runs, back to back; each task's window [0, e) looked up there
+    runs = [kv_runs(src, replica) for src in group_replicas]
+    r_seq = np.concatenate([r[0] for r in runs])
+    r_lo = np.concatenate([r[1] for r in runs])
+    r_len = np.concatenate([r[2] - r[1] for r in runs])
+    r_off = np.cumsum(r_len) - r_len
+    task = np.flatnonzero(a.t_rank == replica)
+    task = task[np.argsort(gpos[a.t_home[task]], kind="stable")]  # by home in group order: as the Q rows arrive
+    o = np.lexsort((r_lo, r_seq))
+    big = int(a.p_end.max(initial=0)) + 1
+    keys = r_seq[o] * big + r_lo[o]
+    k_seq = np.repeat(a.t_seq[task], a.t_end[task])
+    k_pos = _spans(np.zeros(len(task), dtype=np.int64), a.t_end[task])
+    i = o[np.searchsorted(keys, k_seq * big + k_pos, side="right") - 1]
+    k_index = r_off[i] + k_pos - r_lo[i]
+    q_len, k_len = a.t_end[task] - a.t_start[task], a.t_end[task]
+    out_send = np.bincount(gpos[a.t_home[task]], weights=q_len, minlength=d).astype(np.int64)
+    came = [query_tasks(replica, ex) for ex in group_replicas]
+    came_rows = np.concatenate([_rows(mine, np.repeat(a.t_seq[t], a.t_end[t] - a.t_start[t]),
+                                      _spans(a.t_start[t], a.t_end[t])) for t in came])
+    place = np.empty(mine[4], dtype=np.int64)
+    place[came_rows] = np.arange(len(came_rows))
+
+    def lt(x: np.ndarray | list[np.ndarray]) -> torch.Tensor:
+        x = np.concatenate(x) if isinstance(x, list) else x
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(device)
+
+    windows = Windows(_offsets(q_len).to(device), _offsets(k_len).to(device), int(q_len.max(initial=0)),
+                      int(k_len.max(initial=0)))
+    return HalfContext(group, lt(q_send), q_counts, lt(kv_send), kv_counts,
+                       [int(a.t_end[t].sum() - a.t_start[t].sum()) for t in (query_tasks(src, replica)
+                                                                            for src in group_replicas)],
+                       [int(r[2].sum() - r[1].sum()) for r in runs], lt(k_index), windows,
+                       out_send.tolist(), [int((a.t_end[t] - a.t_start[t]).sum()) for t in came], lt(place))
+
+
+# ------------------------------------------------------------------------------------------- halves
+def halves(a: StepArrays, d: int) -> list[np.ndarray]:
+    """The step's sequences in two halves for ping-pong, documents whole: longest first, each to the half whose
+    replicas (those holding the document's pieces) hold fewer of that half's tokens; empty halves dropped."""
+    seqs = np.unique(a.p_seq)
+    per = np.zeros((len(seqs), d), dtype=np.int64)
+    np.add.at(per, (np.searchsorted(seqs, a.p_seq), a.p_rank), a.p_end - a.p_start)
+    load = np.zeros((2, d), dtype=np.int64)
+    side = np.zeros(len(seqs), dtype=np.int64)
+    for i in np.argsort(-per.sum(axis=1), kind="stable"):
+        held = per[i] > 0
+        h = int(load[1][held].sum() < load[0][held].sum())
+        side[i] = h
+        load[h] += per[i]
+    return [seqs[side == h] for h in (0, 1) if (side == h).any()]
+
+
+@dataclass
+class CADBatch:
+    """One replica's micro-batch of one step: its tokens of each half as a PackedBatch whose `cp` is the
+    half's HalfContext."""
+
+    halves: list[PackedBatch]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(h.num_tokens for h in self.halves)
+
+    def attention_seconds(self, seconds) -> list[float]:
+        """Per layer: this rank's attention seconds over both halves (`seconds`: the device's stamp resolver)."""
+        per = [[seconds(b) - seconds(a) for a, b in h.cp.stamps] for h in self.halves]
+        return [float(sum(x)) for x in zip(*per, strict=True)]
+
+
+def pack_pieces(data: TokenData, plan: Plan, pieces: Sequence[tuple[int, int, int]], ctx: HalfContext,
+                device: Any = "cpu") -> PackedBatch:
+    """A replica's micro-batch of one half: its pieces back to back, labels the next token of each document."""
     by_id = {s.id: s for s in plan.batch}
     toks, labels, pos = [], [], []
     for seq, s, e in pieces:
@@ -185,51 +291,33 @@ def pack_pieces(data: TokenData, plan: Plan, pieces: Sequence[tuple[int, int, in
     lengths = torch.tensor([e - s for _, s, e in pieces], dtype=torch.int64)
     cu = torch.zeros(len(pieces) + 1, dtype=torch.int64)
     cu[1:] = torch.cumsum(lengths, 0)
-    return PackedBatch(tokens=torch.cat(toks).to(device), labels=torch.cat(labels).to(device),
-                       positions=torch.cat(pos).to(device), cu_seqlens=cu.to(torch.int32).to(device),
-                       max_seqlen=int(lengths.max()), cp=ctx)
+    empty = torch.zeros(0, dtype=torch.int64)
+    return PackedBatch(tokens=to_device(torch.cat(toks) if toks else empty, device),
+                       labels=to_device(torch.cat(labels) if labels else empty, device),
+                       positions=to_device(torch.cat(pos) if pos else empty, device),
+                       cu_seqlens=to_device(cu.to(torch.int32), device), max_seqlen=int(lengths.max()) if pieces else 0, cp=ctx)
 
 
-def step_micro_batches(data: TokenData, plan: Plan, replica: int, tp_rank: int, group: dist.ProcessGroup,
-                       device: torch.device | str = "cpu") -> list[PackedBatch]:
-    """Replica `replica`'s micro-batch of every step of a CAD plan (pp = 1), exchanging at TP rank `tp_rank`."""
+def step_micro_batches(data: TokenData, plan: Plan, replica: int, tp_rank: int, group: dist.ProcessGroup | None,
+                       device: Any = "cpu") -> list[CADBatch]:
+    """Replica `replica`'s micro-batch of every step of a CAD plan (pp = 1), exchanging at TP rank `tp_rank`.
+    `device`: a runtime Device (runtime/device.py) or a torch device."""
     assert plan.cad is not None
     ranks = [p.ranks[tp_rank] for p in plan.pipelines]
     group_replicas = sorted(range(len(ranks)), key=lambda j: ranks[j])  # torch orders a group by global rank
+    target = device if isinstance(device, (torch.device, str)) else device.torch
     out = []
     for step in plan.cad.steps:
-        ctx = cad_context(step, replica, group_replicas, group, device)
-        pieces = [(pc.seq, pc.start, pc.end) for pc in step.pieces if pc.rank == replica]
-        out.append(pack_pieces(data, plan, pieces, ctx, device))
+        a = StepArrays.of(step)
+        parts = []
+        for seqs in halves(a, plan.cad.replicas):
+            h = a.subset(seqs)
+            ctx = half_context(h, replica, group_replicas, group, target)
+            m = np.flatnonzero(h.p_rank == replica)
+            parts.append(pack_pieces(data, plan, list(zip(h.p_seq[m].tolist(), h.p_start[m].tolist(),
+                                                           h.p_end[m].tolist())), ctx, device))
+        out.append(CADBatch(parts))
     return out
-
-
-def check_cad(plan: Plan, source: str) -> str | None:
-    """Why this runtime cannot replay the CAD plan, or None."""
-    assert plan.cad is not None
-    if plan.cad.pp != 1 or any(p.pp != 1 or p.cp != 1 for p in plan.pipelines):
-        return f"{source}: field cad.pp: the runtime replays CAD plans with pp = 1 and cp = 1 only"
-    if len(plan.pipelines) != plan.cad.replicas:
-        return f"{source}: field cad.replicas: {plan.cad.replicas}, but the plan has {len(plan.pipelines)} pipelines"
-    if len({p.tp for p in plan.pipelines}) != 1:
-        return f"{source}: field pipelines: CAD replicas must share one tp"
-    d = plan.cad.replicas
-    for v, step in enumerate(plan.cad.steps):
-        if any(not 0 <= pc.rank < d for pc in step.pieces) or any(not 0 <= t.rank < d or not 0 <= t.home < d
-                                                                   for t in step.tasks):
-            return f"{source}: field cad.steps.{v}: a piece or task names a replica outside [0, {d})"
-        if any(not any(pc.rank == j for pc in step.pieces) for j in range(d)):
-            return f"{source}: field cad.steps.{v}.pieces: a replica holds no tokens"
-        held = {(pc.seq, p): pc.rank for pc in step.pieces for p in range(pc.start, pc.end)}
-        for i, t in enumerate(step.tasks):
-            if any(held.get((t.seq, p)) != t.home for p in range(t.start, t.end)):
-                return f"{source}: field cad.steps.{v}.tasks.{i}: queries [{t.start}, {t.end}) are not all on home {t.home}"
-            if any((t.seq, p) not in held for p in range(t.end)):
-                return f"{source}: field cad.steps.{v}.tasks.{i}: its key prefix is not all in this step"
-        queries = sorted((t.seq, p) for t in step.tasks for p in range(t.start, t.end))
-        if queries != sorted(held):
-            return f"{source}: field cad.steps.{v}.tasks: tasks do not cover every token's query exactly once"
-    return None
 
 
 def balance_report(per_rank: Sequence[Sequence[float]]) -> list[float]:

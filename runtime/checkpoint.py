@@ -3,7 +3,9 @@
 A checkpoint folder holds one file per rank, shard_RRRRR_of_WWWWW.pt (torch.save of the rank's
 `ShardedMaster.state()`), and manifest.json: the world size, the model config, the master dtype and the
 last plan iteration trained. Every file is written atomically (temporary file, fsync, rename) and the
-manifest last, after all ranks wrote their shards, so a folder with a manifest is complete. The shards
+manifest last, after all ranks wrote their shards, so a folder with a manifest is complete. Every rank
+creates the folder and writes the (identical) manifest, and resuming reads only the rank's own shard, so a
+checkpoint works whether the folder is one shared filesystem or each node's local disk. The shards
 are the optimizer owners' fixed ranges (runtime/lnk.py owner_ranges), which depend on the world size and
 the model only, not on any plan's strategy: resuming needs the same two, and refuses otherwise.
 """
@@ -54,16 +56,14 @@ def save(folder: str | Path, state: dict, cfg: ModelConfig, master_dtype: torch.
     Collective over the default group."""
     folder = Path(folder)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / MANIFEST).unlink(missing_ok=True)  # incomplete until the new manifest is written
+    folder.mkdir(parents=True, exist_ok=True)  # on every rank: nodes need not share a filesystem
+    (folder / MANIFEST).unlink(missing_ok=True)  # incomplete until the new manifest is written
     dist.barrier()
     state = {"weights": state["weights"].cpu(), "optimizer": _to_cpu(state["optimizer"])}
     _atomic_save(state, shard_path(folder, rank, world))
     dist.barrier()
-    if rank == 0:
-        write_json(folder / MANIFEST, {"format": FORMAT, "world_size": world, "model": dataclasses.asdict(cfg),
-                                       "master_dtype": str(master_dtype).removeprefix("torch."), "iteration": iteration})
+    write_json(folder / MANIFEST, {"format": FORMAT, "world_size": world, "model": dataclasses.asdict(cfg),
+                                   "master_dtype": str(master_dtype).removeprefix("torch."), "iteration": iteration})
     dist.barrier()
 
 
@@ -77,9 +77,10 @@ def _to_cpu(obj):
     return obj
 
 
-def check(folder: str | Path, world: int, cfg: ModelConfig, master_dtype: torch.dtype) -> int:
+def check(folder: str | Path, rank: int, world: int, cfg: ModelConfig, master_dtype: torch.dtype) -> int:
     """The last trained plan iteration of a checkpoint this run can resume; UserError (one line) if the
-    folder is not a complete checkpoint or was saved with another world size, model or master dtype."""
+    folder is not a complete checkpoint (its manifest, or this rank's shard, is missing) or was saved with
+    another world size, model or master dtype."""
     folder = Path(folder)
     src = f"--resume: {folder / MANIFEST}"
     try:
@@ -101,9 +102,8 @@ def check(folder: str | Path, world: int, cfg: ModelConfig, master_dtype: torch.
     want = str(master_dtype).removeprefix("torch.")
     if m.get("master_dtype") != want:
         raise UserError(f"{src}: field master_dtype: {m.get('master_dtype')!r}, this run's masters are {want!r}")
-    missing = [r for r in range(world) if not shard_path(folder, r, world).exists()]
-    if missing:
-        raise UserError(f"--resume: {shard_path(folder, missing[0], world)}: no such file")
+    if not shard_path(folder, rank, world).exists():
+        raise UserError(f"--resume: {shard_path(folder, rank, world)}: no such file")
     return int(m["iteration"])
 
 

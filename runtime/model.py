@@ -32,7 +32,6 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.hardware import MODELS
 from hydraplan.runtime.attention import window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
-from hydraplan.runtime.cad import CADContext, cad_attention
 from hydraplan.runtime.context_parallel import cp_attention
 
 INIT_STD = 0.02
@@ -266,8 +265,6 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mb.cp is None:
             o = window_attention(q, k, v, mb.windows)
-        elif isinstance(mb.cp, CADContext):  # core-attention disaggregation (runtime/cad.py)
-            o = cad_attention(q, k, v, mb.cp)
         else:
             o = cp_attention(q, k, v, mb.cp)
         return reduce_from_tp(o.flatten(-2) @ self.wo, self.tp)

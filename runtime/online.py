@@ -103,7 +103,7 @@ def profile_sha256(config: RunConfig) -> str:
 
 
 def save_run(folder: str | Path, config: RunConfig) -> None:
-    """Record the planning arguments beside a checkpoint (rank 0), for --resume to check."""
+    """Record the planning arguments beside a checkpoint (every rank: nodes may share no filesystem), for --resume."""
     write_model(Path(folder) / RUN_FILE, config.args(profile_sha256(config)).model_copy(
         update={"iterations": config.iterations}))
 

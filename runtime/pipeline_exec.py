@@ -40,12 +40,13 @@ def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_
     """Forward and backward every micro-batch; gradients accumulate in the module's .grad (or wherever its
     post-accumulate-grad hooks put them, runtime/grads.py; `before_last_backward` announces the last one).
     Each micro-batch's summed token loss is multiplied by `loss_scale` (1 / tokens of the global batch)
-    before backward. Returns the scaled loss summed over micro-batches (0 except on the last stage)."""
+    before backward. Returns the scaled loss summed over micro-batches (0 except on the last stage), on the
+    device: reading it to the host per micro-batch would stall the GPU's queue."""
     V = len(mbs)
     warmup = min(V, comm.pp - comm.stage - 1)
     inputs: list[torch.Tensor | None] = [None] * V
     outputs: list[torch.Tensor | None] = [None] * V
-    loss = torch.zeros((), dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64, device=comm.device)
 
     def buf(i: int) -> torch.Tensor:
         return torch.empty(mbs[i].num_tokens, comm.hidden, dtype=comm.dtype, device=comm.device)
@@ -58,7 +59,7 @@ def run_1f1b(module: StageModule, mbs: list[PackedBatch], comm: StageComm, loss_
         y = module(x, mbs[i])
         if module.last:
             y = y * loss_scale
-            loss += y.detach().double().cpu()
+            loss += y.detach().double()
         outputs[i] = y
         return None if module.last else y.detach()
 

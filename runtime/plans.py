@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Plan
+from hydraplan.core.memory import rank_memory_bytes
+from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline, Profile
 from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
@@ -106,3 +107,38 @@ def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:
                     )
     return roles
 
+
+
+def largest_micro_batch(plan: Plan, pipeline: int) -> int:
+    """Tokens of the pipeline's largest micro-batch (0 without any)."""
+    lengths = {s.id: s.length for s in plan.batch}
+    return max((sum(lengths[i] for i in mb.seqs) for mb in plan.pipelines[pipeline].micro_batches), default=0)
+
+
+def rank_model_bytes(plan: Plan, world: int, rank: int, profile: Profile | None, value_bytes: int) -> float | None:
+    """The profile's memory model of `rank` under `plan` (its scheme, stage and largest micro-batch;
+    hydraplan.core.memory.rank_memory), None for an idle rank or a scheme the profile lacks."""
+    role = rank_roles(plan, world)[rank]
+    if role is None or profile is None:
+        return None
+    pipe = plan.pipelines[role.pipeline]
+    scheme = profile.scheme(*pipe.key)
+    if scheme is None:
+        return None
+    return rank_memory_bytes(profile, scheme, role.stage, plan.gpus, largest_micro_batch(plan, role.pipeline), value_bytes)
+
+
+def build_plan(iteration: int, strategy: str, gpus: int, pipes: list[tuple[int, int, int, list[int], list[list[int]]]],
+               first_id: int = 0, profile: str = "cpu-tiny") -> Plan:
+    """A plan written by hand (hydraplan doctor, tests): pipes are (tp, pp, cp, ranks, micro-batches as lists of
+    sequence lengths); sequence ids are numbered from first_id."""
+    batch, out, sid = [], [], first_id
+    for tp, pp, cp, ranks, mbs in pipes:
+        micro = []
+        for lengths in mbs:
+            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
+            batch += [BatchSeq(id=sid + i, length=n) for i, n in enumerate(lengths)]
+            sid += len(lengths)
+        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
+    return Plan(iteration=iteration, profile=profile, gpus=gpus, batch=batch, strategy=strategy, pipelines=out,
+                estimate=Estimate(propagation_s=0.0))

@@ -5,7 +5,8 @@ it; it writes JSON).
     torchrun --nproc-per-node TP*PP*CP runtime/profile.py --tp TP --pp PP --cp CP --model tiny --capacity-bytes B --out m.json
     torchrun --nproc-per-node N     runtime/profile.py --network 1,1 --network 2,1 --model tiny --out n.json
     torchrun --nproc-per-node G     runtime/profile.py --check PLAN_DIR --model tiny --out c.json
-(one rank: plain `python runtime/profile.py ...`). CUDA (NCCL) when present, else CPU (gloo).
+(one rank: plain `python runtime/profile.py ...`). CUDA (NCCL, bf16 by default) when present, else CPU (gloo,
+fp32); every second and byte is read through the device seam (runtime/device.py).
 
 How time is measured. Each point is a training step of the runtime (Replayer.step, as run_plan and --check
 run it: layer groups pulled ahead of use, gradients accumulated in fp32 and pushed per layer group, so T(l)
@@ -28,9 +29,11 @@ pipeline's critical path over thread CPU time, plus the step's exposed LNK waits
 
 How memory is measured. Activation bytes of one micro-batch on a stage (on a CP rank: its share) are the bytes autograd
 saves for backward during its forward (saved_tensors_hooks, each storage counted once, parameters excluded), and its
-peak bytes the most heap bytes its forward and backward add at once (the C allocator's statistics sampled after every
-torch op, runtime/memstats.py; the parameter gradients left behind excluded), at a few lengths; fixed bytes are the
-stage's weights and gradients plus its 1/N share of the fp32 master weights and the two AdamW states.
+peak bytes the most bytes its forward and backward add at once (Device.peak_memory: the C allocator's statistics
+sampled after every torch op on CPU, runtime/memstats.py; max_memory_allocated on CUDA; the parameter gradients left
+behind excluded), at a few lengths; fixed bytes are the stage's weights (compute dtype) and gradient accumulators
+(master dtype), its 1/N share of the fp32 master weights, the two AdamW states and the owner gradient, and LNK's
+in-flight buffers (hydraplan.core.memory.lnk_terms, also recorded apart as lnk_bytes).
 hydraplan.core.memory turns them into MaxLen.
 """
 
@@ -48,7 +51,6 @@ if __name__ == "__main__":
 import argparse
 import gc
 import json
-import os
 import statistics
 import time
 from datetime import timedelta
@@ -60,19 +62,20 @@ import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.fit import time_grid
-from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, scheme_max_len
+from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, lnk_terms, scheme_max_len
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
-from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
-from hydraplan.runtime import lnk
+from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, ModelInfo, Plan, PlanPipeline
+from hydraplan.runtime import device as devices
+from hydraplan.runtime import lnk, lnk_streams
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
-from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
+from hydraplan.runtime.device import DTYPES, Device
+from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.replay import Replayer
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
 
 
@@ -85,7 +88,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--network", action="append", default=None, metavar="TP,PP",
                     help="time LNK pull/push of a homogeneous <TP,PP> layout over all ranks (repeat for several)")
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="wall", help="see the module docstring")
     ap.add_argument("--capacity-bytes", type=float, default=2**30, help="usable memory per device for MaxLen")
     ap.add_argument("--reference-gpus", type=int, default=4, help="N sharing the optimizer states")
@@ -99,20 +102,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _pair(text: str) -> tuple[int, int]:
     tp, pp = (int(x) for x in text.split(","))
     return tp, pp
-
-
-def _init(timeout: timedelta) -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return device
 
 
 def replayed_pipeline(replayer: Replayer, plan: Plan, args: argparse.Namespace) -> list[float]:
@@ -168,26 +157,26 @@ def saved_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp
     return sum(seen.values())
 
 
-def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None) -> int:
-    """Most heap bytes one forward and backward of the stage on `mb` add at once, as the replay runs them (saved
-    activations plus the backward's working set; CPU allocator statistics, runtime/memstats.py), the parameter
-    gradients it leaves excluded (fixed bytes count them). Collective over TP and CP."""
+def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None, dev: Device) -> int:
+    """Most bytes one forward and backward of the stage on `mb` add at once, as the replay runs them (saved
+    activations plus the backward's working set; Device.peak_memory), the parameter gradients it leaves excluded
+    (fixed bytes count them). Collective over TP and CP."""
     module.zero_grad(set_to_none=True)
     gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
     dist.barrier()
-    with PeakHeap() as heap:
+    with dev.peak_memory() as reading:
         y = module(x, _replay_batch(mb, cp))
         torch.autograd.backward(y, None if module.last else torch.ones_like(y))
     grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
     module.zero_grad(set_to_none=True)
-    return heap.peak - heap.start - grads
+    return reading.peak - reading.start - grads
 
 
-def _synthetic(data: TokenData, lengths: list[int], first_id: int) -> PackedBatch:
-    return data.pack([BatchSeq(id=first_id + i, length=n) for i, n in enumerate(lengths)])
+def _synthetic(data: TokenData, lengths: list[int], first_id: int, dev: Device) -> PackedBatch:
+    return data.pack([BatchSeq(id=first_id + i, length=n) for i, n in enumerate(lengths)], dev)
 
 
-def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, device: torch.device) -> dict | None:
+def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.Namespace, dev: Device) -> dict | None:
     """Memory then time of <tp, pp, cp> on this job's tp*pp*cp ranks (in the rank order of docs/formats.md); the
     result on rank 0 (None elsewhere)."""
     from hydraplan.runtime.groups import GroupCache
@@ -203,6 +192,7 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     groups.ensure(layout)
     role = rank_roles(layout, world)[rank]
     stage = role.stage
+    device = dev.torch
     module = StageModule(cfg, pp=pp, stage=stage, tp=TPGroup(groups.get(role.tp_ranks) if tp > 1 else None, tp, role.tp_rank),
                          dtype=dtype, device=device)
     load_full(module, [init_full(s, i, 0, dtype) for i, s in enumerate(param_specs(cfg))], tp, role.tp_rank)
@@ -216,26 +206,31 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     gen = torch.Generator().manual_seed(rank)
     act, peak = [], []
     for k, n in enumerate((MEMORY_LENGTHS[0], *MEMORY_LENGTHS)):  # the first run only warms the allocator up
-        mb = _device_batch(_synthetic(data, [n], 0), device)
+        mb = _synthetic(data, [n], 0, dev)
         share = shares([mb])
         local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
         x = None if module.first else torch.randn(local, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
         saved = saved_bytes(module, x, mb, share)
-        top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share)
+        top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share, dev)
         if k:
             act.append(saved)
             peak.append(top)
     stage_params = sum(p.numel() for p in module.parameters())
     total_params = sum(s.numel for s in param_specs(cfg))
-    fixed = 2 * stage_params * dtype.itemsize + STATE_BYTES_PER_PARAM * total_params / args.reference_gpus
+    mdt = master_dtype(dtype)
+    info = ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
+                     params=total_params)
+    lnk_bytes = sum(t.bytes for t in lnk_terms(info, tp, pp, stage, dtype.itemsize))
+    fixed = (stage_params * (dtype.itemsize + mdt.itemsize) + lnk_bytes
+             + (STATE_BYTES_PER_PARAM + mdt.itemsize) * total_params / args.reference_gpus)
     mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act,
-                      peak_bytes=peak)
+                      peak_bytes=peak, lnk_bytes=lnk_bytes)
     mems: list[StageMemory | None] = [None] * world
     dist.all_gather_object(mems, mem)
     max_len = scheme_max_len(mems, args.capacity_bytes)
 
     del module
-    replayer = Replayer(cfg, data, dtype, 0, 1e-3, device, timedelta(seconds=args.timeout_s))
+    replayer = Replayer(cfg, data, dtype, 0, 1e-3, dev, timedelta(seconds=args.timeout_s))
     replayer.record_actions = True
     points = []
     for lengths in time_grid(max_len):
@@ -250,13 +245,6 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
         return None
     return {"tp": tp, "pp": pp, "cp": cp, "max_len": max_len, "micro_batches": pp, "points": points,
             "memory": [m.__dict__ for m in mems]}
-
-
-def _device_batch(mb: PackedBatch, device: torch.device) -> PackedBatch:
-    if device.type == "cpu":
-        return mb
-    return PackedBatch(mb.tokens.to(device), mb.labels.to(device), mb.positions.to(device), mb.cu_seqlens.to(device),
-                       mb.max_seqlen)
 
 
 class Phases(NamedTuple):
@@ -276,13 +264,14 @@ class Phases(NamedTuple):
     pull_wait_s: float = 0.0  # of propagate_s, waits on pulls
 
 
-def _barrier_timed(fn, device: torch.device):
-    """Run fn between two barriers; (its result, wall seconds): what the slowest rank takes."""
+def _barrier_timed(fn, dev: Device):
+    """Run fn between two barriers, the device synchronized before each; (its result, wall seconds): what the
+    slowest rank takes."""
+    dev.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
     out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    dev.synchronize()
     dist.barrier()
     return out, time.perf_counter() - t0
 
@@ -315,14 +304,14 @@ def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
                   stats.pull_wait_s)
 
 
-def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device) -> dict | None:
+def check_plans(cfg: ModelConfig, args: argparse.Namespace, dev: Device) -> dict | None:
     """Phase seconds of whole iterations of every plan (median of `repeats` after `warmup`, each phase on
     its own; every repeat is a real training step)."""
     from hydraplan.runtime.plans import check_plan, load_plans
     from hydraplan.runtime.seq1f1b import check_splits
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    replayer = Replayer(cfg, TokenData(cfg.vocab), DTYPES[args.dtype], 0, 1e-3, device, timedelta(seconds=args.timeout_s))
+    replayer = Replayer(cfg, TokenData(cfg.vocab), DTYPES[args.dtype], 0, 1e-3, dev, timedelta(seconds=args.timeout_s))
     replayer.record_actions = True
     out = []
     for source, plan in load_plans(args.check, None):
@@ -338,7 +327,7 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, device: torch.device
 
 
 def measure_network(cfg: ModelConfig, schemes: list[tuple[int, int]], args: argparse.Namespace,
-                    device: torch.device) -> dict | None:
+                    dev: Device) -> dict | None:
     """Wall seconds of LNK pull and push (runtime/lnk.py itself, between barriers) when all ranks of this
     job run one homogeneous <tp, pp> layout: each rank moves its stage's slice for its TP rank from and to
     owners spread over every rank, the runtime's own messages at the real slice sizes. Median of
@@ -348,7 +337,7 @@ def measure_network(cfg: ModelConfig, schemes: list[tuple[int, int]], args: argp
     specs = param_specs(cfg)
     numels = np.array([s.numel for s in specs], dtype=np.int64)
     sharded = np.array([s.sharded for s in specs], dtype=bool)
-    master = ShardedMaster(cfg, rank, world, master_dtype(dtype), 0, 1e-3, device)
+    master = ShardedMaster(cfg, rank, world, master_dtype(dtype), 0, 1e-3, dev.torch)
     shard = master.weights.detach()
     out = []
     for tp, pp in schemes:
@@ -359,11 +348,11 @@ def measure_network(cfg: ModelConfig, schemes: list[tuple[int, int]], args: argp
                       pipelines=[PlanPipeline(tp=tp, pp=pp, cp=1, ranks=list(range(i * d, (i + 1) * d)), micro_batches=[],
                                               estimate_s=0.0) for i in range(world // d)])
         link = lnk.plan_link(numels, sharded, [r.link_role(cfg) for r in rank_roles(layout, world)], rank)
-        grads = torch.ones(link.local.total, dtype=dtype, device=device)
+        grads = torch.ones(link.local.total, dtype=master_dtype(dtype), device=dev.torch)
         pulls, pushes = [], []
         for i in range(args.warmup + args.repeats):
-            _, t_pull = _barrier_timed(lambda: lnk.pull(link, shard, dtype), device)
-            _, t_push = _barrier_timed(lambda: lnk.push(link, grads, shard.dtype), device)
+            _, t_pull = _barrier_timed(lambda: lnk_streams.pull(link, shard, dtype, dev=dev), dev)
+            _, t_push = _barrier_timed(lambda: lnk_streams.push(link, grads, dtype, dev=dev, master_dtype=shard.dtype), dev)
             if i >= args.warmup:
                 pulls.append(t_pull)
                 pushes.append(t_push)
@@ -377,15 +366,17 @@ def measure_network(cfg: ModelConfig, schemes: list[tuple[int, int]], args: argp
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    device = _init(timedelta(seconds=args.timeout_s))
+    dev = devices.pick()
+    devices.init_distributed(dev, timedelta(seconds=args.timeout_s))
+    args.dtype = args.dtype or devices.default_dtype(dev)
     try:
         cfg = get_config(args.model)
         if args.check:
-            result = check_plans(cfg, args, device)
+            result = check_plans(cfg, args, dev)
         elif args.network:
-            result = measure_network(cfg, [_pair(x) for x in args.network], args, device)
+            result = measure_network(cfg, [_pair(x) for x in args.network], args, dev)
         else:
-            result = measure_scheme(cfg, args.tp, args.pp, args.cp, args, device)
+            result = measure_scheme(cfg, args.tp, args.pp, args.cp, args, dev)
         if result is not None:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return 0

@@ -1,9 +1,9 @@
 """One rank's side of a training iteration replayed from a plan: pull, 1F1B or Seq1F1B (on its CP share of
-the tokens), push, AdamW step -- with pull and push per layer group overlapping the compute (runtime/lnk.py)."""
+the tokens), push, AdamW step -- with pull and push per layer group overlapping the compute (runtime/lnk.py,
+runtime/lnk_streams.py). Every time is read through the device seam (runtime/device.py)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -11,11 +11,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hydraplan.core.memory import LNK_PULL_DEPTH, LNK_PUSH_DEPTH
 from hydraplan.core.schema import Plan
-from hydraplan.runtime import lnk
+from hydraplan.runtime import faults, lnk, lnk_streams
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.cad import step_micro_batches
+from hydraplan.runtime.cad_exec import run_cad
 from hydraplan.runtime.context_parallel import CPShards
+from hydraplan.runtime.device import Device
 from hydraplan.runtime.grads import GradBuffer
 from hydraplan.runtime.groups import GroupCache
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, bind_params, group_entries, param_groups, param_specs
@@ -40,11 +43,12 @@ class StepStats:
 
     pull_s / push_s: time that direction had an exchange in flight (LinkClock.busy_s);
     propagate_s: forward and backward of all micro-batches, including waits for pulls inside it;
-    step_s: the AdamW step on the owner shard; exposed_s: time the compute thread was blocked on a pull or
-    push exchange after every rank had posted it (communication not hidden); peer_wait_s: time it was blocked
-    before that (a slower pipeline or stage: imbalance, not communication); pack_s: its packing/unpacking
-    copies; iteration_s: the whole step; pull_wait_s: the part of propagate_s spent waiting on pulls (exposed or
-    on a peer; none without overlap, where every pull completes before the propagation).
+    step_s: the AdamW step on the owner shard; exposed_s: time the compute was blocked on a pull or push
+    exchange after every rank had posted it (communication not hidden); peer_wait_s: time it was blocked
+    before that (a slower pipeline or stage: imbalance, not communication); pack_s: host seconds the LNK
+    threads spent packing, unpacking and summing; iteration_s: the whole step; pull_wait_s: the part of
+    propagate_s spent waiting on pulls (exposed or on a peer; none without overlap, where every pull completes
+    before the propagation). On CUDA every instant is a CUDA event on the stream that did the work.
     hidden_s = pull_s + push_s - exposed_s - peer_wait_s is the in-flight time the rank did not wait for."""
 
     loss: float
@@ -72,11 +76,15 @@ class Replayer:
     views of the buffer pull fills (runtime/lnk.py PullStream), so no strategy's parameters linger in memory.
     Pull and push run on two process groups of their own, so their exchanges queue apart from each other and
     from the pipelines' traffic. `overlap=False` pulls everything before and pushes everything after the
-    propagation (the baseline the overlap is measured against)."""
+    propagation (the baseline the overlap is measured against). `lnk_depth`: the layer groups pull and push
+    keep in flight at most (runtime/lnk_streams.py; the memory model counts the default)."""
 
-    def __init__(self, cfg: ModelConfig, data: TokenData, dtype: torch.dtype, seed: int, lr: float, device: torch.device,
-                 timeout: timedelta, overlap: bool = True, keep_grad: bool = False):
-        self.cfg, self.data, self.dtype, self.device, self.overlap = cfg, data, dtype, device, overlap
+    def __init__(self, cfg: ModelConfig, data: TokenData, dtype: torch.dtype, seed: int, lr: float, dev: Device,
+                 timeout: timedelta, overlap: bool = True, keep_grad: bool = False,
+                 lnk_depth: tuple[int, int] = (LNK_PULL_DEPTH, LNK_PUSH_DEPTH)):
+        self.cfg, self.data, self.dtype, self.dev, self.overlap = cfg, data, dtype, dev, overlap
+        self.lnk_depth = lnk_depth
+        self.device = dev.torch
         self.keep_grad = keep_grad  # keep the last summed owner-shard gradient for gather_grads (--verify)
         self.last_grad: torch.Tensor | None = None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -84,7 +92,7 @@ class Replayer:
         self.numels = np.array([s.numel for s in specs], dtype=np.int64)
         self.sharded = np.array([s.sharded for s in specs], dtype=bool)
         self.groups_of = param_groups(cfg)
-        self.master = ShardedMaster(cfg, self.rank, self.world, master_dtype(dtype), seed, lr, device)
+        self.master = ShardedMaster(cfg, self.rank, self.world, master_dtype(dtype), seed, lr, self.device)
         self.groups = GroupCache(timeout)
         ranks = list(range(self.world))
         self.pull_pg = dist.new_group(ranks, timeout=timeout)
@@ -111,27 +119,36 @@ class Replayer:
     def step(self, plan: Plan) -> StepStats:
         """One training iteration (collective over all ranks, idle ones included)."""
         s = self.setup(plan)
-        clock = lnk.LinkClock()
+        faults.inject(self.rank, plan.iteration)
+        dev = self.dev
+        dev.anchor()
+        clock = lnk_streams.LinkClock(dev)
         mdt = self.master.weights.dtype
-        t0 = time.perf_counter()
-        pull = lnk.PullStream(s.link, self.master.weights.detach(), self.dtype, self.pull_pg, self.overlap, clock)
-        loss = torch.zeros((), dtype=torch.float64)
+        t0 = dev.stamp()
+        pull = lnk_streams.PullStream(s.link, self.master.weights.detach(), self.dtype, self.pull_pg, self.overlap, clock,
+                                      self.lnk_depth[0])
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self.last_role_cad = s.role is not None and plan.cad is not None
         self.last_actions = None
         if s.role is None:
             pull.start()
             pull.finish()
-            t1 = time.perf_counter()
-            push = lnk.PushStream(s.link, self.master.weights.new_empty(0), mdt, self.push_pg, self.overlap, clock)
+            t1 = dev.stamp()
+            push = lnk_streams.PushStream(s.link, self.master.weights.new_empty(0, dtype=self.dtype), self.dtype,
+                                          self.push_pg, self.overlap, clock, mdt, self.lnk_depth[1])
         else:
             t1, push, loss = self._propagate(plan, s, pull, clock)
-        t2 = time.perf_counter()
+        t2 = dev.stamp()
         grad = push.finish()
-        t3 = time.perf_counter()
+        del pull, push  # the pulled parameters, the stage gradients and LNK's buffers: not needed by the step
+        t3 = dev.stamp()
         if self.keep_grad:
             self.last_grad = grad
         self.master.step(grad)
-        t4 = time.perf_counter()
+        t4 = dev.stamp()
+        dev.synchronize()
+        clock.resolve()
+        t0, t1, t2, t3, t4 = (dev.seconds(t) for t in (t0, t1, t2, t3, t4))
         groups = len(s.link.pull_groups)
         keys = [(k, g) for k in ("pull", "push") for g in range(groups)]
         last_post = torch.tensor([clock.posts[key] for key in keys], dtype=torch.float64, device=self.device)
@@ -142,14 +159,13 @@ class Replayer:
                   pull_wait]
         stats = torch.tensor(phases if s.role is not None else [0.0] * len(phases), dtype=torch.float64, device=self.device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        loss = loss.to(self.device)
         dist.all_reduce(loss)
         return StepStats(float(loss), *stats.tolist())
 
-    def _propagate(self, plan: Plan, s: Setup, pull: lnk.PullStream,
-                   clock: lnk.LinkClock) -> tuple[float, lnk.PushStream, torch.Tensor]:
+    def _propagate(self, plan: Plan, s: Setup, pull: lnk_streams.PullStream,
+                   clock: lnk_streams.LinkClock) -> tuple[object, lnk_streams.PushStream, torch.Tensor]:
         """Pull (overlapped with the forward of the layers before), run the stage, push per layer group as the
-        last backward finishes it. Returns the propagation start time, the push stream and the loss."""
+        last backward finishes it. Returns the propagation start stamp, the push stream and the loss."""
         role = s.role
         tp = TPGroup(self.groups.get(role.tp_ranks) if role.tp > 1 else None, role.tp, role.tp_rank)
         module = StageModule(self.cfg, pp=role.pp, stage=role.stage, tp=tp, dtype=self.dtype, device="meta")
@@ -169,14 +185,15 @@ class Replayer:
         for g, sub in group_entries(module):
             sub.register_forward_pre_hook(lambda *_, g=g: pull.wait(g))
         pull.start()
-        t1 = time.perf_counter()
-        push = lnk.PushStream(s.link, grads.flat, self.master.weights.dtype, self.push_pg, self.overlap, clock)
+        t1 = self.dev.stamp()
+        push = lnk_streams.PushStream(s.link, grads.flat, self.dtype, self.push_pg, self.overlap, clock,
+                                      self.master.weights.dtype, self.lnk_depth[1])
         grads.on_ready = push.ready
         if plan.cad is not None:  # core-attention disaggregation: pp = 1 replicas exchange attention tasks
             group = self.groups.get(tuple(sorted(p.ranks[role.tp_rank] for p in plan.pipelines)))
-            mbs = step_micro_batches(self.data, plan, role.pipeline, role.tp_rank, group, self.device)
+            mbs = step_micro_batches(self.data, plan, role.pipeline, role.tp_rank, group, self.dev)
         else:
-            mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.device)
+            mbs = self.data.micro_batches(plan, plan.pipelines[role.pipeline], self.dev)
         cp = None
         if role.cp > 1:
             cp = CPShards.of(mbs, [mb.cp_shard for mb in plan.pipelines[role.pipeline].micro_batches], role.cp_rank,
@@ -186,17 +203,20 @@ class Replayer:
         splits = pipeline_splits(plan, role.pipeline)
         if splits is None and self.record_actions:
             splits = [[0, mb.num_tokens] for mb in mbs]
-        if splits is None:
+        if plan.cad is not None:
+            loss = run_cad(module, mbs, scale, self.dev.stamp, grads.last_backward)
+        elif splits is None:
             if cp is not None:
                 mbs = [cp.split(m, mb, [0, mb.num_tokens])[0] for m, mb in enumerate(mbs)]
             loss = run_1f1b(module, mbs, comm, scale, grads.last_backward)
         else:
             loss, stage = run_seq1f1b(module, mbs, splits, comm, scale, cp, grads.last_backward)
             self.last_actions = (role.pipeline, role.stage, role.pp, stage.cpu_s)
-        if plan.cad is not None:
-            self.cad_attention_s = [t for mb in mbs for t in mb.cp.attention_s]
         pull.finish()
         grads.remove()
+        if plan.cad is not None:
+            self.dev.synchronize()
+            self.cad_attention_s = [t for mb in mbs for t in mb.attention_seconds(self.dev.seconds)]
         return t1, push, loss if role.tp_rank == 0 else torch.zeros_like(loss)
 
     def gather_weights(self) -> torch.Tensor | None:

@@ -20,11 +20,15 @@ Each iteration prints its phases (replay.StepStats): pull, propagate, push and s
 was blocked on LNK ("sync exposed") and how much in-flight LNK time it did not wait for ("hidden").
 The loss is the token mean over the whole global batch, so the result equals single-process training on
 the same batch; `--verify` checks exactly that against runtime/reference.py.
-Without torchrun it runs as a single process. CUDA (NCCL) is used when present, else CPU (gloo).
+Without torchrun it runs as a single process. CUDA (NCCL, bf16 by default, TF32 allowed) is used when present,
+else CPU (gloo, fp32 by default); every time and byte it reports is read through runtime/device.py.
 --init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
---memory prints each rank's peak heap bytes per step on CPU (runtime/memstats.py) next to the memory model of
-the plan's profile for the rank's scheme, stage and largest micro-batch.
+--memory prints each rank's peak bytes per step (the C heap on CPU, the CUDA caching allocator on GPU) next
+to the memory model of the plan's profile for the rank's scheme, stage and largest micro-batch.
+A failure inside training prints one line naming the rank, host, iteration and plan file (planning while
+training: the iteration's planning node) and ends every rank within seconds (runtime/faults.py;
+HYDRAPLAN_INJECT_FAULT=KIND@RANK:ITERATION injects one).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ if __name__ == "__main__":
 
 import argparse
 import gc
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -52,31 +55,20 @@ import torch.distributed as dist
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan
 from hydraplan.methods.run import PlanRun
-from hydraplan.runtime import checkpoint, hf, online
+from hydraplan.runtime import checkpoint, device, faults, hf, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import RankSet, plan_groups
 from hydraplan.runtime.lnk import owner_ranges
-from hydraplan.runtime.memstats import PeakHeap, map_large_allocations
+from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import master_dtype
-from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
-from hydraplan.runtime.reference import Reference
+from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
+from hydraplan.runtime.verify import TOLERANCE, Verifier, fp64_attention_refusal
 from hydraplan.solve.placement import groups_per_rank
 from hydraplan.store.profiles import load_profile
-
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
-TOLERANCE = {"fp64": 1e-9, "fp32": 1e-5, "bf16": 1e-2}
-"""--verify. fp64: max abs parameter difference after every step against single-process fp64 training.
-fp32/bf16: relative L2 error of the iteration's summed gradient against an fp64 reference at the same
-weights (a parameter difference says little here: AdamW's first steps move every weight by ~lr whatever
-the gradient's precision). bf16: 1e-2. bf16 compute with fp32 accumulation stays below it however many
-micro-batches add up (weights and activations rounded to bf16), while accumulating in bf16 grows past it as
-micro-batches add up (tests/test_grads.py measures both on the tiny model), so 1e-2 passes the former and
-fails the latter on long accumulations; on short ones the accumulation error hides in bf16 compute's own and
-no tolerance can separate them."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,7 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="after the last iteration, save the sharded masters and AdamW states")
     ap.add_argument("--resume", default=None, metavar="DIR",
                     help="continue a run saved with --save (same world size and model): the plans after its last iteration")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype (masters are fp32, fp64 for fp64)")
+    ap.add_argument("--dtype", choices=sorted(device.DTYPES), default=None,
+                    help="compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64)")
     ap.add_argument("--dataset", default=None,
                     help="dataset the plans were (or are) sampled from; its token ids are trained on when it has them, "
                          "else synthetic tokens per sequence id")
@@ -107,12 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="rank 0 also trains in one process in fp64 and compares parameters (fp64) or gradients (fp32, bf16)")
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
-                         "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2)")
+                         "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2; runtime/verify.py)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
-                    help="CPU: measure each rank's peak heap bytes during every step (glibc allocator statistics, "
-                         "runtime/memstats.py) and print them next to the plan's profile's memory model")
+                    help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
+                         "max_memory_allocated) and print them next to the plan's profile's memory model")
     ap.add_argument("--no-overlap", action="store_true",
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
@@ -127,23 +120,41 @@ def describe(plan: Plan) -> str:
 
 
 def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
-          device: torch.device, hf_weights: hf.Checkpoint | None, done: int | None,
-          trained: Callable[[Plan], None] | None = None) -> int:
-    """Train on `plans` in order (replayed, or planned while training), after making `groups`; `trained` is
-    called with each plan once it is trained."""
+          dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
+          trained: Callable[[Plan], None] | None = None, alike: tuple[type[Exception], ...] = ()) -> int:
+    """Train on `plans` in order (replayed, or planned while training), after making `groups`; `source` names
+    a plan's file (or planning node) in a failure's one line; `trained` is called with each plan once it is
+    trained. A failure inside ends the job in one line (runtime/faults.py), except errors of the types `alike`,
+    which every rank raises at the same point (a plan they all refuse) and which go to the caller."""
+    watchdog = faults.Watchdog(dist.get_rank())
+    at: list = [None, None]  # the plan iteration and source being trained
+    try:
+        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, trained, at)
+    except alike:
+        watchdog.stop()
+        raise
+    except Exception as e:
+        watchdog.handle(e, at[0], at[1])  # several ranks: never returns
+        code = 1
+    watchdog.stop()
+    return code
+
+
+def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
+           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
+           trained: Callable[[Plan], None] | None, at: list) -> int:
     rank = dist.get_rank()
-    dtype = DTYPES[args.dtype]
+    dtype = device.DTYPES[args.dtype]
     mdt = master_dtype(dtype)
     tolerance = args.tolerance if args.tolerance is not None else TOLERANCE[args.dtype]
-    exact = dtype == torch.float64
     if rank == 0:
-        choice = choice_for(device, dtype, cfg.head_dim)
+        choice = choice_for(dev.torch, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
     if args.memory:
         map_large_allocations()
-    replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, device, timedelta(seconds=args.timeout_s),
-                        overlap=not args.no_overlap, keep_grad=args.verify and not exact)
-    reference = Reference(cfg, data, args.init_seed, torch.float64, args.lr, device) if args.verify and rank == 0 else None
+    replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, dev, timedelta(seconds=args.timeout_s),
+                        overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
+    verifier = Verifier(replayer, cfg, data, args.init_seed, args.lr, dtype) if args.verify else None
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -151,20 +162,22 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
     elif hf_weights is not None:
         lo, hi = owner_ranges(replayer.numels, dist.get_world_size())
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
-        if reference is not None:
-            reference.load(hf_weights.full(torch.float64))
+        if verifier is not None and verifier.reference is not None:
+            verifier.reference.load(hf_weights.full(torch.float64))
     _make_groups(replayer, groups)
     worst, last = 0.0, (done if done is not None else -1)
     for plan in plans:
+        at[:] = [plan.iteration, source(plan)]
         last = plan.iteration
-        before = replayer.gather_weights() if args.verify and not exact else None
+        if verifier is not None:
+            verifier.before()
         if args.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
             gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
             dist.barrier()
-            with PeakHeap() as heap:
+            with dev.peak_memory() as peak:
                 st = replayer.step(plan)
-            _print_memory(plan, replayer, heap.peak - heap.start + held)
+            _print_memory(plan, replayer, peak.peak - peak.start + held, args.dtype)
         else:
             st = replayer.step(plan)
         if rank == 0:
@@ -174,32 +187,25 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
                   f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
         if plan.cad is not None:
             _print_cad_balance(plan, replayer.cad_attention_s if replayer.last_role_cad else [])
-        if args.verify:
-            got = replayer.gather_weights() if exact else replayer.gather_grads()
-            if reference is not None:
-                if exact:
-                    reference.step(plan)
-                    diff = float((got - reference.flat_weights()).abs().max())
-                    print(f"verify: iteration {plan.iteration} max_abs_param_diff={diff:.3e}", flush=True)
-                else:
-                    want = reference.gradient(plan, before.double())
-                    diff = float((got.double() - want).norm() / want.norm())
-                    print(f"verify: iteration {plan.iteration} grad_rel_err={diff:.3e} (fp64 reference at the same weights)",
-                          flush=True)
+        if verifier is not None:
+            diff = verifier.compare(plan)
+            if diff is not None:
+                print(f"verify: iteration {plan.iteration} {verifier.what}={diff:.3e}"
+                      + ("" if verifier.exact else " (fp64 reference at the same weights)"), flush=True)
                 worst = max(worst, diff)
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
         if trained is not None:
             trained(plan)
+    at[:] = [None, None]
     if args.save:
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
         if rank == 0:
             print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
-    failed = torch.tensor([float(worst > tolerance)], device=device)
+    failed = torch.tensor([float(worst > tolerance)], device=dev.torch)
     dist.broadcast(failed, 0)
     if failed.item():
         if rank == 0:
-            what = "max_abs_param_diff" if exact else "grad_rel_err"
-            print(f"verify: FAILED, {what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
+            print(f"verify: FAILED, {verifier.what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
 
@@ -229,34 +235,31 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
     return ckpt.cfg, ckpt
 
 
-def _print_memory(plan: Plan, replayer: Replayer, measured: int) -> None:
-    """Rank 0 prints, per rank, the peak heap bytes of the step (plus the master shard and AdamW state held
-    across steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch."""
-    from hydraplan.core.memory import rank_memory_bytes
-    from hydraplan.store.profiles import load_profile
-
-    role = rank_roles(plan, dist.get_world_size())[dist.get_rank()]
+def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> None:
+    """Rank 0 prints, per rank, the peak bytes of the step (plus the master shard and AdamW state held across
+    steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch
+    (hydraplan.core.memory.rank_memory, LNK's buffers in this run's compute dtype)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    role = rank_roles(plan, world)[rank]
     mine = None
     if role is not None:
-        pipe = plan.pipelines[role.pipeline]
-        lengths = {s.id: s.length for s in plan.batch}
-        tokens = max((sum(lengths[i] for i in mb.seqs) for mb in pipe.micro_batches), default=0)
-        mine = (role.pipeline, pipe.key, role.stage, tokens, measured)
-    rows: list = [None] * dist.get_world_size()
+        try:
+            profile = load_profile(plan.profile)
+        except UserError:
+            profile = None
+        model = rank_model_bytes(plan, world, rank, profile, device.DTYPES[dtype].itemsize)
+        mine = (role.pipeline, plan.pipelines[role.pipeline].key, role.stage,
+                largest_micro_batch(plan, role.pipeline), measured, model)
+    rows: list = [None] * world
     dist.all_gather_object(rows, mine)
-    if dist.get_rank() != 0:
+    if rank != 0:
         return
-    try:
-        scheme_of = {s.key: s for s in load_profile(plan.profile).schemes}
-    except UserError:
-        scheme_of = {}
-    for rank, row in enumerate(rows):
+    for r, row in enumerate(rows):
         if row is None:
             continue
-        j, key, stage, tokens, got = row
-        model = rank_memory_bytes(scheme_of[key], stage, plan.gpus, tokens) if key in scheme_of else None
+        j, key, stage, tokens, got, model = row
         vs = "" if model is None else f", model {model / 2**20:.2f} MiB, measured/model {got / model:.3f}"
-        print(f"memory: iteration {plan.iteration} rank {rank} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
+        print(f"memory: iteration {plan.iteration} rank {r} pipeline {j} <{key[0]},{key[1]},{key[2]}> stage {stage} "
               f"largest micro-batch {tokens} tokens: peak {got / 2**20:.2f} MiB{vs}", flush=True)
 
 
@@ -292,36 +295,29 @@ def _token_data(spec: str | None, cfg: ModelConfig, planning: bool = False) -> T
     return TokenData(cfg.vocab, dataset)
 
 
-def _init(timeout: timedelta) -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return device
-
-
-def _replayed(args: argparse.Namespace, cfg: ModelConfig, data: TokenData) -> tuple[list[Plan], int | None]:
-    """The plans of the plan argument, checked against the job (after --resume's iteration)."""
+def _replayed(args: argparse.Namespace, cfg: ModelConfig, data: TokenData, dev: device.Device
+              ) -> tuple[list[tuple[str, Plan]], int | None]:
+    """The plans of the plan argument and their files, checked against the job (after --resume's iteration)."""
     plans = load_plans(args.plan, args.iterations)
     for source, plan in plans:
-        _check(plan, source, cfg, data)
+        _check(plan, source, cfg, data, args, dev)
     done = None
     if args.resume:
-        done = checkpoint.check(args.resume, dist.get_world_size(), cfg, master_dtype(DTYPES[args.dtype]))
+        done = checkpoint.check(args.resume, dist.get_rank(), dist.get_world_size(), cfg,
+                                master_dtype(device.DTYPES[args.dtype]))
         plans = [(source, plan) for source, plan in plans if plan.iteration > done]
-    return [plan for _, plan in plans], done
+    return plans, done
 
 
-def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData) -> None:
+def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, args: argparse.Namespace,
+           dev: device.Device) -> None:
     check_plan(plan, source, dist.get_world_size(), cfg)
     check_splits(plan, source)
     data.check(plan, source)
+    if dev.kind == "cuda" and (args.verify or args.dtype == "fp64"):
+        capacity = torch.cuda.get_device_properties(dev.torch).total_memory
+        if (why := fp64_attention_refusal([(source, plan)], cfg.heads, capacity)) is not None:
+            raise UserError(why)
 
 
 def _agree(error: str | None) -> str | None:
@@ -334,38 +330,45 @@ def _agree(error: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = _init(timedelta(seconds=args.timeout_s))
+    dev = device.pick()
+    device.init_distributed(dev, timedelta(seconds=args.timeout_s))
+    args.dtype = args.dtype or device.default_dtype(dev)
     try:
         if args.plan is None:
-            return _online(args, device)
+            return _online(args, dev)
         error, plans, cfg, data, weights, done = None, [], None, None, None, None
         try:
+            faults.configured()  # a malformed HYDRAPLAN_INJECT_FAULT is a user error like any other
             online.check_replay_args(args)
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
-            plans, done = _replayed(args, cfg, data)
+            plans, done = _replayed(args, cfg, data, dev)
         except UserError as e:
             error = str(e)
         if (first := _agree(error)) is not None:
             print(f"run_plan: {first}", file=sys.stderr, flush=True)
             return 2
-        return train(cfg, data, plans, plan_groups(plans), args, device, weights, done)
+        sources = {plan.iteration: source for source, plan in plans}
+        only = [plan for _, plan in plans]
+        return train(cfg, data, only, plan_groups(only), args, dev, weights, done, lambda p: sources[p.iteration])
     finally:
         dist.destroy_process_group()
 
 
-def _online(args: argparse.Namespace, device: torch.device) -> int:
+def _online(args: argparse.Namespace, dev: device.Device) -> int:
     """Plan while training (runtime/online.py): the run prepared on each node's first rank, the start-up
     groups from rank 0, plans fed by a thread; one line and exit 2 for a bad argument or plan."""
     world, error, run = dist.get_world_size(), None, None
     plan_group = dist.new_group(backend="gloo")  # plans travel beside training, on CPU
     topology = online.Topology.of(plan_group)
     try:
+        faults.configured()
         config = online.run_config(args, world)
         cfg, weights = _model(args)
         data = _token_data(args.dataset, cfg, planning=True)
-        done = checkpoint.check(args.resume, world, cfg, master_dtype(DTYPES[args.dtype])) if args.resume else None
+        done = None
         if args.resume:
+            done = checkpoint.check(args.resume, dist.get_rank(), world, cfg, master_dtype(device.DTYPES[args.dtype]))
             online.check_resume(args.resume, config)
         if topology.leader:
             t0 = time.perf_counter()
@@ -383,17 +386,18 @@ def _online(args: argparse.Namespace, device: torch.device) -> int:
     groups = online.broadcast_groups(online.startup_groups(run) if dist.get_rank() == 0 else None, plan_group)
     ahead = args.plan_ahead or 2 * args.planners_per_node * topology.nodes
     feed = online.PlanFeed(run, topology, start, stop, args.planners_per_node, ahead, plan_group,
-                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data))
+                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data, args, dev))
     saving = online.save_plans(args.save_plans, args.format, run) if args.save_plans and dist.get_rank() == 0 else None
     try:
-        code = train(cfg, data, feed, groups, args, device, weights, done, saving)
+        code = train(cfg, data, feed, groups, args, dev, weights, done,
+                     lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving, alike=(UserError,))
     except UserError as e:
         print(f"run_plan: {e}", file=sys.stderr, flush=True)
         feed.close(abort=True)
         return 2
     feed.close()
-    if args.save and dist.get_rank() == 0:
-        online.save_run(args.save, config)
+    if args.save:
+        online.save_run(args.save, config)  # on every rank: --resume reads it on every node
     if dist.get_rank() == 0 and feed.waits:
         print(f"planning: {len(feed.waits)} plans; training waited {feed.waits[0]:.3f}s for the first and "
               f"{sum(feed.waits[1:]):.3f}s for the rest (at most {max(feed.waits[1:], default=0.0):.3f}s once)",

@@ -162,7 +162,7 @@ class Seq1F1BStage:
         self.module, self.loss_scale = module, loss_scale
         self.views = [split_views(mb, b) if cp is None else cp_split_views(cp.split(m, mb, b), b)
                       for m, (mb, b) in enumerate(zip(mbs, splits))]
-        self.loss = torch.zeros((), dtype=torch.float64)
+        self.loss = torch.zeros((), dtype=torch.float64, device=mbs[0].tokens.device if mbs else "cpu")
         self._held: dict[tuple[int, int], _Held] = {}
         self.peak_live = 0
         self.cpu_s: dict[tuple[str, int, int], float] = {}
@@ -189,7 +189,7 @@ class Seq1F1BStage:
             y = self._split_forward(x, view, m, s, held.kv)
             if self.module.last:
                 y = y * self.loss_scale
-                self.loss += y.detach().double().cpu()
+                self.loss += y.detach().double()  # on the device: no host read per split
             held.output = y
         self.cpu_s[("F", m, s)] = time.thread_time() - start
         return None if self.module.last or held.output is None else held.output.detach()

@@ -1,6 +1,12 @@
-"""Fixtures shared by the solver tests."""
+"""Fixtures shared by the solver tests; and GPUs hidden from the whole session."""
+
+import os
 
 import pytest
+
+# The tests assert CPU behaviour (gloo, the exact CPU attention, heap statistics), in this process and in every
+# rank they launch: on a machine with GPUs they must not pick NCCL or CUDA. `hydraplan doctor` checks the GPUs.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture

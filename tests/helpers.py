@@ -9,13 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from hydraplan.schema import (
-    BatchSeq,
-    Estimate,
     GPUInfo,
-    MicroBatch,
     ModelInfo,
     Plan,
-    PlanPipeline,
     Profile,
     Scheme,
     Strategies,
@@ -73,6 +69,14 @@ def write_run_inputs(tmp_path: Path, lengths: np.ndarray, strategies: Strategies
     return profile, data, strat
 
 
+def cpu_env(**extra: str) -> dict[str, str]:
+    """The environment of a runtime launched by a test: GPUs hidden (the tests assert CPU behaviour: gloo, heap
+    memory), one thread per rank."""
+    import os
+
+    return dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,16 +94,9 @@ def init_gloo(rank: int, world: int, port: int) -> None:
 def make_plan(iteration: int, strategy: str, pipelines: list[tuple[int, int, list[int], list[list[int]]]],
               gpus: int = 4, first_id: int = 0, cp: int = 1) -> Plan:
     """pipelines: (tp, pp, ranks, micro-batches as lists of sequence lengths); ids are numbered from first_id."""
-    batch, out, sid = [], [], first_id
-    for tp, pp, ranks, mbs in pipelines:
-        micro = []
-        for lengths in mbs:
-            micro.append(MicroBatch(seqs=list(range(sid, sid + len(lengths)))))
-            batch += [BatchSeq(id=sid + k, length=n) for k, n in enumerate(lengths)]
-            sid += len(lengths)
-        out.append(PlanPipeline(tp=tp, pp=pp, cp=cp, ranks=ranks, micro_batches=micro, estimate_s=0.0))
-    return Plan(iteration=iteration, profile="cpu-tiny", gpus=gpus, batch=batch, strategy=strategy,
-                pipelines=out, estimate=Estimate(propagation_s=0.0))
+    from hydraplan.runtime.plans import build_plan
+
+    return build_plan(iteration, strategy, gpus, [(tp, pp, cp, ranks, mbs) for tp, pp, ranks, mbs in pipelines], first_id)
 
 
 def overlap_plans(world: int = 4) -> list[Plan]:

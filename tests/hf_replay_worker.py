@@ -12,6 +12,7 @@ from helpers import init_gloo
 
 from hydraplan.runtime import hf
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.device import Device
 from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.replay import Replayer
@@ -22,7 +23,7 @@ def replay_gradients(rank: int, world: int, port: int, folder: str, plans: list,
     saves [(loss, canonical flat gradients)] to `out`. The weights stay the HF ones for every plan."""
     init_gloo(rank, world, port)
     ckpt = hf.Checkpoint(folder)
-    replayer = Replayer(ckpt.cfg, TokenData(ckpt.cfg.vocab), torch.float64, 0, 1e-3, torch.device("cpu"),
+    replayer = Replayer(ckpt.cfg, TokenData(ckpt.cfg.vocab), torch.float64, 0, 1e-3, Device(),
                         timedelta(seconds=60))
     lo, hi = owner_ranges(replayer.numels, world)
     replayer.master.load(ckpt.shard(lo[rank], hi[rank], torch.float64))

@@ -179,3 +179,26 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
     path.write_text(plan.model_dump_json(by_alias=True))
     v = subprocess.run([exe, "validate", str(out), "--profile", "h100-llama2-7b"], capture_output=True, text=True)
     assert v.returncode != 0 and "CAD estimate" in v.stdout + v.stderr
+
+
+def test_milp_refinement_is_bounded_by_nodes_not_by_the_clock(monkeypatch):
+    """The plan may not depend on how fast the machine is: the MILP runs with no time limit, a node limit
+    instead, and two runs give the same answer."""
+    import highspy
+
+    from hydraplan.solve.cad import balance_milp
+
+    rng = np.random.default_rng(3)
+    p = _profile(gpn=2)
+    s = _scheme(a=2e-9, b=1e-5, c=1e-4)
+    lengths = rng.integers(500, 9000, size=6)
+    prob = cad.step_problem(s, cad.comm_model(p, s, 3), lengths, list(range(lengths.size)), 3)
+    home = [t[3] for t in prob.tasks]
+    seen: list[highspy.Highs] = []
+    run = balance_milp.run_mip
+    monkeypatch.setattr(balance_milp, "run_mip", lambda h: seen.append(h) or run(h))
+    first = cad.milp(prob, float("inf"), home)
+    (h,) = seen
+    assert h.getOptionValue("time_limit")[1] == float("inf")
+    assert h.getOptionValue("mip_max_nodes")[1] == balance_milp.MILP_MAX_NODES
+    assert cad.milp(prob, float("inf"), home) == first

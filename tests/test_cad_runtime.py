@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from test_run_plan import _replay_verified
 
 from hydraplan.core.batch import as_batch
@@ -92,3 +93,108 @@ def test_best_cad_on_the_tiny_profile_is_valid():
     assert r is not None
     plan = cad_plan(b, r, Cluster.of(prof, 4))
     assert validate_plan(plan, prof) == []
+
+
+# ------------------------------------------------------------------ the exchange plans against brute force
+def _reference_check(plan: Plan) -> bool:
+    """Token by token, what check_cad must accept: every task's queries on its home, its key prefix held in
+    the step, and the tasks covering every held token's query exactly once."""
+    d = plan.cad.replicas
+    for step in plan.cad.steps:
+        if any(not 0 <= pc.rank < d for pc in step.pieces) or any(not (0 <= t.rank < d and 0 <= t.home < d)
+                                                                   for t in step.tasks):
+            return False
+        tokens = [(pc.seq, p) for pc in step.pieces for p in range(pc.start, pc.end)]
+        held = {(pc.seq, p): pc.rank for pc in step.pieces for p in range(pc.start, pc.end)}
+        if len(held) != len(tokens) or {pc.rank for pc in step.pieces} != set(range(d)):
+            return False
+        for t in step.tasks:
+            if any(held.get((t.seq, p)) != t.home for p in range(t.start, t.end)):
+                return False
+            if any((t.seq, p) not in held for p in range(t.end)):
+                return False
+        if sorted((t.seq, p) for t in step.tasks for p in range(t.start, t.end)) != sorted(held):
+            return False
+    return True
+
+
+def _broken(plan: Plan, rng: np.random.Generator) -> Plan:
+    """The plan with one random defect (or none)."""
+    out = plan.model_copy(deep=True)
+    step = out.cad.steps[int(rng.integers(len(out.cad.steps)))]
+    kind = int(rng.integers(5))
+    if kind == 0 and step.tasks:
+        step.tasks.pop(int(rng.integers(len(step.tasks))))
+    elif kind == 1:
+        t = step.tasks[int(rng.integers(len(step.tasks)))]
+        t.home = (t.home + 1) % out.cad.replicas
+    elif kind == 2:
+        pc = step.pieces[int(rng.integers(len(step.pieces)))]
+        pc.rank = (pc.rank + 1) % out.cad.replicas
+    elif kind == 3:
+        t = step.tasks[int(rng.integers(len(step.tasks)))]
+        if t.end - t.start > 1:
+            t.end -= 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_check_cad_agrees_with_the_token_by_token_check(seed):
+    from hydraplan.runtime.cad import check_cad
+
+    rng = np.random.default_rng(seed)
+    base = _planned(rng.integers(2, 60, size=int(rng.integers(4, 12))).tolist(), seed, (1, 1, 1), int(rng.integers(1, 3)))
+    for plan in [base, _handmade()] + [_broken(base, rng) for _ in range(12)]:
+        assert (check_cad(plan, "p.json") is None) == _reference_check(plan)
+
+
+def _local_tokens(step_pieces, replica: int) -> list[tuple[int, int]]:
+    return [(int(s), p) for s, a, b, r in step_pieces if r == replica for p in range(int(a), int(b))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exchange_plans_deliver_each_task_its_queries_and_key_window_and_bring_outputs_home(seed):
+    """Every replica's exchange plan of every half (runtime/cad.py half_context), routed through an in-memory
+    all_to_all of token labels: an executor receives exactly the Q of its tasks' queries and picks exactly each
+    task's key window [0, e) out of the K/V it received, K/V rows never repeat per source and executor, and
+    outputs come back to the rows of their tokens on the home replica."""
+    from hydraplan.runtime.cad import StepArrays, half_context, halves
+
+    rng = np.random.default_rng(seed)
+    plan = _planned(rng.integers(2, 70, size=int(rng.integers(5, 14))).tolist(), seed, (1, 1, 1), 2)
+    d = plan.cad.replicas
+    group = [int(x) for x in rng.permutation(d)]  # the replica of each group rank: any order
+    for step in plan.cad.steps:
+        a = StepArrays.of(step)
+        parts = halves(a, d)
+        assert sorted(int(s) for h in parts for s in h) == sorted({pc.seq for pc in step.pieces})
+        for seqs in parts:
+            h = a.subset(seqs)
+            pieces = list(zip(h.p_seq, h.p_start, h.p_end, h.p_rank))
+            ctx = {r: half_context(h, r, group, None) for r in range(d)}
+            local = {r: _local_tokens(pieces, r) for r in range(d)}
+            sent = {}
+            for r, c in ctx.items():
+                q = [local[r][i] for i in c.q_send.tolist()]
+                kv = [local[r][i] for i in c.kv_send.tolist()]
+                qo = np.cumsum([0] + c.q_send_counts)
+                ko = np.cumsum([0] + c.kv_send_counts)
+                for g, dst in enumerate(group):
+                    sent[r, dst] = (q[qo[g]:qo[g + 1]], kv[ko[g]:ko[g + 1]])
+                    assert len(set(sent[r, dst][1])) == len(sent[r, dst][1])
+            for r, c in ctx.items():
+                q_recv = [t for src in group for t in sent[src, r][0]]
+                kv_recv = [t for src in group for t in sent[src, r][1]]
+                assert [len(sent[src, r][0]) for src in group] == c.q_recv_counts
+                assert [len(sent[src, r][1]) for src in group] == c.kv_recv_counts
+                mine = sorted((i for i in range(len(h.t_seq)) if h.t_rank[i] == r), key=lambda i: group.index(h.t_home[i]))
+                assert q_recv == [(int(h.t_seq[i]), p) for i in mine for p in range(h.t_start[i], h.t_end[i])]
+                assert [kv_recv[i] for i in c.k_index.tolist()] == [(int(h.t_seq[i]), p) for i in mine
+                                                                    for p in range(h.t_end[i])]
+                assert torch.diff(c.windows.cu_q).tolist() == [int(h.t_end[i] - h.t_start[i]) for i in mine]
+                assert torch.diff(c.windows.cu_k).tolist() == [int(h.t_end[i]) for i in mine]
+                oo = np.cumsum([0] + c.out_send_counts)
+                sent[r, "out"] = {dst: q_recv[oo[g]:oo[g + 1]] for g, dst in enumerate(group)}
+            for r, c in ctx.items():
+                came = [t for ex in group for t in sent[ex, "out"][r]]
+                assert [came[i] for i in c.out_place.tolist()] == local[r]

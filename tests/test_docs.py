@@ -194,3 +194,62 @@ def test_the_planner_snippet_prints_what_the_page_says(tmp_path):
         else:
             exec(code, scope)
     assert checked >= 1
+
+
+def plan_table() -> list[tuple[list[str], str]]:
+    """The plan fields of docs/formats.md with what `validate` says of them (required, required with a sync model,
+    optional)."""
+    text = text_of("docs/formats.md")
+    section = text[text.index("## Plan:"):text.index("## Run summary")]
+    rows = re.findall(r"^\| (`[^|]+`) \| (required|required with a sync model|optional) \|", section, re.M)
+    return [(re.findall(r"`([^`]+)`", fields), status) for fields, status in rows]
+
+
+def without(plan: dict, path: str) -> dict:
+    """A copy of the plan file without the field at `path` (`a.b`, or `a[].b` in every element of list a)."""
+    out = json.loads(json.dumps(plan))
+    head, _, rest = path.partition(".")
+    if head.endswith("[]") and rest:
+        for item in out[head[:-2]]:
+            item.pop(rest, None)
+    elif head.endswith("[]"):
+        out.pop(head[:-2], None)
+    elif rest:
+        out[head].pop(rest, None)
+    else:
+        out.pop(head, None)
+    return out
+
+
+def test_formats_md_says_what_validate_requires_of_a_plan():
+    """Each plan field the table marks required makes `validate` fail when it is absent (a schema error or a
+    violation); "required with a sync model" only against a profile that has one (cpu-tiny has); optional fields
+    may be absent."""
+    from hydraplan.app.validate import check_plan
+    from hydraplan.core.sync import has_sync_model
+
+    rows = plan_table()
+    statuses = {status for _, status in rows}
+    assert statuses == {"required", "required with a sync model", "optional"}
+    plan = json.loads((ROOT / "plans" / "example" / "iter_000000.json").read_text())
+    profile = load_profile("cpu-tiny")
+    assert has_sync_model(profile)
+    no_sync = profile.model_copy(update={"network": None})
+
+    def problems(data: dict, prof) -> list:
+        try:
+            parsed = Plan.model_validate(data)
+        except ValueError as e:  # pydantic: the field is required by the file format itself
+            return [str(e)]
+        return [v for v in check_plan(parsed, prof) if v.severity == "error"]
+
+    assert problems(plan, profile) == []
+    for fields, status in rows:
+        for field in fields:
+            cut = without(plan, field)
+            if status == "required":
+                assert problems(cut, profile) and problems(cut, no_sync), field
+            elif status == "required with a sync model":
+                assert problems(cut, profile) and not problems(cut, no_sync), field
+            else:
+                assert not problems(cut, profile), field

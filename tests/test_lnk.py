@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
 
-from hydraplan.runtime import lnk
+from hydraplan.runtime import lnk, lnk_streams
 from hydraplan.runtime.groups import exit_process
 from hydraplan.runtime.lnk import Role, plan_link
 
@@ -244,11 +244,11 @@ def _worker(rank: int, world: int, port: int) -> None:
         def pull_then_push(roles: list[Role], groups=(0, 1, 1, 2)) -> None:
             """Pull equals slicing; ranks 0-1 push ones and ranks 2-3 twos: owners must see 3 everywhere."""
             pl = plan_link(numels, sharded, roles, rank, groups)
-            got = lnk.pull(pl, shard, torch.float64)
+            got = lnk_streams.pull(pl, shard, torch.float64)
             want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             grads = got.new_full((pl.local.total,), 1.0 if rank < 2 else 2.0)
-            pushed = lnk.push(pl, grads, torch.float64)
+            pushed = lnk_streams.push(pl, grads, torch.float64)
             torch.testing.assert_close(pushed, torch.full((pl.owned.total,), 3.0, dtype=torch.float64))
 
         # Heterogeneous: pipeline A = <2,1,1> on ranks 0,1 (all params); pipeline B = <1,2,1> on ranks 2,3
@@ -265,9 +265,9 @@ def _worker(rank: int, world: int, port: int) -> None:
         gathered = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine)
         regroup = torch.cat([torch.cat([g[o:o + n // world] for g in gathered]) for o, n in zip([0, even[0] // world], even)])
-        torch.testing.assert_close(lnk.pull(pl, mine, torch.float64), regroup, rtol=0, atol=0)
+        torch.testing.assert_close(lnk_streams.pull(pl, mine, torch.float64), regroup, rtol=0, atol=0)
         local_grad = torch.cat(params) * (rank + 1)
-        pushed = lnk.push(pl, local_grad, torch.float64)
+        pushed = lnk_streams.push(pl, local_grad, torch.float64)
         for i, p in enumerate(params):
             rs = torch.empty(even[i] // world, dtype=torch.float64)
             dist.reduce_scatter_single(rs, p * (rank + 1))
@@ -281,3 +281,61 @@ def _worker(rank: int, world: int, port: int) -> None:
 @pytest.mark.slow
 def test_pull_and_push_over_gloo_match_slicing_and_collectives():
     mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)
+
+
+def _stream_worker(rank: int, world: int, port: int) -> None:
+    """Pull and push through the overlapped streams (helper threads, bounded windows): the same result as
+    slicing and as summing, never more than `depth` groups in flight per direction, and bf16 gradients on the
+    wire summed in fp32 at the owners."""
+    init_gloo(rank, world, port)
+    try:
+        rng = np.random.default_rng(1)
+        numels = np.array([24, 36, 12, 30, 18, 42, 6, 48], dtype=np.int64)
+        sharded = np.array([True, True, False, True, True, True, False, True])
+        groups = (0, 1, 1, 2, 3, 4, 5, 5)
+        full = [torch.from_numpy(rng.standard_normal(n)) for n in numels]
+        shard = torch.cat([f[rank * len(f) // world:(rank + 1) * len(f) // world] for f in full])
+        roles = [Role(tuple(range(8)), 2, 0), Role(tuple(range(8)), 2, 1), Role((0, 1, 2, 3), 1, 0), Role((4, 5, 6, 7), 1, 0)]
+        pl = plan_link(numels, sharded, roles, rank, groups)
+        inflight, most = [0], [0]
+        post, finish = lnk_streams._Direction._post, lnk_streams._Direction._finish_one
+
+        def counting_post(self, *a):
+            inflight[0] += 1
+            most[0] = max(most[0], inflight[0])
+            return post(self, *a)
+
+        def counting_finish(self, *a, **k):
+            inflight[0] -= 1
+            return finish(self, *a, **k)
+
+        lnk_streams._Direction._post, lnk_streams._Direction._finish_one = counting_post, counting_finish
+        clock = lnk_streams.LinkClock()
+        pull = lnk_streams.PullStream(pl, shard, torch.float64, None, overlap=True, clock=clock)
+        got = {}
+        pull.on_arrival = lambda g, buf: got.__setitem__(g, buf)
+        pull.start()
+        for g in reversed(range(len(pl.pull_groups))):  # any order: each wait hands its group over once
+            pull.wait(g)
+        pull.finish()
+        want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
+        torch.testing.assert_close(torch.cat([got[g] for g in sorted(got)]), want, rtol=0, atol=0)
+        assert most[0] <= lnk_streams.LNK_PULL_DEPTH, most[0]
+        # push: bf16 on the wire, the owners sum in fp64 (the master dtype here)
+        grads = torch.from_numpy(rng.standard_normal(pl.local.total) * (rank + 1))
+        inflight[0] = most[0] = 0
+        push = lnk_streams.PushStream(pl, grads, torch.bfloat16, None, overlap=True, clock=clock, master_dtype=torch.float64)
+        for g in range(len(pl.push_groups)):
+            push.ready(g)
+        out = push.finish()
+        exact = lnk_streams.push(pl, grads.to(torch.bfloat16).double(), torch.float64)
+        assert out.dtype == torch.float64 and most[0] <= lnk_streams.LNK_PUSH_DEPTH, most[0]
+        torch.testing.assert_close(out, exact, rtol=0, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+    exit_process(0)
+
+
+@pytest.mark.slow
+def test_overlapped_streams_are_exact_and_bounded_over_gloo():
+    mp.spawn(_stream_worker, args=(4, free_port()), nprocs=4, join=True)

@@ -2,6 +2,7 @@
 over 4 gloo ranks, fed by Planner + loader) trains exactly like one process on the whole global batch."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import free_port
+from helpers import cpu_env, free_port
 
 from hydraplan import Planner
 from hydraplan.core.errors import UserError
@@ -139,3 +140,16 @@ def test_fsdp2_example_equals_single_process_training(tmp_path, tokens_file, opt
     init = torch.cat([init_full(s, i, 0, torch.float64).reshape(-1) for i, s in enumerate(param_specs(get_config("tiny")))])
     assert float((expected - init).abs().max()) > 1e-3  # training moved the parameters
     assert float((trained - expected).abs().max()) <= 1e-9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [[], ["--dtype", "bf16"]])
+def test_fsdp2_example_trains_with_its_defaults_on_gloo(args):
+    """`torchrun --nproc-per-node 2 examples/fsdp2_train.py` as the README shows it (and with --dtype bf16): gloo has
+    no PREMUL_SUM, so the gradients must be summed with ReduceOp.SUM; three iterations train."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(EXAMPLE), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cpu_env())
+    assert res.returncode == 0, res.stderr[-2000:]
+    losses = [float(x) for x in re.findall(r"^iteration \d+ tokens=\d+ loss=(\S+)", res.stdout, re.M)]
+    assert len(losses) == 3 and all(4.0 < x < 6.0 for x in losses)  # ~ln(128) for a fresh tiny model

@@ -77,11 +77,12 @@ def test_training_while_planning_is_exact_and_trains_packs_plans(tmp_path):
 def test_two_nodes_share_the_planning_and_train_the_same_plans(tmp_path):
     """Two torchrun agents (--nnodes 2): iterations alternate between the nodes' planners; a profile with
     cp > 1 schemes, so CP sharding is planned."""
-    strategies = tmp_path / "cp.json"  # cp = 2 pipelines, so the plans carry CP shards
+    strategies = tmp_path / "cp.json"  # cp = 2 pipelines only, so the plans carry CP shards
     strategies.write_text('{"schema": "hydraplan.strategies/v1", "candidates": [{"name": "cp2", "pipelines": '
                           '[{"tp": 1, "pp": 1, "cp": 2}, {"tp": 1, "pp": 1, "cp": 2}]}]}')
+    # 7B on 4 GPUs: a <1,1,2> rank holds at most 966 tokens (the memory model's LNK windows and CP K/V counted)
     args = ["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "3000",
-            "--context-len", "1024", "--cp-shard", "--outlier-delay", "--strategies", str(strategies),
+            "--context-len", "768", "--cp-shard", "--outlier-delay", "--no-static", "--strategies", str(strategies),
             "--candidates-only"]
     want = _pack(tmp_path, args, 4)
     assert any(mb.cp_shard for p in want for q in p.pipelines for mb in q.micro_batches)
@@ -165,3 +166,32 @@ def test_a_plan_the_job_cannot_train_stops_every_rank_with_one_line(tmp_path):
             pytest.fail("a rank hung instead of exiting")
         lines = [line for line in err.splitlines() if line.startswith("run_plan:")]
         assert proc.returncode == 2 and len(lines) == 1 and "vocab" in lines[0], err
+
+
+@pytest.mark.slow
+def test_an_error_while_planning_and_training_is_one_line_naming_the_plan_source(tmp_path):
+    """HYDRAPLAN_INJECT_FAULT=comm@1:1 while the job plans its own iterations: one line naming rank 1,
+    iteration 1 and where its plan came from (the planning node), no traceback, every rank exits 1, the
+    planning rank's planner processes with it."""
+    import time
+
+    port, procs = str(free_port()), []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1", HYDRAPLAN_INJECT_FAULT="comm@1:1")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), *TINY, "--iterations", "3", "--planners-per-node",
+                                       "1", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    t0, outs = time.monotonic(), []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=240))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("a rank hung instead of exiting")
+    assert time.monotonic() - t0 < 240 and [p.returncode for p in procs] == [1, 1]
+    lines = [line for _, err in outs for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in "".join(err for _, err in outs), lines
+    assert lines[0].startswith("run_plan: rank 1 on ") and "iteration 1 (planned on node 0)" in lines[0] \
+        and "communication error" in lines[0], lines

@@ -340,7 +340,7 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     s = prof.scheme(1, 1, 1)
     # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 16 MiB
     (m,) = s.measured_memory
-    peak = lambda n: rank_memory_bytes(s, 0, 1, n)  # noqa: E731
+    peak = lambda n: rank_memory_bytes(prof, s, 0, 1, n)  # noqa: E731
     assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
     assert m["peak_bytes_per_token"] >= m["act_bytes_per_token"] > 0  # the backward holds at least what was saved
     # a, b, c are the fit of the recorded timings (single sequences grow with length)
@@ -366,9 +366,10 @@ def test_profile_measures_a_context_parallel_scheme(tmp_path):
     res = runner.invoke(app, ["profile", "--schemes", "1,1,2", "--memory-gib", "0.015625", "--warmup", "0",
                               "--repeats", "1", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    s = load_profile(str(out)).scheme(1, 1, 2)
+    prof = load_profile(str(out))
+    s = prof.scheme(1, 1, 2)
     assert len(s.measured_memory) == 2 and len(s.measured_points) >= 6
-    peak = lambda n: max(rank_memory_bytes(s.model_copy(update={"measured_memory": [m]}), m["stage"], 1, n)  # noqa: E731
+    peak = lambda n: max(rank_memory_bytes(prof, s.model_copy(update={"measured_memory": [m]}), m["stage"], 1, n)  # noqa: E731
                          for m in s.measured_memory)
     assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import MEMORY_LINE, free_port, make_plan, memory_plans, overlap_plans
+from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
 
 from hydraplan.core.errors import UserError
@@ -207,7 +207,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subproces
 def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
            str(SCRIPT), *args, "--timeout-s", "60"]
-    return _run(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
+    return _run(cmd, cpu_env())
 
 
 def _replay_verified(folder: Path, plans: list[Plan]) -> tuple[str, list[float]]:
@@ -294,8 +294,7 @@ def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
     port = str(free_port())
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        env = cpu_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         procs.append(subprocess.Popen([PY, str(SCRIPT), str(tmp_path / "plan.json"), "--timeout-s", "30"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
     for proc in procs:
@@ -384,3 +383,41 @@ def test_peak_memory_per_rank_is_the_profiles_model_within_ten_percent(tmp_path)
     for it_, rank, tp, pp, stage, tokens, peak, model, ratio in rows:
         assert int(tokens) == ml[(int(tp), int(pp))]
         assert 0.9 <= float(ratio) <= 1.1, (it_, rank, tp, pp, stage, peak, model)
+
+
+@pytest.mark.slow
+def test_an_error_in_training_is_one_line_and_ends_every_rank(tmp_path):
+    """HYDRAPLAN_INJECT_FAULT=oom@1:2 on 4 ranks replaying 4 plans, each rank launched on its own (no torchrun to
+    stop the others): the job prints one line naming rank 1, iteration 2 and the plan file, no traceback, and
+    every rank is gone within 30 s of the failure (the others were blocked in collectives of iteration 2)."""
+    import time
+
+    plans = [make_plan(i, "S", [(1, 1, [r], [[6, 4]]) for r in range(4)], first_id=10 * i) for i in range(4)]
+    for p in plans:
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    port = str(free_port())
+    procs = [subprocess.Popen([PY, str(SCRIPT), str(tmp_path), "--timeout-s", "300"],
+                              env=cpu_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                                          MASTER_PORT=port, HYDRAPLAN_INJECT_FAULT="oom@1:2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for r in range(4)]
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + 240
+    while len(ended) < 4 and time.monotonic() < deadline:
+        for r, p in enumerate(procs):
+            if r not in ended and p.poll() is not None:
+                ended[r] = time.monotonic()
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    outs = [p.communicate() for p in procs]
+    assert len(ended) == 4, f"ranks {sorted(set(range(4)) - set(ended))} still running"
+    assert max(ended.values()) - ended[1] <= 30
+    assert all(p.returncode == 1 for p in procs), [p.returncode for p in procs]
+    lines = [line for _, err in outs for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert line.startswith("run_plan: rank 1 on ") and "iteration 2 (" in line and "iter_000002.json" in line
+    assert "out of memory" in line and "Traceback" not in "".join(err for _, err in outs)
+    assert "iteration 1 strategy" in outs[0][0] and "iteration 2 strategy" not in outs[0][0]

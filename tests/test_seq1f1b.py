@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import cpu_env
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import check_schedule, schedule_seq1f1b
@@ -239,7 +240,7 @@ def torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Complet
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
            str(ROOT / "runtime" / "run_plan.py"), *args, "--timeout-s", "60"]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

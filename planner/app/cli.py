@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hydraplan.app import cliopts, cmd_files, cmd_plan, cmd_profile
+from hydraplan.app import cliopts, cmd_doctor, cmd_files, cmd_plan, cmd_profile
 from hydraplan.app.cliopts import CONTEXT_SETTINGS
 
 app = typer.Typer(
@@ -33,9 +33,11 @@ for command in (cmd_files.schema, cmd_plan.propose, cmd_plan.pack, cmd_plan.vali
                 cmd_files.pipeline):
     app.command()(command)
 app.command("profile")(cmd_profile.profile_cmd)
+app.command("doctor")(cmd_doctor.doctor)
 dataset_app.command("stats")(cmd_files.dataset_stats)
 profiles_app.command("list")(cmd_files.profiles_list)
 profiles_app.command("show")(cmd_files.profiles_show)
+profiles_app.command("memory")(cmd_files.profiles_memory)
 profiles_app.command("generate")(cmd_files.profiles_generate)
 cliopts.reflow_help(app, profiles_app, dataset_app)
 

@@ -53,6 +53,14 @@ def positive(value: int | float | None, flag: str, what: str = "a positive integ
         raise UserError(f"{flag} must be {what} (got {value})")
 
 
+def scheme_key(text: str, flag: str) -> tuple[int, int, int]:
+    """A scheme written TP,PP,CP (or TP,PP, cp = 1; angle brackets allowed) as its key, or UserError."""
+    parts = text.replace("<", "").replace(">", "").split(",")
+    if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"{flag}: {text!r} is not TP,PP or TP,PP,CP (positive integers)")
+    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+
+
 def check_context_len(value: int | None) -> None:
     positive(value, "--context-len", "a positive number of tokens")
 

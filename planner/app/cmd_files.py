@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from hydraplan.app import cliopts
 from hydraplan.app.cliopts import (
@@ -201,6 +202,61 @@ def profiles_show(
         table.add_row(s.label, str(s.gpus), f"{s.max_len:,}", f"{s.util_len:,}", f"{seq_time(s, 4096) * 1e3:,.0f}",
                       *("OOM" if v is None else f"{v:,.0f}" for v in speed))
     console.print(table)
+
+
+def profiles_memory(
+    name: str = typer.Argument(..., help="bundled profile name or a profile JSON path"),
+    scheme: str = typer.Argument(..., help="the scheme, TP,PP,CP (e.g. 1,1,1)"),
+    gpus: int | None = typer.Option(None, "--gpus", help="cluster size N (default: the profile's reference_gpus)"),
+    tokens: int | None = typer.Option(None, "--tokens", help="tokens of the rank's largest micro-batch (default: "
+                                      "the scheme's MaxLen for N GPUs)"),
+    stage: int = typer.Option(0, "--stage", help="pipeline stage (measured profiles; analytic ones model the worst)"),
+    value_bytes: int = typer.Option(2, "--value-bytes", help="bytes per value of the compute dtype LNK moves, for "
+                                    "profiles measured before LNK's buffers were counted (2: bf16, 4: fp32)"),
+    json_out: bool = json_option("print the terms as JSON"),
+) -> None:
+    """A rank's memory under the profile's model, term by term (hydraplan.core.memory.rank_memory): optimizer
+    states, weights and gradients, LNK's in-flight pull and push buffers, communicator buffers, activations and
+    the K/V that CP and Seq1F1B keep, each with its source; the total against the usable capacity."""
+    import json
+
+    from rich.table import Table
+
+    from hydraplan.core.cluster import for_gpus
+    from hydraplan.core.memory import rank_memory
+    from hydraplan.store.profiles import load_profile
+
+    positive(gpus, "--gpus")
+    positive(tokens, "--tokens")
+    profile = load_profile(name)
+    key = cliopts.scheme_key(scheme, "SCHEME")
+    n = gpus if gpus is not None else profile.reference_gpus
+    found = profile.scheme(*key)
+    if found is None:
+        raise UserError(f"SCHEME: <{key[0]},{key[1]},{key[2]}> is not a scheme of profile {profile.name}")
+    view = next((s for s in for_gpus(profile, n).schemes if s.key == key), None) if n >= found.gpus else None
+    length = tokens if tokens is not None else (view.max_len if view is not None else found.max_len)
+    mem = rank_memory(profile, found, stage, n, length, value_bytes)
+    if mem is None:
+        raise UserError(f"{name}: scheme {found.label}, stage {stage}: the profile has no memory model for it")
+    capacity = profile.memory.capacity_bytes if profile.memory is not None else profile.gpu.memory_gib * 2**30
+    if json_out:
+        typer.echo(json.dumps({"profile": profile.name, "scheme": found.label, "gpus": n, "stage": stage,
+                               "tokens": length, "terms": [{"name": t.name, "bytes": t.bytes, "source": t.source}
+                                                           for t in mem.terms],
+                               "total_bytes": mem.total, "capacity_bytes": capacity}, indent=1))
+        return
+    table = Table("term", "bytes", "share", "source", title=f"{profile.name} {found.label} stage {stage} on {n} GPUs, "
+                  f"largest micro-batch {length:,} tokens", title_justify="left")
+    for t in mem.terms:
+        table.add_row(t.name, _bytes(t.bytes), f"{t.bytes / mem.total:.1%}", t.source)
+    table.add_row("total", _bytes(mem.total), "100%", f"usable capacity {_bytes(capacity)} "
+                  f"({profile.gpu.memory_gib:g} GiB {profile.gpu.name})")
+    (console if console.is_terminal else Console(width=160)).print(table)
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def profiles_generate(

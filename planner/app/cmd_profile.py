@@ -34,7 +34,8 @@ def profile_cmd(
     check: Path | None = typer.Option(None, "--check", help="replay this run folder's plans (or one plan) as whole "
                                       "iterations and compare with the end-to-end estimate"),
     profile_name: str | None = typer.Option(None, "--profile", help="--check: the profile whose estimates are compared"),
-    dtype: str = typer.Option("fp32", "--dtype", help="compute dtype: fp32, bf16 (GPU), fp64"),
+    dtype: str | None = typer.Option(None, "--dtype", help="compute dtype: bf16, fp32, fp64 (default bf16 on cuda, "
+                                     "fp32 on cpu)"),
     clock: str | None = typer.Option(None, "--clock", help="wall: barrier-to-barrier wall time (default on cuda); cpu: "
                                      "per-action thread CPU time and the schedule's critical path (default on cpu: a "
                                      "shared or oversubscribed CPU's wall time measures the other processes)"),
@@ -65,6 +66,9 @@ def profile_cmd(
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is visible")
     clock = clock or ("wall" if device == "cuda" else "cpu")
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if dtype not in ("bf16", "fp32", "fp64"):
+        raise UserError(f"--dtype must be bf16, fp32 or fp64 (got {dtype!r})")
     if clock not in ("cpu", "wall") or (clock == "cpu" and device == "cuda"):
         raise UserError(f"--clock must be wall, or cpu on --device cpu (got {clock!r} on {device})")
     if warmup < 0 or repeats < 1 or launches < 1:
@@ -183,10 +187,4 @@ CPU_MEMORY_GIB = 1 / 32
 
 
 def _parse_schemes(values: list[str]) -> list[tuple[int, int, int]]:
-    out = []
-    for v in values:
-        parts = v.replace("<", "").replace(">", "").split(",")
-        if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UserError(f"--schemes: {v!r} is not TP,PP or TP,PP,CP (positive integers)")
-        out.append((int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 1))
-    return out
+    return [cliopts.scheme_key(v, "--schemes") for v in values]

@@ -29,9 +29,18 @@ MODULE = "hydraplan.runtime.profile"
 
 
 # ------------------------------------------------------------------------------------------ running
-def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
-    """Run runtime/profile.py on `ranks` processes (torchrun when more than one), one thread each, and
-    return the JSON it writes. Its one-line errors become UserError."""
+@dataclass(frozen=True)
+class Launch:
+    """A runtime job's exit status, the JSON it wrote (None: none) and its stderr."""
+
+    returncode: int
+    result: dict | None
+    stderr: str
+
+
+def launch_runtime(module: str, args: Sequence[str], ranks: int, device: str, timeout_s: float) -> Launch:
+    """Run a runtime module on `ranks` processes (torchrun when more than one), one thread each, GPUs hidden on
+    --device cpu; it writes its JSON to the --out it is given."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         launcher = [sys.executable]
@@ -40,16 +49,22 @@ def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) 
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        cmd = [*launcher, "-m", MODULE, *args, "--out", str(out)]
+        cmd = [*launcher, "-m", module, *args, "--out", str(out)]
         try:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            raise UserError(f"runtime/profile.py {' '.join(args)}: no result after {timeout_s:g}s") from e
-        if res.returncode != 0 or not out.exists():
-            lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
-            why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
-            raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
-        return json.loads(out.read_text())
+            raise UserError(f"{module} {' '.join(args)}: no result after {timeout_s:g}s") from e
+        return Launch(res.returncode, json.loads(out.read_text()) if out.exists() else None, res.stderr)
+
+
+def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
+    """Run runtime/profile.py (`launch_runtime`) and return the JSON it writes. Its one-line errors become UserError."""
+    res = launch_runtime(MODULE, args, ranks, device, timeout_s)
+    if res.returncode != 0 or res.result is None:
+        lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
+        why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
+        raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
+    return res.result
 
 
 def _free_port() -> int:
@@ -115,6 +130,7 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
+                                            "lnk_bytes": m["lnk_bytes"],
                                             "act_bytes_per_token2": q, "act_bytes_per_token": p,
                                             "peak_bytes_per_token2": q2, "peak_bytes_per_token": p2, "peak_bytes": r}
                                            for m in raw["memory"]
@@ -135,12 +151,17 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                        "packings alone)",
                "max_len": f"largest l with fixed + (pp - stage - 1) * act(l) + peak(l) <= {capacity_bytes / 2**30:g} GiB "
                           "on every stage; act(l) = q*l^2 + p*l fitted to the bytes autograd saves for backward, peak(l) "
-                          "to the most heap bytes one micro-batch's forward and backward add at once, plus a constant "
-                          "(measured_memory)",
+                          f"to the most bytes one micro-batch's forward and backward add at once ({_memory_source(device)}), "
+                          "plus a constant; fixed: weights, gradient accumulators, 1/N of the masters, AdamW states "
+                          "and owner gradient, and LNK's in-flight buffers (lnk_bytes) (measured_memory)",
                "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
                "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})
     return profile, fits
+
+
+def _memory_source(device: str) -> str:
+    return "torch.cuda.max_memory_allocated" if device == "cuda" else "the C heap's statistics"
 
 
 def model_params(model: str) -> int:
@@ -178,11 +199,9 @@ def measure_network(model: str, device: str, ranks: int, slices: Sequence[tuple[
 
 
 def _device_name(device: str) -> str:
-    if device == "cuda":
-        import torch
+    from hydraplan.runtime.device import CudaDevice, Device
 
-        return torch.cuda.get_device_name(0)
-    return "CPU (gloo)"
+    return (CudaDevice(0) if device == "cuda" else Device()).describe()
 
 
 # -------------------------------------------------------------------------------------------- check

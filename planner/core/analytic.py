@@ -6,6 +6,7 @@ from __future__ import annotations
 from hydraplan.core.cluster import max_len_from_memory
 from hydraplan.core.cost import UTIL_THRESHOLD, util_len
 from hydraplan.core.hardware import FRAMEWORK, GPUS, MODELS, FrameworkSpec, GPUSpec, ModelSpec
+from hydraplan.core.memory import LNK_SOURCE, lnk_terms
 from hydraplan.core.schema import GPUInfo, ModelInfo, Network, Profile, ProfileMemory, Scheme, SchemeMemory, TimeCoeffs
 
 # --------------------------------------------------------------------------------- analytic profiles
@@ -72,8 +73,39 @@ def analytic_time(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int,
     return TimeCoeffs(a=_sig(a), b=_sig(b), c=_sig(c))
 
 
-def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec = FRAMEWORK) -> SchemeMemory:
-    """Appendix C.1 per-GPU memory of the worst stage, as a linear function of the packed length.
+def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec = FRAMEWORK,
+                    gpus_per_node: int = 8) -> SchemeMemory:
+    """Appendix C.1 per-GPU memory of the worst stage, as named terms (their sources: `memory_notes`): bytes
+    sharded over all N GPUs, bytes per rank, and bytes per packed token, so MaxLen stays linear in memory."""
+    info = model_info(model)
+    sharded = {"master_and_adam": fw.sharded_bytes_per_param * model.params, "owner_gradient": 4.0 * model.params}
+    local = {"weights_and_gradients": fw.local_bytes_per_param * _stage_params(model, pp) / tp}
+    local.update({t.name: t.bytes for t in lnk_terms(info, tp, pp, None, 2)})
+    local["communicators"] = _communicator_bytes(tp, pp, cp, gpus_per_node, fw)
+    kv = kv_bytes_per_token(model, tp, fw)
+    token = {"activations": _sig(_activation_bytes_per_token(model, tp, pp, cp, fw))}
+    if cp > 1:
+        token["cp_kv"] = _sig(kv * (2 * cp + 1) / (2 * cp))
+    return SchemeMemory(
+        sharded_bytes=float(sum(sharded.values())),
+        local_bytes=float(round(sum(local.values()))),
+        act_bytes_per_token=_sig(sum(token.values())),
+        kv_bytes_per_token=_sig(kv),
+        sharded_terms={k: float(v) for k, v in sharded.items()},
+        local_terms={k: float(round(v)) for k, v in local.items()},
+        token_terms=token,
+    )
+
+
+def _stage_params(model: ModelSpec, pp: int) -> int:
+    """Parameters of the worst stage: its decoder layers plus the embedding or the LM head and final norm."""
+    h, vocab = model.hidden, model.vocab
+    embeddings = 2 * vocab * h + h if pp == 1 else vocab * h + h
+    return (model.layers // pp) * model.layer_params + embeddings
+
+
+def _activation_bytes_per_token(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec) -> float:
+    """Saved activations per packed token of the worst stage.
 
     1F1B keeps pp micro-batches in flight on the first stage: layers/pp * pp = all layers of activations;
     the last stage holds one micro-batch of its layers plus the logits. Both terms are taken at their
@@ -85,14 +117,28 @@ def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSp
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = (model.layers + 1) * act_layer + (logits if pp == 1 else 0.0)
     last = (layers + 1) * act_layer + logits
-    embeddings = 2 * vocab * h + h if pp == 1 else vocab * h + h
-    stage_params = layers * model.layer_params + embeddings
-    local = (fw.local_bytes_per_param * stage_params + 2 * model.layer_matmul_params) / tp
-    return SchemeMemory(
-        sharded_bytes=float(fw.sharded_bytes_per_param * model.params),
-        local_bytes=float(round(local)),
-        act_bytes_per_token=_sig(max(first, last) * fw.fragmentation),
-    )
+    return max(first, last) * fw.fragmentation
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int, fw: FrameworkSpec = FRAMEWORK) -> float:
+    """K and V (bf16, one per head of the TP shard) of one packed token over the layers the first stage holds in
+    flight under 1F1B (all of them): what a CP rank's gathered key windows and a Seq1F1B split's window copy
+    keep on top of the activations."""
+    return model.layers * 2 * 2 * model.hidden / tp * fw.fragmentation
+
+
+def _communicator_bytes(tp: int, pp: int, cp: int, gpus_per_node: int, fw: FrameworkSpec) -> float:
+    """NCCL's buffers of the communicators a rank joins: the world group and the TP group (ring/tree collectives),
+    the LNK pull and push groups (all_to_all: one p2p connection per peer inside the node; across nodes NCCL
+    shares its network buffers), the CP group's all_to_all and the two pipeline neighbours' p2p."""
+    collectives = 1 + (tp > 1)
+    p2p_peers = 2 * (gpus_per_node - 1) + (min(cp, gpus_per_node) - 1 if cp > 1 else 0) + (2 if pp > 1 else 0)
+    return (collectives * fw.nccl_collective_mib + p2p_peers * fw.nccl_p2p_peer_mib) * 2**20
+
+
+def model_info(model: ModelSpec) -> ModelInfo:
+    return ModelInfo(name=model.key, layers=model.layers, hidden=model.hidden, ffn=model.ffn, heads=model.heads,
+                     vocab=model.vocab, params=model.params)
 
 
 def capacity_bytes(gpu: GPUSpec, fw: FrameworkSpec = FRAMEWORK) -> float:
@@ -119,7 +165,7 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
     capacity = capacity_bytes(gpu, fw)
     schemes = []
     for tp, pp, cp in scheme_space(model):
-        memory = analytic_memory(model, tp, pp, cp, fw)
+        memory = analytic_memory(model, tp, pp, cp, fw, gpu.gpus_per_node)
         max_len = max_len_from_memory(capacity, memory, REFERENCE_GPUS)
         if max_len < MIN_MAX_LEN:
             continue
@@ -130,8 +176,7 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
         name=f"{gpu.key}-{model.key}",
         gpu=GPUInfo(name=gpu.name, memory_gib=gpu.memory_gib, gpus_per_node=gpu.gpus_per_node,
                     peak_tflops=gpu.peak_tflops),
-        model=ModelInfo(name=model.key, layers=model.layers, hidden=model.hidden, ffn=model.ffn,
-                        heads=model.heads, vocab=model.vocab, params=model.params),
+        model=model_info(model),
         schemes=schemes,
         reference_gpus=REFERENCE_GPUS,
         memory=ProfileMemory(capacity_bytes=capacity),
@@ -150,7 +195,8 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
                 "elementwise kernels, TP all-gather/reduce-scatter, CP K/V ring, PP p2p (NVLink inside a node, "
                 "IB when the group spans nodes); c: short-GEMM under-utilization, launches, latencies",
         "max_len": f"appendix C.1: (capacity - sharded/N - local) / act_bytes_per_token, stored for N = "
-                   f"{REFERENCE_GPUS}; schemes with MaxLen < {MIN_MAX_LEN} at that N are omitted",
+                   f"{REFERENCE_GPUS}; schemes with MaxLen < {MIN_MAX_LEN} at that N are omitted; each term of "
+                   "sharded_bytes, local_bytes and act_bytes_per_token is in memory.*_terms, its source in memory.NAME",
         "util_len": f"appendix D with threshold {UTIL_THRESHOLD}: shortest l with l/(b*l+c) >= "
                     f"{UTIL_THRESHOLD}/b (attention-free tokens/s at {UTIL_THRESHOLD:.0%} of its asymptote), "
                     "capped at max_len",
@@ -171,7 +217,33 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> dict[str, str]:
     }
     notes.update({f"gpu.{k}": v for k, v in gpu.sources})
     notes.update({f"framework.{k}": v for k, v in fw.sources})
+    notes.update(memory_notes(fw))
     return notes
+
+
+def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
+    """The source of every memory term (notes memory.NAME), what `hydraplan profiles memory` prints beside it."""
+    return {
+        "memory.master_and_adam": f"{fw.sharded_bytes_per_param} B/param: fp32 master weight + AdamW m and v of the "
+                                  "owner's fixed shard (runtime/optim.py), sharded over all N GPUs (framework.states)",
+        "memory.owner_gradient": LNK_SOURCE["owner_gradient"],
+        "memory.weights_and_gradients": f"{fw.local_bytes_per_param} B/param of the worst stage, split by TP: the pulled "
+                                        "bf16 weights and the fp32 gradient accumulators (runtime/grads.py)",
+        "memory.lnk_pull": LNK_SOURCE["lnk_pull"] + " (bf16)",
+        "memory.lnk_push": LNK_SOURCE["lnk_push"] + " (bf16: gradients travel in the compute dtype)",
+        "memory.communicators": f"NCCL buffers, estimate: {fw.nccl_collective_mib:g} MiB per collective communicator "
+                                "(world, TP: ring/tree channels x NCCL_BUFFSIZE, 4 MiB by default) and "
+                                f"{fw.nccl_p2p_peer_mib:g} MiB per p2p peer inside the node (LNK pull and push "
+                                "all_to_all, CP all_to_all, pipeline neighbours; across nodes NCCL shares network "
+                                "buffers), NCCL environment-variable documentation",
+        "memory.activations": "framework.activations x framework.fragmentation, worst stage under 1F1B",
+        "memory.cp_kv": "a CP rank's gathered K/V windows saved by attention (runtime/context_parallel.py): with "
+                        "2*cp symmetric chunks per sequence its two chunks' windows cover (2cp+1)/(2cp) of the sequence, "
+                        "K and V bf16, all layers in flight on the first stage (kv_bytes_per_token x (2cp+1)/(2cp))",
+        "memory.kv": "kv_bytes_per_token: K and V in bf16 (4*hidden/tp bytes per token and layer) over every layer "
+                     "in flight on the first stage, x framework.fragmentation; Seq1F1B's window copies "
+                     "(hydraplan.solve.seqsplit) and CP's gathered keys are counted with it",
+    }
 
 
 def analytic_profiles() -> list[Profile]:

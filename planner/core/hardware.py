@@ -83,9 +83,11 @@ class FrameworkSpec:
     elementwise_f: int
     fragmentation: float  # caching-allocator overhead on activation memory with varying packed lengths
     margin_fraction: float  # share of HBM kept free as the safety margin
-    reserved_gib: float  # CUDA context, NCCL buffers, cuBLAS workspaces
+    reserved_gib: float  # CUDA context and kernel images, cuBLAS/cuDNN/attention workspaces, allocator reserve
     sharded_bytes_per_param: int  # fp32 master weight + Adam m and v, sharded over all N GPUs
     local_bytes_per_param: int  # bf16 weight + fp32 gradient accumulator of the stage, split by TP
+    nccl_collective_mib: float  # NCCL buffers of one communicator running ring/tree collectives
+    nccl_p2p_peer_mib: float  # NCCL buffers of one p2p connection to a peer inside the node
     sources: tuple[tuple[str, str], ...]
 
 
@@ -123,8 +125,8 @@ A800 = GPUSpec(
 FRAMEWORK = FrameworkSpec(
     weight_half=8e6, link_efficiency=0.8, memory_efficiency=0.8, kernels_per_layer=70, kernels_head=20,
     launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h_replicated=8, act_h=8, act_f=6, elementwise_h=60,
-    elementwise_f=16, fragmentation=1.25, margin_fraction=0.10, reserved_gib=3.0, sharded_bytes_per_param=12,
-    local_bytes_per_param=6,
+    elementwise_f=16, fragmentation=1.25, margin_fraction=0.10, reserved_gib=2.5, sharded_bytes_per_param=12,
+    local_bytes_per_param=6, nccl_collective_mib=256, nccl_p2p_peer_mib=8,
     sources=(
         ("gemm_shard", "GEMM efficiency = gemm_efficiency * w/(w+8e6) * m/(m+gemm_m_half), w = per-GPU weights of one "
                        "layer's GEMMs (TP split), m = per-GPU tokens (CP split): narrow or short GEMMs leave SMs idle "
@@ -141,11 +143,14 @@ FRAMEWORK = FrameworkSpec(
         ("fragmentation", "1.25x on activations: caching-allocator fragmentation with a different packed length each "
                           "micro-batch (estimate, calibrated with sequence parallelism so A800 7B <2,1,1> "
                           "MaxLen landed near Hydraulis' 22K; without it that MaxLen is lower)"),
-        ("margin", "usable memory = 90% of HBM minus 3 GiB (CUDA context, NCCL, cuBLAS workspaces)"),
+        ("margin", "usable memory = 90% of HBM minus 2.5 GiB (CUDA context and kernel images, cuBLAS/cuDNN and "
+                   "attention workspaces, caching-allocator reserve; estimate); NCCL's buffers are memory.communicators"),
         ("states", "appendix C.1 with alpha = 3/4: fp32 master + Adam m, v (12 B/param) sharded over all N GPUs; "
                    "bf16 weights + fp32 gradient accumulators (6 B/param: the runtime accumulates across micro-batches "
-                   "in fp32) of the stage split by TP, plus one layer's bf16 prefetch buffer "
-                   "(O-P disaggregation pulls the next layer's parameters)"),
+                   "in fp32) of the stage split by TP; LNK's in-flight buffers are memory.lnk_pull and memory.lnk_push"),
+        ("nccl", "NCCL_BUFFSIZE defaults to 4 MiB per connection buffer (NCCL environment-variable documentation); "
+                 "256 MiB per collective communicator (up to 32 channels x 2 ring neighbours x 4 MiB) and 8 MiB per "
+                 "p2p peer (2 channels x 4 MiB) are estimates of what the runtime's communicators allocate"),
         ("elementwise", "bytes per token per layer, fwd+bwd, bf16: two RMSNorms 20h, residual adds 24h, rotary on "
                         "Q and K 16h, SwiGLU 16f = 60h+16f, at 80% of HBM bandwidth; cross-entropy 16 B per vocab "
                         "entry (estimate from the kernels' reads and writes)"),

@@ -36,6 +36,12 @@ class SchemeMemory(_Model):
     sharded_bytes: NonNegativeFloat = Field(description="fp32 master weights + Adam states, sharded over all N GPUs")
     local_bytes: NonNegativeFloat = Field(description="per-GPU bytes independent of N and l (bf16 stage weights, grads, buffers)")
     act_bytes_per_token: float = Field(gt=0, description="peak activation bytes per packed token under 1F1B")
+    kv_bytes_per_token: NonNegativeFloat | None = Field(
+        None, description="K and V bytes per packed token over the worst stage's micro-batches in flight: what a "
+                          "Seq1F1B window or a CP rank's gathered keys keep on top of the activations")
+    sharded_terms: dict[str, float] | None = Field(None, description="the named terms sharded_bytes sums (notes: memory.NAME)")
+    local_terms: dict[str, float] | None = Field(None, description="the named terms local_bytes sums")
+    token_terms: dict[str, float] | None = Field(None, description="the named terms act_bytes_per_token sums")
 
 
 class Scheme(_Model):

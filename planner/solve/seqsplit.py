@@ -23,9 +23,14 @@ warm-up + 1, pipeline.forwards_before_first_backward), so a sub-sequence may hol
     split_cap = max_len * P / (P - 1 + K)                tokens (rounded down to the split quantum),
 and with equal-token splits a micro-batch may hold
     seq1f1b_max_len = K * split_cap = max_len * K*P / (P - 1 + K)   tokens
-(the memory factor (P - 1 + K) / (K*P) tends to 1/K when P >> K). Computation-wise splits put more
-tokens in early splits (their tokens are cheaper), so splits are clamped to split_cap tokens; a
-clamped micro-batch trades a little balance for fitting in memory.
+(the memory factor (P - 1 + K) / (K*P) tends to 1/K when P >> K). A split also attends to a copy of its
+key window, the K/V of its document's tokens in the earlier splits and its own (runtime/seq1f1b.py): with
+K equal splits of one document, split s copies s + 1 splits' K/V, (K(K+1)/2 - 1) / K per query token over
+the micro-batch beyond what plain 1F1B keeps; a profile that gives K/V bytes per token
+(SchemeMemory.kv_bytes_per_token, `kv`) charges them, so each stashed token costs (act + w(K)*kv) / P and
+split_cap shrinks by act / (act + w(K)*kv). Computation-wise splits put more tokens in early splits (their
+tokens are cheaper), so splits are clamped to split_cap tokens; a clamped micro-batch trades a little
+balance for fitting in memory.
 """
 
 from __future__ import annotations
@@ -124,11 +129,20 @@ def computation_splits(
     return SplitPlan(bounds=bounds, costs=costs)
 
 
+def window_copies(K: int) -> float:
+    """K/V tokens copied into key windows per query token of a micro-batch cut into K equal splits (module docstring)."""
+    return (K * (K + 1) / 2 - 1) / K
+
+
 def seq1f1b_split_cap(scheme: Scheme, K: int) -> int:
     """Most tokens one sub-sequence may hold (a multiple of the split quantum): the first stage stashes
-    P - 1 + K of them."""
+    P - 1 + K of them, each with its share of the window copies when the profile gives K/V bytes."""
     P, q = scheme.pp, split_quantum(scheme)
-    return int(scheme.max_len * P // (P - 1 + K)) // q * q
+    mem = scheme.memory
+    keep = 1.0
+    if mem is not None and mem.kv_bytes_per_token:
+        keep = mem.act_bytes_per_token / (mem.act_bytes_per_token + window_copies(K) * mem.kv_bytes_per_token)
+    return int(scheme.max_len * P * keep // (P - 1 + K)) // q * q
 
 
 def seq1f1b_max_len(scheme: Scheme, K: int) -> int:

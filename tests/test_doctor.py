@@ -1,0 +1,78 @@
+"""`hydraplan doctor` on this machine's CPU (4 gloo ranks), as `make test` runs it: every check passes; and it
+fails, exit 1 naming the check, when a backend or the runtime is broken on purpose."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import cpu_env
+
+HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
+
+# Loaded at interpreter start (PYTHONPATH) in every rank: once hydraplan.runtime.attention is imported, its exact
+# backend returns attention 0.1% too large -- a kernel that is slightly wrong, as a bad build would be.
+BROKEN_BACKEND = '''
+import importlib.abc, importlib.util, sys
+
+class _Break(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "hydraplan.runtime.attention":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            exact = module.exact_window_attention
+            module.exact_window_attention = lambda q, k, v, w: exact(q, k, v, w) * 1.001
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Break())
+'''
+
+
+def doctor(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
+    res = subprocess.run([HYDRAPLAN, "doctor", "--json", *args], capture_output=True, text=True, timeout=900,
+                         env=cpu_env(**env))
+    return res, json.loads(res.stdout)
+
+
+@pytest.mark.slow
+def test_doctor_passes_on_cpu_with_four_gloo_ranks():
+    res, report = doctor()
+    assert res.returncode == 0, res.stdout + res.stderr
+    env = report["environment"]
+    assert env["backend"] == "gloo" and env["ranks"] == 4 and env["dtype"] == "fp32"
+    assert env["torch"] and env["attention"].startswith("sdpa-per-document")
+    assert [c["check"] for c in report["checks"]] == ["attention", "collectives", "replay", "memory"]
+    assert all(c["passed"] for c in report["checks"]) and report["passed"]
+    replay = next(c["detail"] for c in report["checks"] if c["check"] == "replay")
+    assert all(kind in replay for kind in ("plain", "TP+PP", "CP", "Seq1F1B", "CAD"))
+
+
+@pytest.mark.slow
+def test_doctor_fails_naming_the_check_when_a_backend_is_broken(tmp_path):
+    """The attention check catches it; the collectives still pass (the replay cannot: its fp64 reference
+    attends with the same broken backend, so it checks the distribution, not the kernel)."""
+    (tmp_path / "sitecustomize.py").write_text(BROKEN_BACKEND)
+    res, report = doctor("--check", "attention", "--check", "collectives", PYTHONPATH=str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    by = {c["check"]: c for c in report["checks"]}
+    assert not by["attention"]["passed"] and by["attention"]["detail"].startswith("rank 0: sdpa-per-document, plain: ")
+    assert by["collectives"]["passed"] and not report["passed"]
+
+
+@pytest.mark.slow
+def test_doctor_fails_naming_the_check_when_the_runtime_fails_inside_a_replay():
+    """A communication error injected on rank 1 in the second plan ends the runtime job in one line; the doctor
+    reports it against the replay check."""
+    res, report = doctor("--check", "collectives", "--check", "replay", HYDRAPLAN_INJECT_FAULT="comm@1:1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    by = {c["check"]: c for c in report["checks"]}
+    assert by["collectives"]["passed"] and not by["replay"]["passed"]
+    assert by["replay"]["detail"].startswith("doctor: rank 1 on ") and "communication error" in by["replay"]["detail"]
