@@ -1,187 +1,185 @@
-"""How far `pack`'s plans are from the best any strategy could do: plan / any-strategy bound per iteration.
+"""How far `pack`'s plans are from the best any strategy could do: plan / tight any-strategy bound per batch.
 
-The bound (planner/solve/bound.py) is a MILP relaxation over every strategy of N GPUs, so plan / bound >= 1 and the
-excess is an upper limit on what a better strategy, dispatch or packing could still win. Per bundled analytic
-profile x builtin dataset at 64 and 256 GPUs (32K context, 3125 tokens per GPU, seed 3), for `pack
---objective propagation` (candidates + per-batch synthesis, its default there) and with `--candidates-only`;
-end to end, the plans of pack's default (`--objective end-to-end`, candidates only) over the end-to-end bound
-(planner/core/sync.py's exposed sync per scheme), next to the propagation plans' end-to-end estimate. The headline
-case (h100-llama2-7b, 64 GPUs, 200K tokens) runs more iterations. Speed: seconds per iteration of both paths
-on the same batches (one process; the ratio is what to read on a shared machine), at 64 GPUs and at 1024
-GPUs / 3.2M tokens. Each bound probe gets PROBE_LIMIT_S of wall time (an open probe counts as feasible, so a
-loaded machine can only loosen the bound, never invalidate it). Writes bench/results/bound.json;
-`python -m bench bound headline` re-measures the headline cases, `... bound speed` the speed runs, keeping the rest.
+The tight bound (planner/solve/bound.py on solve/relaxation.py) is a relaxation of every strategy of N GPUs that
+prices pipelines as the cost model does (c per micro-batch, the bubble, the longest sequences whole), so plan /
+bound >= 1 and the excess is an upper limit on what a better strategy, dispatch or packing could still win; the
+first, looser bound (solve/loose.py) is computed beside it to show the tight one is never lower. Per bundled
+analytic profile x builtin dataset at 64 and 256 GPUs (32K context, seed 3, 3125 tokens per GPU, the first
+batch), for both objectives: `pack --objective propagation` against the propagation bound, and `pack`'s default
+(`--objective end-to-end`, each scheme's exposed sync) against the end-to-end bound. The planner is pack's own
+(methods/run.py PlanRun: proposed candidates, `static`, synthesis and local search by default). Also the five
+configurations of issue 28 against the better plans found there by hand, and the planning speed of `pack`
+(whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the
+figures before (bench/results/scale.json). Bound probes are deterministic (node limits, no clock). Writes
+bench/results/bound.json; `python -m bench bound sweep|long|speed` re-measures one part, keeping the others.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.sync import has_sync_model
-from hydraplan.engine.planner import Planner
+from hydraplan.methods.run import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
-from hydraplan.solve.proposal import propose
-from hydraplan.store.datasets import load_dataset, sample_iterations
+from hydraplan.solve.loose import loose_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 
 CONTEXT = 32768
 SEED = 3
 TOKENS_PER_GPU = 3125  # 200K tokens at 64 GPUs
-HEADLINE = ("h100-llama2-7b", 64)
-HEADLINE_ITERATIONS = 8
-ITERATIONS = 1
-PROBE_LIMIT_S = 10.0  # wall seconds per MILP probe; an open probe counts as feasible, so the bound stays valid
+OBJECTIVES = ("propagation", "end-to-end")
 DATASETS = ("builtin:wikipedia", "builtin:prolong")
+GPUS = (64, 256)
+# issue 28's configurations and the better plan found by hand on the same batch (seconds in the objective)
+BETTER = {("h100-llama2-32b", "builtin:wikipedia", 64, "propagation"): 2.021,
+          ("a800-llama2-32b", "builtin:wikipedia", 64, "propagation"): 4.688,
+          ("h100-llama2-13b", "builtin:wikipedia", 256, "propagation"): 0.739,
+          ("h100-llama2-32b", "builtin:prolong", 256, "propagation"): 2.093,
+          ("h100-llama2-13b", "builtin:wikipedia", 256, "end-to-end"): 0.810,
+          ("h100-llama2-32b", "builtin:prolong", 256, "end-to-end"): 2.133}
+# and its 128K row: h100-llama2-7b wikipedia, 1.6M tokens, 64 GPUs, 4 iterations; the pp=1 planner's mean
+LONG = {"profile": "h100-llama2-7b", "dataset": "builtin:wikipedia", "gpus": 64, "context": 131072,
+        "tokens": 1_600_000, "iterations": 4, "objective": "propagation", "better_mean_s": 2.850}
+SPEED = ((64, 200_000), (256, 800_000), (1024, 3_200_000))
+SPEED_ITERATIONS = 5
+REL_TOL = 5e-3  # the bounds' bisections stop this close (below the least feasible latency: plan / bound errs high)
+TARGETS = {"plan_over_bound_max": 1.05, "plan_over_bound_mean": 1.03, "s_per_iter_64": 0.3, "s_per_iter_256": 2.0}
 
 
-def end_to_end(cluster: Cluster, plan) -> float:
-    return cluster.estimate([p.key for p in plan.pipelines], [p.estimate_s for p in plan.pipelines]).iteration_s
+def _short(dataset: str) -> str:
+    return dataset.removeprefix("builtin:")
 
 
-def case(profile_name: str, dataset: str, gpus: int, iterations: int, probe_limit_s: float = PROBE_LIMIT_S) -> dict:
-    profile = load_profile(profile_name)
-    cluster = Cluster.of(profile, gpus)
-    view = cluster.view
-    tokens = TOKENS_PER_GPU * gpus
-    ds = load_dataset(dataset, CONTEXT)
-    context = min(CONTEXT, max(s.max_len for s in view.schemes))
-    batches = sample_iterations(ds, tokens, iterations, SEED)
-    prop = propose(Cluster.of(profile, gpus, "propagation"), ds, context, tokens_per_iter=tokens)
-    paths = {"default": Planner(profile, prop, gpus, context_len=context, objective="propagation"),  # synthesizes
-             "candidates_only": Planner(profile, prop, gpus, context_len=context, objective="propagation",
-                                        synthesize=False)}
-    e2e_planner = Planner(profile, propose(cluster, ds, context, tokens_per_iter=tokens), gpus, context_len=context)
-    transfer = np.array([cluster.transfer_s(s.tp, s.pp) for s in view.schemes]) \
-        if has_sync_model(profile) else None
-    rows: dict[str, list] = {k: [] for k in ("bound_s", "bound_e2e_s", "default_s", "candidates_only_s",
-                                             "default_e2e_s", "candidates_only_e2e_s", "default_solve_s",
-                                             "candidates_only_solve_s", "synthesized", "e2e_plan_s")}
-    for b in batches:
-        lengths = np.minimum(b.lengths, context)
-        plans = {}
-        for name, planner in paths.items():
-            t0 = time.perf_counter()
-            plans[name] = planner.solve(lengths, b.iteration).plan
-            rows[f"{name}_solve_s"].append(time.perf_counter() - t0)
-            rows[f"{name}_s"].append(plans[name].estimate.propagation_s)
-            rows[f"{name}_e2e_s"].append(end_to_end(cluster, plans[name]))
-        rows["synthesized"].append(bool(plans["default"].synthesized))
-        best = min(rows["default_s"][-1], rows["candidates_only_s"][-1])
-        rows["bound_s"].append(any_strategy_bound(lengths, view.schemes, gpus, upper=best, rel_tol=2e-3,
-                                                  time_limit_s=probe_limit_s).latency_s)
-        if transfer is not None:
-            rows["e2e_plan_s"].append(e2e_planner.solve(lengths, b.iteration).plan.estimate.iteration_s)
-            upper = min(rows["e2e_plan_s"][-1], rows["default_e2e_s"][-1])
-            rows["bound_e2e_s"].append(any_strategy_bound(lengths, view.schemes, gpus, transfer=transfer, upper=upper,
-                                                          rel_tol=2e-3, time_limit_s=probe_limit_s).latency_s)
-    out = {"id": f"{profile_name}_{dataset.removeprefix('builtin:')}_{gpus}", "profile": profile_name,
-           "dataset": dataset, "gpus": gpus, "tokens_per_iter": tokens, "context_len": context,
-           "iterations": iterations, "seed": SEED}
-    bound = np.array(rows["bound_s"])
-    for name in paths:
-        ratio = np.array(rows[f"{name}_s"]) / bound
-        out[f"{name}_over_bound"] = np.round(ratio, 4).tolist()
-        out[f"{name}_over_bound_mean"] = float(ratio.mean())
-        out[f"{name}_over_bound_max"] = float(ratio.max())
-        if rows["bound_e2e_s"]:
-            e2e = np.array(rows[f"{name}_e2e_s"]) / np.array(rows["bound_e2e_s"])
-            out[f"{name}_e2e_over_e2e_bound_mean"] = float(e2e.mean())
-            out[f"{name}_e2e_over_e2e_bound_max"] = float(e2e.max())
-        out[f"{name}_s_per_iter"] = float(np.mean(rows[f"{name}_solve_s"]))
-    if rows["bound_e2e_s"]:  # the end-to-end objective's own plans (pack's default) over the end-to-end bound
-        e2e = np.array(rows["e2e_plan_s"]) / np.array(rows["bound_e2e_s"])
-        out["e2e_objective_over_e2e_bound"] = np.round(e2e, 4).tolist()
-        out["e2e_objective_over_e2e_bound_mean"] = float(e2e.mean())
-        out["e2e_objective_over_e2e_bound_max"] = float(e2e.max())
-    out["synthesized_iterations"] = int(sum(rows["synthesized"]))
-    out["bound_s"] = np.round(bound, 6).tolist()
+def _strategy(plan) -> str:
+    counts = Counter(p.key for p in plan.pipelines)
+    return " ".join(f"<{t},{p},{c}>x{n}" for (t, p, c), n in sorted(counts.items(), key=lambda kv: (-kv[0][0], kv[0])))
+
+
+def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int = CONTEXT,
+         tokens: int | None = None, iterations: int = 1, bounds: bool = True) -> dict:
+    """pack's plans of the configuration's first `iterations` batches, each with its tight and loose bound
+    (`bounds`; without, the plans alone)."""
+    prof = load_profile(profile)
+    cluster = Cluster.of(prof, gpus, objective)
+    context = min(context, max(s.max_len for s in cluster.schemes))
+    tokens = tokens or TOKENS_PER_GPU * gpus
+    run = PlanRun.prepare(RunConfig(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens,
+                                    iterations=iterations, context_len=context, seed=SEED, objective=objective), prof)
+    schemes = list(cluster.schemes)
+    transfer = cluster.charged_for(schemes) if cluster.end_to_end else None
+    rows = []
+    for b in run.batches():
+        w0, c0 = time.perf_counter(), time.process_time()
+        plan = run.planner.solve(b).plan
+        w1, c1 = time.perf_counter(), time.process_time()
+        score = cluster.score(plan.estimate.propagation_s, plan.estimate.iteration_s)
+        row = {"plan_s": score, "strategy": _strategy(plan), "synthesized": bool(plan.synthesized),
+               "plan_cpu_s": c1 - c0, "plan_wall_s": w1 - w0}
+        rows.append(row)
+        if not bounds:
+            continue
+        tight = any_strategy_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, rel_tol=REL_TOL).latency_s
+        c2 = time.process_time()
+        loose = loose_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, rel_tol=REL_TOL)
+        row.update({"tight_bound_s": tight, "loose_bound_s": loose, "plan_over_bound": score / tight,
+                    "tight_bound_cpu_s": c2 - c1})
+    out = {"id": f"{profile}_{_short(dataset)}_{gpus}_{objective}", "profile": profile, "dataset": dataset,
+           "gpus": gpus, "objective": objective, "context_len": context,
+           "tokens_per_iter": tokens, "iterations": iterations, "seed": SEED,
+           "plan_s_mean": float(np.mean([r["plan_s"] for r in rows])), "batches": rows}
+    if bounds:
+        ratio = np.array([r["plan_over_bound"] for r in rows])
+        out.update({"plan_over_bound_mean": float(ratio.mean()), "plan_over_bound_max": float(ratio.max()),
+                    "tight_at_least_loose": all(r["tight_bound_s"] >= r["loose_bound_s"] * (1 - 1e-9) for r in rows)})
+    key = (profile, dataset, gpus, objective)
+    if key in BETTER:
+        out["better_plan_s"] = BETTER[key]
     return out
 
 
-def speed(gpus: int, tokens: int, iterations: int) -> dict:
-    """Seconds per iteration with and without per-batch synthesis (end-to-end objective) on the same batches, one process."""
-    profile = load_profile("h100-llama2-7b")
-    ds = load_dataset("builtin:wikipedia", CONTEXT)
-    batches = sample_iterations(ds, tokens, iterations, 0)
-    strategies = propose(Cluster.of(profile, gpus), ds, CONTEXT, tokens_per_iter=tokens)
-    out = {"id": str(gpus), "gpus": gpus, "tokens_per_iter": tokens, "iterations": iterations,
-           "candidates": len(strategies.candidates)}
-    for name, synth in (("synthesis", True), ("candidates_only", False)):
-        planner = Planner(profile, strategies, gpus, context_len=CONTEXT, synthesize=synth)
-        t0 = time.perf_counter()
-        res = [planner.solve(b).summary for b in batches]
-        out[f"{name}_s_per_iter"] = (time.perf_counter() - t0) / iterations
-        out[f"{name}_mean_iteration_s"] = float(np.mean([r.iteration_s for r in res]))
-        if synth:
-            out["synthesized_won"] = sum(r.strategy.startswith("batch:") for r in res)
-            out["candidates_held"] = iterations - out["synthesized_won"]
-    out["time_ratio"] = out["synthesis_s_per_iter"] / out["candidates_only_s_per_iter"]
-    out["synthesis_mean_lower_by"] = 1 - out["synthesis_mean_iteration_s"] / out["candidates_only_mean_iteration_s"]
+def speed(gpus: int, tokens: int, iterations: int = SPEED_ITERATIONS) -> dict:
+    """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration."""
+    from bench.bench_scale import measure
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        r = pool.apply(measure, (gpus, tokens, iterations + 1))
+    keep = ("gpus", "tokens_per_iter", "iterations", "candidates", "first_plan_wall_s", "first_plan_cpu_s",
+            "s_per_iter_wall_mean", "s_per_iter_cpu_mean", "s_per_iter_cpu", "mean_estimate_s")
+    out = {"id": str(gpus), **{k: r[k] for k in keep}}
+    scale = Path(__file__).parent / "results" / "scale.json"
+    before = [x for x in json.loads(scale.read_text())["runs"] if x["gpus"] == gpus] if scale.exists() else []
+    if before:  # bench_scale's run of the same size, before synthesis and local search were on by default
+        out["before_s_per_iter_cpu_mean"] = before[0]["s_per_iter_cpu_mean"]
+        out["before_mean_estimate_s"] = before[0]["mean_estimate_s"]
     return out
 
 
-SPEED_RUNS = ((64, 200_000, 9), (1024, 3_200_000, 3))
-TARGETS = {"plan_over_bound_mean": 1.05, "plan_over_bound_max": 1.20, "s_per_iter_64": 0.3, "s_per_iter_1024": 1.0}
+def summarize(out: dict) -> None:
+    """Per objective over the sweep's rows: the largest and mean plan / tight bound, whether the tight bound is at
+    least the loose one on every row, and the rows of issue 28 as fast as the better plan found there."""
+    out["summary"] = []
+    for objective in OBJECTIVES:
+        rows = [c for c in out["cases"] if c["objective"] == objective]
+        if rows:
+            out["summary"].append({
+                "id": objective, "rows": len(rows), "plan_over_bound_max": max(c["plan_over_bound_max"] for c in rows),
+                "plan_over_bound_mean": float(np.mean([c["plan_over_bound_mean"] for c in rows])),
+                "tight_at_least_loose": all(c["tight_at_least_loose"] for c in rows),
+                "tight_over_loose_max": max(r["tight_bound_s"] / r["loose_bound_s"] for c in rows for r in c["batches"])})
+    issue = [c for c in out["cases"] if "better_plan_s" in c]
+    out["issue_rows_at_least_as_fast"] = sum(c["plan_s_mean"] <= c["better_plan_s"] * (1 + 5e-4) for c in issue)
+    out["issue_rows"] = len(issue)
+    out["issue_misses"] = len(issue) - out["issue_rows_at_least_as_fast"]
 
 
-def sweep_summary(cases: list[dict]) -> dict:
-    """What the text says of the cases besides the headline: the range of plan / bound, where synthesis won."""
-    rest = [c for c in cases if (c["profile"], c["gpus"]) != HEADLINE]
-    if not rest:
-        return {}
-    ratios = [c["default_over_bound_mean"] for c in rest]
-    return {"others_over_bound": [min(ratios), max(ratios)],
-            "others_synthesis_won": [c["id"] for c in rest if c["synthesized_iterations"]],
-            "others_synthesis_lower": [c["id"] for c in rest
-                                       if c["default_over_bound_mean"] < c["candidates_only_over_bound_mean"] - 1e-9]}
+def _sweep() -> list[tuple[str, str, int, str]]:
+    """The 24 configurations x both objectives, issue 28's first."""
+    names = [p.stem for p in bundled_profiles() if load_profile(p.stem).source == "analytic"]
+    every = [(n, d, g, o) for n in names for g in GPUS for d in DATASETS for o in OBJECTIVES]
+    return sorted(every, key=lambda k: k not in BETTER)
 
 
-def _report(c: dict) -> None:
-    e2e = c.get("e2e_objective_over_e2e_bound_mean")
-    print(f"{c['profile']:16s} {c['dataset']:18s} {c['gpus']:4d} GPUs  plan/bound {c['default_over_bound_mean']:.3f} "
-          f"(max {c['default_over_bound_max']:.3f}; candidates only {c['candidates_only_over_bound_mean']:.3f})"
-          f"  end to end {'n/a' if e2e is None else f'{e2e:.3f}'}", flush=True)
+SMOKE = [("h100-llama2-7b", "builtin:wikipedia", 16, o) for o in OBJECTIVES]
 
 
 def main(run: Run) -> None:
-    """The headline cases and the speed runs first, then the sweep; the file is rewritten after every case, so
-    an interrupted run keeps what it measured. With argument `speed` only the speed runs, with `headline`
-    only the headline cases (the other cases kept)."""
-    part = run.argv[0] if run.argv else None
-    if part not in (None, "headline", "speed"):
-        raise SystemExit(f"bench bound: unknown part {part!r} (headline, speed)")
-    out = run.previous() if part else {}
-    out.update(targets=TARGETS, probe_limit_s=run.pick(PROBE_LIMIT_S, 1.0))
-    headline = [(*HEADLINE, d, HEADLINE_ITERATIONS) for d in DATASETS]
-    runs = run.pick(headline, [("h100-llama2-7b", 16, "builtin:wikipedia", 1)])
-    speeds = run.pick(SPEED_RUNS, ((16, 50_000, 1),))
-    if part is None and not run.smoke:
-        runs += [(p.stem, g, d, ITERATIONS) for p in bundled_profiles() if load_profile(p.stem).source == "analytic"
-                 for g in (64, 256) for d in DATASETS if (p.stem, g) != HEADLINE]
-    if part != "speed":
-        cases = {c["id"]: c for c in out.get("cases", [])} if part else {}
-        for name, gpus, dataset, its in runs:
-            c = case(name, dataset, gpus, its, out["probe_limit_s"])
-            cases[c["id"]] = c
-            out["cases"] = list(cases.values())
-            out["sweep"] = sweep_summary(out["cases"])
-            run.write(out, merged=part is not None)
-            _report(c)
-            if part is None and c["id"] == f"{HEADLINE[0]}_{DATASETS[-1].removeprefix('builtin:')}_{HEADLINE[1]}":
-                _speeds(run, out, speeds, merged=False)
-    if part == "speed" or run.smoke:
-        _speeds(run, out, speeds, merged=part is not None)
-
-
-def _speeds(run: Run, out: dict, speeds, merged: bool) -> None:
-    out["speed"] = []
-    for args in speeds:
-        s = speed(*args)
-        out["speed"].append(s)
-        print(f"speed {s['gpus']:5d} GPUs  with synthesis {s['synthesis_s_per_iter']:.3f} s/iter  candidates only "
-              f"{s['candidates_only_s_per_iter']:.3f} s/iter  (x{s['time_ratio']:.2f})", flush=True)
+    """Everything, or one part: `sweep`, `long` (the 128K row), `speed`; a part keeps the others' results. The
+    file is rewritten after every row, so an interrupted run keeps what it measured."""
+    parts = list(run.argv) or ["sweep", "long", "speed"]
+    if not set(parts) <= {"sweep", "long", "speed"}:
+        raise SystemExit(f"bench bound: unknown part {parts} (sweep, long, speed)")
+    out = {"cases": [], "long_context": None, "speed": [], "summary": [], "targets": TARGETS}
+    if run.argv:
+        out.update({k: v for k, v in run.previous().items() if k in out and k != "targets"})
+    merged = bool(run.argv)
+    if "sweep" in parts:
+        out["cases"] = []
+        for key in run.pick(_sweep(), SMOKE):
+            c = case(*key) if not run.smoke else case(*key, tokens=20_000)
+            out["cases"].append(c)
+            summarize(out)
+            run.write(out, merged=merged)
+            print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  "
+                  f"(tight >= loose: {c['tight_at_least_loose']})", flush=True)
+    if "long" in parts:
+        L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16})
+        c = case(L["profile"], L["dataset"], L["gpus"], L["objective"], context=L["context"], tokens=L["tokens"],
+                 iterations=L["iterations"], bounds=False)
+        out["long_context"] = {**c, "better_plan_mean_s": L["better_mean_s"]}
         run.write(out, merged=merged)
+        print(f"128K: plan mean {c['plan_s_mean']:.3f} s (better plan {L['better_mean_s']:.3f} s)", flush=True)
+    if "speed" in parts:
+        out["speed"] = []
+        for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):  # a size bench_scale has a row of
+            s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1))
+            out["speed"].append(s)
+            run.write(out, merged=merged)
+            print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU; before "
+                  f"{s.get('before_s_per_iter_cpu_mean')}", flush=True)

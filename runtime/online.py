@@ -56,10 +56,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--objective", default="end-to-end", help="end-to-end or propagation")
     g.add_argument("--no-static", action="store_true", help="do not add the static baseline's layout as a candidate")
     g.add_argument("--synthesize", dest="synthesize", action="store_const", const=True, default=None,
-                   help="also make a strategy for each batch (default: with --objective propagation)")
+                   help="also make strategies for each batch when the relaxation shows one winning (the default)")
     g.add_argument("--candidates-only", dest="synthesize", action="store_const", const=False,
                    help="use only the candidates")
     g.add_argument("--cad", action="store_true", help="also plan core-attention disaggregation")
+    g.add_argument("--no-refine", action="store_true", help="skip the local search after dispatch and packing")
     g.add_argument("--planners-per-node", type=int, default=2, help="planner processes on each node's first rank")
     g.add_argument("--plan-ahead", type=int, default=None,
                    help="plan up to this many iterations ahead of the one training (default: 2 per planner process)")
@@ -76,7 +77,7 @@ ONLINE_ONLY = ("profile", "strategies", "tokens_per_iter", "context_len", "seq1f
 def check_replay_args(args: argparse.Namespace) -> None:
     """UserError for a planning option given with a plan argument (it would be ignored)."""
     given = [name for name in ONLINE_ONLY if getattr(args, name) is not None]
-    given += [name for name in ("cp_shard", "outlier_delay", "no_static", "cad") if getattr(args, name)]
+    given += [name for name in ("cp_shard", "outlier_delay", "no_static", "cad", "no_refine") if getattr(args, name)]
     if given:
         raise UserError(f"--{given[0].replace('_', '-')}: planning options apply only without a plan argument "
                         f"(the job then plans its own iterations); {args.plan} is replayed as planned")
@@ -93,7 +94,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     return build(RunConfig, profile=args.profile, dataset=args.dataset, gpus=world, tokens_per_iter=args.tokens_per_iter,
                  iterations=args.iterations, strategies=args.strategies, context_len=args.context_len, seed=args.seed,
                  dispatch=args.dispatch, seq1f1b=args.seq1f1b, cp_shard=args.cp_shard, outlier_delay=args.outlier_delay,
-                 objective=args.objective, static=not args.no_static, synthesize=args.synthesize, cad=args.cad)
+                 objective=args.objective, static=not args.no_static, synthesize=args.synthesize, cad=args.cad,
+                 refine=not args.no_refine)
 
 
 def profile_sha256(config: RunConfig) -> str:

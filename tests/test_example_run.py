@@ -16,7 +16,7 @@ from hydraplan.store.paths import ROOT
 
 EXAMPLE = ROOT / "plans" / "example"
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
-TIMING = {"solver_s", "dispatch_s", "pack_s"}  # wall-clock seconds: the only fields that may differ
+TIMING = {"solver_s", "dispatch_s", "pack_s", "refine_s"}  # wall-clock seconds: the only fields that may differ
 
 
 def example_args() -> list[str]:

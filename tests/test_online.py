@@ -82,7 +82,8 @@ def test_two_nodes_share_the_planning_and_train_the_same_plans(tmp_path):
                           '[{"tp": 1, "pp": 1, "cp": 2}, {"tp": 1, "pp": 1, "cp": 2}]}]}')
     # 7B on 4 GPUs: a <1,1,2> rank holds at most 966 tokens (the memory model's LNK windows and CP K/V counted)
     args = ["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "3000",
-            "--context-len", "768", "--cp-shard", "--outlier-delay", "--no-static", "--strategies", str(strategies)]
+            "--context-len", "768", "--cp-shard", "--outlier-delay", "--no-static", "--strategies", str(strategies),
+            "--candidates-only"]
     want = _pack(tmp_path, args, 4)
     assert any(mb.cp_shard for p in want for q in p.pipelines for mb in q.micro_batches)
     res = _torchrun([*args, "--iterations", "4", "--planners-per-node", "1", "--save-plans", str(tmp_path / "trained")],

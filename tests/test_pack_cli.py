@@ -204,3 +204,22 @@ def test_pack_skips_and_reports_empty_documents(inputs):
     for f in sorted(out.glob("iter_*.json")):
         for s in json.loads(f.read_text())["batch"]:
             assert s["length"] == with_empty[s["doc"]] > 0
+
+
+def test_bound_records_the_any_strategy_bound_and_leaves_the_plans(inputs):
+    """--bound: every iteration's bound_s is at most its plan's end-to-end time (the run's objective), the
+    summary's ratios are those of the iterations, and the plans are those of a run without it."""
+    runs = {}
+    for name, extra in (("plain", ()), ("bound", ("--bound",))):
+        out = inputs["tmp"] / name
+        r = hp(*pack_args(inputs, out, "--strategies", inputs["strategies"], *extra, iterations=3))
+        assert r.returncode == 0, r.stderr
+        runs[name] = out
+    summary = Summary.model_validate_json((runs["bound"] / "summary.json").read_text())
+    ratios = [it.iteration_s / it.bound_s for it in summary.iterations]
+    assert all(r >= 1 - 1e-9 for r in ratios)
+    assert summary.max_plan_over_bound == pytest.approx(max(ratios))
+    assert summary.mean_plan_over_bound == pytest.approx(float(np.mean(ratios)))
+    for k in range(3):
+        a, b = (json.loads((runs[n] / f"iter_{k:06d}.json").read_text()) for n in ("plain", "bound"))
+        assert a["pipelines"] == b["pipelines"]

@@ -104,13 +104,17 @@ def pack(
     no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
                                    "'static' (so a hand-written --strategies file is used as given)"),
     synthesize: bool | None = typer.Option(
-        None, "--synthesize/--candidates-only", help="also make a strategy for each batch from the any-strategy MILP "
-        "(plans marked synthesized), or use only the candidates; default: made with --objective propagation, where it "
-        "wins most iterations, not end to end, where it rarely does and costs several times the planning time"),
+        None, "--synthesize/--candidates-only", help="also make strategies for each batch from the any-strategy "
+        "relaxation when it shows one beating the candidates (plans marked synthesized; the default), or use only "
+        "the candidates"),
     json_out: bool = json_option("print summary.json instead of the summary lines"),
     cad: bool = typer.Option(
         False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
         "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
+    no_refine: bool = typer.Option(False, "--no-refine", help="skip the local search after dispatch and packing "
+                                   "(sequences moved and swapped off the slowest pipeline)"),
+    bound: bool = typer.Option(False, "--bound", help="also compute every batch's any-strategy lower bound: "
+                               "summary.json records bound_s and plan / bound (seconds of MILP per iteration)"),
     plan_format: str = typer.Option("json", "--format", help="plan files: json (readable) or compact (Parquet, "
                                     "iter_NNNNNN.parquet: a tenth of the bytes at thousands of GPUs; docs/formats.md)"),
 ) -> None:
@@ -129,7 +133,8 @@ def pack(
                    iterations=iterations, out=out, strategies=None if strategies is None else str(strategies),
                    context_len=context_len, seed=seed, workers=workers, dispatch=dispatch, resume=resume,
                    seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
-                   static=not no_static, synthesize=synthesize, cad=cad, format=plan_format)
+                   static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
+                   refine=not no_refine, bound=bound)
     progress = PackBar(out)
     cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
     with progress.bar, cliopts.Heartbeat(progress.line):

@@ -39,3 +39,4 @@ class PackConfig(RunConfig):
     out: Path
     workers: PositiveInt | None = None
     resume: bool = False
+    bound: bool = False  # each batch's any-strategy lower bound in summary.json (does not change the plans)

@@ -65,9 +65,10 @@ def is_end_to_end(objective: str | None) -> bool:
 
 
 def default_synthesize(objective: str) -> bool:
-    """Per-batch strategy synthesis unless asked otherwise only with the propagation objective, where it wins
-    most iterations; end to end the candidates, proposed with their sync, rarely lose to it (docs/results.md)."""
-    return not is_end_to_end(objective)
+    """Per-batch strategy synthesis unless asked otherwise, with either objective: it dispatches a strategy only
+    when the relaxation shows one beating the best candidate (solve/synthesis.py), so it costs one LP on the
+    batches the candidates already serve well."""
+    return objective in OBJECTIVES
 
 
 @dataclass(frozen=True, eq=False)

@@ -304,6 +304,8 @@ class CandidateSolve(_Model):
                                   "run's objective (end-to-end or propagation)")
     iteration_s: float | None = Field(None, description="end-to-end estimate (docs/formats.md); null if not solved")
     pruned: bool = Field(False, description="not solved to the end: its bound already exceeded the chosen estimate")
+    refine_moves: int = Field(0, description="sequences moved or swapped by the local search after packing")
+    refine_s: float = Field(0.0, description="seconds of that local search")
     infeasible: str | None = Field(None, description="why the candidate cannot hold this batch")
 
 
@@ -325,12 +327,12 @@ class PackArgs(_Model):
     objective: str = Field("propagation", description="--objective end-to-end|propagation (runs that predate it: "
                            "propagation)")
     static: bool = Field(True, description="the static baseline's layout joins the candidates (--no-static: it does not)")
-    synthesize: bool = Field(True, description="a strategy made for each batch competes with the candidates "
-                             "(--synthesize; --candidates-only: it does not; default: only with the propagation "
-                             "objective)")
+    synthesize: bool = Field(True, description="strategies made for each batch compete with the candidates "
+                             "(--synthesize, the default; --candidates-only: they do not)")
     cad: bool = Field(False, description="--cad: core-attention disaggregation planned as a candidate")
     format: Literal["json", "compact"] = Field("json", description="--format: plan files as JSON (iter_NNNNNN.json) or "
                                                "compact (iter_NNNNNN.parquet)")
+    refine: bool = Field(True, description="the local search after dispatch and packing ran (--no-refine: it did not)")
 
 
 class IterationSummary(_Model):
@@ -347,6 +349,8 @@ class IterationSummary(_Model):
     candidates: list[CandidateSolve] = Field(default_factory=list)
     tokens: int | None = Field(None, description="--outlier-delay: tokens trained in this iteration")
     delayed_token_iters: int | None = Field(None, description="--outlier-delay: sum over its tokens of iterations waited")
+    bound_s: float | None = Field(None, description="--bound: the any-strategy lower bound of the batch in the run's "
+                                  "objective (no plan of any strategy is faster)")
 
 
 class OutlierDelay(_Model):
@@ -384,6 +388,9 @@ class Summary(_Model):
     groups_outside_family: int = Field(0, description="groups the plans use that the family lacks (pipelines on "
                                        "hand-written ranks): the runtime creates them when first needed")
     empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
+    mean_plan_over_bound: float | None = Field(None, description="--bound: mean over iterations of the plan's score "
+                                               "in the objective / bound_s")
+    max_plan_over_bound: float | None = Field(None, description="--bound: the largest such ratio")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

@@ -184,6 +184,30 @@ def solve_candidate(
     return CandidateSolution(record(pruned=False), [done[j] for j in range(len(cand.schemes))])
 
 
+REFINE_MARGIN = 0.05  # a plan up to this far above the best so far is still refined: the local search may win it
+
+
+def refine_solution(cand: ResolvedCandidate, lengths: np.ndarray, sol: CandidateSolution, settings: PlanSettings,
+                    seed: int, bound: float) -> CandidateSolution:
+    """The candidate's packed dispatch after the local search of solve.refine (moves and swaps off its critical
+    pipeline, touched pipelines re-packed), in the objective's terms; unchanged when no move lowers it. `bound`
+    (a lower bound on every plan of the candidate) replaces the bound of its first dispatch."""
+    from hydraplan.solve.refine import refine
+
+    assert sol.pipelines is not None
+    t0 = perf_counter()
+    r = refine(lengths, list(cand.schemes), [p.micro_batches for p in sol.pipelines], transfer=cand.transfer_s,
+               max_steps=settings.refine_steps, seed=seed)
+    if not r.moves:
+        return sol
+    pipelines = [PipelineSolution(r.micro_batches[j], float(r.estimates[j]), "greedy+refine", False)
+                 if j in r.touched else p for j, p in enumerate(sol.pipelines)]
+    solve = sol.solve.model_copy(update={
+        "estimate_s": float(r.estimates.max(initial=0.0)), "pack_solvers": [p.solver for p in pipelines],
+        "optimal": False, "refine_moves": r.moves, "refine_s": perf_counter() - t0, "bound_s": bound})
+    return CandidateSolution(solve, pipelines)
+
+
 def _single_micro_batches(cand: ResolvedCandidate, lengths: np.ndarray, assign: np.ndarray) -> dict[int, np.ndarray]:
     """The pipelines whose packing needs no search, with their one micro-batch (empty: no sequence): pp = 1
     and all their tokens within MaxLen, where one micro-batch is optimal (pp = 1 costs the sequences plus c per
@@ -217,14 +241,16 @@ def relaxation_bound(cand: ResolvedCandidate, lengths: np.ndarray, best: tuple[f
     return None if strategy_meets(lengths, uniq, counts, X, t) else X
 
 
-def loses_to(best: tuple[float, int] | None, k: int) -> Callable[[float], bool]:
+def loses_to(best: tuple[float, int] | None, k: int, slack: float = 0.0) -> Callable[[float], bool]:
     """Whether a lower bound rules candidate k out against the best (estimate, index) so far. Ties go to
     the lower index; PRUNE_RTOL absorbs rounding between bound and estimate, so pruning changes the choice
-    only between candidates within 1e-9 of each other."""
+    only between candidates within 1e-9 of each other. With `slack` the bound must exceed the best by that
+    fraction more (a bound of one dispatch, which the local search after it may beat by that much)."""
     def loses(bound: float) -> bool:
         if best is None:
             return False
         est, idx = best
+        bound /= 1 + slack
         return bound > est * (1 + PRUNE_RTOL) or (k > idx and bound >= est * (1 - PRUNE_RTOL))
 
     return loses

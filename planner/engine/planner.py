@@ -27,10 +27,12 @@ from hydraplan.core.schema import CandidateSolve, IterationSummary, Plan, Profil
 from hydraplan.engine import synthesized
 from hydraplan.engine.cad_plan import CAD_CANDIDATE, cad_plan
 from hydraplan.engine.candidate import (
+    REFINE_MARGIN,
     CandidateSolution,
     ResolvedCandidate,
     candidate_bound,
     loses_to,
+    refine_solution,
     relaxation_bound,
     solve_candidate,
     solver_path,
@@ -189,18 +191,41 @@ class Planner:
     def _solver(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float
                 ) -> Callable[[Best | None], tuple[Outcome, CandidateSolution | None]]:
         def solve(best: Best | None) -> tuple[Outcome, CandidateSolution | None]:
-            sol = self._prune_or_solve(rnd, cand, k, bound, best)
-            if sol.pipelines is None:
+            sol, score = self._finished(rnd, cand, k, bound, best, self.settings)
+            if self.settings.dispatch == "ilp" and sol.solve.dispatch_solver.startswith("greedy+"):
+                # the ILP's objective is Eq. (3), not the canonical estimate: its plan is kept only when at least as
+                # good as the greedy dispatch's on the estimate in force
+                greedy = self.settings.model_copy(update={"dispatch": "greedy"})
+                alt, alt_score = self._finished(rnd, cand, k, bound, best, greedy)
+                if alt_score is not None and (score is None or alt_score < score):
+                    sol, score = alt, alt_score
+            if score is None:
                 return Outcome(sol.solve, None), sol
-            est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
-            sol.solve.iteration_s = est.iteration_s
-            score = self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
             return Outcome(sol.solve, score, lambda: self._candidate_plan(rnd.batch, cand, sol)), sol
 
         return solve
 
-    def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float,
-                        best: Best | None) -> CandidateSolution:
+    def _finished(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
+                  settings: PlanSettings) -> tuple[CandidateSolution, float | None]:
+        """Contender k pruned (score None), or dispatched, packed and refined, with its score."""
+        sol = self._prune_or_solve(rnd, cand, k, bound, best, settings)
+        if sol.pipelines is None:
+            return sol, None
+        score = self._score(cand, sol)
+        if settings.refine and not loses_to(best, k, slack=REFINE_MARGIN)(score):
+            sol = refine_solution(cand, rnd.batch.lengths, sol, settings, rnd.seed, bound)
+            score = self._score(cand, sol)
+        return sol, score
+
+    def _score(self, cand: ResolvedCandidate, sol: CandidateSolution) -> float:
+        """The solution's score in the objective; records its end-to-end estimate in its summary."""
+        assert sol.pipelines is not None
+        est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
+        sol.solve.iteration_s = est.iteration_s
+        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
+
+    def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
+                        settings: PlanSettings) -> CandidateSolution:
         """Contender k ruled out by its cheap lower `bound`, then by its LP relaxation, or dispatched and packed
         (abandoned as soon as a partial bound loses)."""
         loses = loses_to(best, k) if self.settings.prune else None
@@ -209,7 +234,9 @@ class Planner:
         relaxed = relaxation_bound(cand, rnd.batch.lengths, best, k) if loses is not None and np.isfinite(bound) else None
         if relaxed is not None:
             return CandidateSolution(CandidateSolve(name=cand.name, bound_s=max(bound, relaxed), pruned=True), None)
-        return solve_candidate(cand, rnd.batch.lengths, self.settings, seed=rnd.seed, loses=loses,
+        if loses is not None and self.settings.refine:  # the bounds of one dispatch: the local search may still win
+            loses = loses_to(best, k, slack=REFINE_MARGIN)
+        return solve_candidate(cand, rnd.batch.lengths, settings, seed=rnd.seed, loses=loses,
                                pack_budget_s=rnd.pack_budget_s)
 
     def _cad(self, b: Batch) -> Outcome:
@@ -251,7 +278,18 @@ class Planner:
         if b.sampled is not None:
             summary.tokens = b.tokens
             summary.delayed_token_iters = b.delayed_token_iters
+        if self.settings.bound and self.seq1f1b is None:  # Seq1F1B's MaxLen is outside the relaxation's model
+            summary.bound_s = self._any_strategy_bound(b.lengths, self.cluster.score(e.propagation_s, e.iteration_s))
         return IterationResult(plan, summary)
+
+    def _any_strategy_bound(self, lengths: np.ndarray, score: float) -> float:
+        """The batch's any-strategy lower bound in the objective (solve.bound), the plan's score its first bracket;
+        deterministic (node limits, no time limit)."""
+        from hydraplan.solve.bound import any_strategy_bound
+
+        schemes = list(self.cluster.schemes)
+        transfer = self.cluster.charged_for(schemes) if self.cluster.end_to_end else None
+        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score).latency_s
 
     def plan(self, batch: Batch | Sequence[int] | np.ndarray, iteration: int = 0) -> Plan:
         """The plan for one batch: a Batch (what `sample_iterations` gives) or a plain list of sequence lengths."""

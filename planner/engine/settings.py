@@ -32,6 +32,9 @@ class PlanSettings(BaseModel):
     pack_budget_s: PositiveFloat = Field(ITERATION_PACK_BUDGET_S, description="CP-SAT deterministic seconds per iteration")
     pack_time_limit_s: PositiveFloat = Field(DEFAULT_TIME_LIMIT_S, description="CP-SAT deterministic seconds per pack call")
     pack_rel_gap: PositiveFloat = 1e-3
+    refine: bool = Field(True, description="local search after dispatch and packing on plans that can still win")
+    bound: bool = Field(False, description="also compute the batch's any-strategy lower bound (summary bound_s)")
+    refine_steps: PositiveInt = Field(200, description="kept changes per local search (deterministic work cap)")
     dispatch_trials: PositiveInt = 32
     dispatch_time_limit_s: PositiveFloat = 10.0
 

@@ -15,17 +15,15 @@ import numpy as np
 from hydraplan.core.cluster import Cluster
 from hydraplan.engine.candidate import ResolvedCandidate
 from hydraplan.solve.placement import place_ranks
-from hydraplan.solve.synthesis import NAME, specs_of, synthesize, worth_trying
+from hydraplan.solve.synthesis import NAME, specs_of, synthesize
 
 
 def strategies(cluster: Cluster, candidates: Sequence[ResolvedCandidate], lengths: np.ndarray,
                best_s: float) -> list[ResolvedCandidate]:
-    """The strategies the any-strategy MILP shapes for this batch below `best_s` (the candidates' best score),
-    placed and resolved, in the order to try them; none when its closed-form floor shows none can win."""
+    """The strategies the any-strategy relaxation shapes for this batch below `best_s` (the candidates' best score),
+    placed and resolved, in the order to try them; none when it shows none can win."""
     schemes = list(cluster.schemes)
     transfer = cluster.charged_for(schemes)
-    if not worth_trying(lengths, schemes, cluster.gpus, best_s, transfer):
-        return []
     index = {s.key: k for k, s in enumerate(schemes)}
     prefer = sorted({index[s.key] for c in candidates for s in c.schemes if s.key in index})
     out = []

@@ -4,7 +4,8 @@ every candidate solved on every batch (no pruning), so the ablations are compara
 (a) homo-maxlen: the static homogeneous scheme, Eq. 3 dispatch, max-length (FFD) packing;
 (b) homo-pack:   the same with Eq. 1 packing;
 (c) hetero-static: the best single heterogeneous proposal candidate that holds the context length;
-(d) hydraplan:   the engine's per-iteration choice among the candidates (plus the homogeneous one, so (d) <= (b)).
+(d) hydraplan:   the engine's per-iteration choice among the candidates (plus the homogeneous one, so (d) <= (b))
+                 and, as `pack` does by default, the strategies it makes for the batch.
 hydraplan-delay is (d) on the batches after hydraplan's outlier delay (solve.delay).
 """
 
@@ -66,7 +67,8 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
     """hydraplan and the ablations on the batches (module docstring), each batch planned by the engine with
     the same per-iteration seed as `pack`."""
     strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, cluster.gpus)], context_len=context_len)
-    planner = Planner.for_cluster(cluster, strategies, PlanSettings(seed=seed, synthesize=False, prune=False), context_len)
+    settings = PlanSettings(seed=seed, synthesize=cluster.synthesizes_by_default, prune=False)
+    planner = Planner.for_cluster(cluster, strategies, settings, context_len)
     cands = planner.candidates
     labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
     per_cand: dict[str, list[bl.IterationPlan | None]] = {c.name: [] for c in cands}
@@ -82,7 +84,14 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
                                                    cluster.gpus))
             if c.name == HOMO_NAME:
                 homo_maxlen.append(_homo_maxlen(sol, c.schemes, lengths, cluster.gpus))
-        dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]
+        assert sel.winner is not None
+        if sel.winner < len(cands):
+            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]
+        else:  # a strategy made for the batch
+            won, sol = sel.contenders[sel.winner], sel.solutions[sel.winner]
+            assert sol.pipelines is not None
+            dynamic.append(_from_solution(won.name, won.schemes, lengths, [p.micro_batches for p in sol.pipelines],
+                                          cluster.gpus))
         advance("hydraplan")
     complete = {name: [p for p in plans if p is not None] for name, plans in per_cand.items()
                 if all(p is not None for p in plans)}

@@ -1,4 +1,6 @@
-"""HiGHS MIP runs without its stray console line. highspy 1.12's MIP solver prints
+"""HiGHS glue: MIP runs without their stray console line, and models assembled from numpy blocks.
+
+A MIP run without its stray console line: highspy 1.12's MIP solver prints
 "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();" with C stdio straight to file
 descriptor 1 whatever `output_flag` says (seen at 1024 GPUs in per-batch synthesis), which would land in
 the middle of a command's `--json` output. LP solves do not print it and are run as they are."""
@@ -10,7 +12,10 @@ import os
 import sys
 
 import highspy
+import numpy as np
 
+INF = highspy.kHighsInf
+LP_RETRIES = ({"presolve": "off"}, {"solver": "ipm"})  # what an LP ending with status Unknown is run again with
 _LIBC = ctypes.CDLL(None)
 
 
@@ -30,3 +35,91 @@ def run_mip(h: highspy.Highs) -> None:
             os.dup2(saved, 1)
     finally:
         os.close(saved)
+
+
+class SparseModel:
+    """A feasibility model for HiGHS assembled block by block (variables and rows appended as numpy arrays),
+    so the relaxations of solve/bound.py and solve/relaxation.py build thousands of rows without a Python
+    loop per entry. Entries of one row must name distinct columns."""
+
+    def __init__(self) -> None:
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.integer: list[np.ndarray] = []
+        self.n_cols = 0
+        self.row_lower: list[np.ndarray] = []
+        self.row_upper: list[np.ndarray] = []
+        self.entries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.n_rows = 0
+
+    def add_vars(self, n: int, lower: float | np.ndarray = 0.0, upper: float | np.ndarray = INF,
+                 integer: bool = False) -> np.ndarray:
+        """Indices of n new columns."""
+        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,)))
+        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,)))
+        self.integer.append(np.full(n, integer))
+        self.n_cols += n
+        return np.arange(self.n_cols - n, self.n_cols)
+
+    def add_rows(self, n: int, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                 lower: float | np.ndarray = -INF, upper: float | np.ndarray = INF) -> np.ndarray:
+        """n new rows `lower <= sum vals * x[cols] <= upper`; `rows` numbers the entries' rows 0..n-1."""
+        self.row_lower.append(np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,)))
+        self.row_upper.append(np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,)))
+        self.entries.append((np.asarray(rows, dtype=np.int64) + self.n_rows, np.asarray(cols, dtype=np.int64),
+                             np.asarray(vals, dtype=np.float64)))
+        self.n_rows += n
+        return np.arange(self.n_rows - n, self.n_rows)
+
+    def solve(self, *, relax: bool = False, max_nodes: int | None = None, time_limit_s: float | None = None,
+              cost: np.ndarray | None = None) -> tuple[str, np.ndarray | None]:
+        """("feasible", x), ("infeasible", None) or ("unknown", None) when a node or time limit ended the search
+        before a feasible point was found (or the solver could not tell). `cost` (per column) is minimized;
+        without it any feasible point."""
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = self.n_cols, self.n_rows
+        lp.col_cost_ = np.zeros(self.n_cols) if cost is None else np.asarray(cost, dtype=np.float64)
+        lp.col_lower_ = np.concatenate(self.lower) if self.lower else np.zeros(0)
+        lp.col_upper_ = np.concatenate(self.upper) if self.upper else np.zeros(0)
+        lp.row_lower_ = np.concatenate(self.row_lower) if self.row_lower else np.zeros(0)
+        lp.row_upper_ = np.concatenate(self.row_upper) if self.row_upper else np.zeros(0)
+        rows, cols, vals = (np.concatenate(x) for x in zip(*self.entries)) if self.entries else (np.zeros(0, np.int64),) * 3
+        order = np.lexsort((cols, rows))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.start_ = np.searchsorted(rows[order], np.arange(self.n_rows + 1))
+        lp.a_matrix_.index_ = cols[order]
+        lp.a_matrix_.value_ = vals[order]
+        mip = not relax and bool(np.concatenate(self.integer).any()) if self.integer else False
+        if mip:
+            lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                               for i in np.concatenate(self.integer)]
+        for retry in ({}, *(() if mip else LP_RETRIES)):  # simplex now and then ends an LP with status Unknown
+            status, x = self._run(lp, mip, max_nodes, time_limit_s, retry)
+            if status != "unknown":
+                return ("unknown", None) if status == "limit" else (status, x)
+        return "unknown", None
+
+    @staticmethod
+    def _run(lp: highspy.HighsLp, mip: bool, max_nodes: int | None, time_limit_s: float | None,
+             options: dict[str, str]) -> tuple[str, np.ndarray | None]:
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("random_seed", 0)
+        h.setOptionValue("mip_rel_gap", 0.0)
+        for k, v in options.items():
+            h.setOptionValue(k, v)
+        if max_nodes is not None:
+            h.setOptionValue("mip_max_nodes", max_nodes)
+        if time_limit_s is not None:
+            h.setOptionValue("time_limit", float(time_limit_s))
+        h.passModel(lp)
+        run_mip(h) if mip else h.run()
+        status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return "infeasible", None
+        if status == highspy.HighsModelStatus.kOptimal or h.getInfo().primal_solution_status == 2:
+            return "feasible", np.asarray(h.getSolution().col_value)
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit):
+            return "limit", None
+        return "unknown", None

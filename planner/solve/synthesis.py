@@ -1,14 +1,13 @@
-"""Per-batch strategy synthesis: integer strategies shaped by the any-strategy MILP (solve/bound.py) for
-the batch at hand, which the engine dispatches and packs next to the proposed candidates.
+"""Per-batch strategy synthesis: integer strategies for the batch at hand, shaped by the any-strategy relaxation
+(solve/relaxation.py), which the engine dispatches and packs next to the proposed candidates.
 
 LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate
-list only saves solver time. The bound's MILP already picks integer pipeline counts n_P that can carry the
-batch within a latency X; a strategy with those pipelines (leftover GPUs given to the narrowest scheme it
-uses) is the natural candidate for this batch. To keep it fast the MILP runs on grouped sequences: the
-longest SINGLE sequences alone (where integrality bites), the rest in length groups GROUP_RATIO wide,
-costed at their mean; the bisection stops at SYNTH_REL_TOL, starting from the best candidate's estimate.
-The pipeline counts at the least feasible X and at a few slacker X (SLACK: more room for the integral
-dispatch) give the strategies, deduplicated.
+list only saves solver time. The relaxation prices a pipeline as the cost model does (c per micro-batch, the
+bubble (pp-1) times its largest micro-batch, the longest sequences whole), so its integer pipeline counts at
+its least feasible latency X are a strategy that can carry the batch close to X. To keep it fast it runs on
+a shortlist of schemes, coarse length groups and levels, and a node limit; it first asks whether anything
+beats the best candidate by SKIP_RTOL at all (one probe), then bisects to SYNTH_REL_TOL. The counts with the
+fewest GPUs at X and a little above (SLACK: room for the integral dispatch) are the strategies, deduplicated.
 
 The engine (engine/synthesized.py) places them reusing rank sets already in use and solves them like
 candidates.
@@ -21,22 +20,23 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hydraplan.core.schema import PipelineSpec, Scheme
-from hydraplan.solve.bound import _instance, _probe, least_feasible
+from hydraplan.core.sync import propagation_budget_s
+from hydraplan.solve.bound import Bisection, bisect
+from hydraplan.solve.relaxation import Relaxation, probe, relaxation
 
-SINGLE = 12  # longest sequences that are items of their own
-GROUP_RATIO = 1.25  # the other sequences are grouped by length in geometric bins this wide
+LONG = 8  # the LP's relaxation: longest sequences kept whole,
+GROUP_RATIO = 1.25  # the other sequences in length groups this wide,
+LEVEL_RATIO = 1.5  # and pp > 1 pipelines by their longest sequence in levels this wide
+MIP_LONG, MIP_GROUP_RATIO, MIP_LEVEL_RATIO = 24, 1.1, 1.5  # the MILP's, on the few schemes the LP uses
 SYNTH_REL_TOL = 0.01
-SLACK = (0.0, 0.03, 0.08)
-MAX_NODES = 50  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
-TOP = 2  # per group of sequences, schemes kept by each of two rankings
-
-
-def _groups(lengths: np.ndarray) -> np.ndarray:
-    """A group label per sequence: the SINGLE longest alone, the rest by geometric length bin."""
-    order = np.argsort(-lengths, kind="stable")
-    label = np.floor(np.log(np.maximum(lengths, 1)) / np.log(GROUP_RATIO)).astype(np.int64)
-    label[order[:SINGLE]] = -1 - np.arange(min(SINGLE, len(lengths)))
-    return label
+LP_FROM = 0.85  # the LP's bisection starts this far below the best candidate
+SLACK = (0.02, 0.05)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
+MIP_STEPS = (0.0, 0.01, 0.02, 0.04, 0.08)  # latencies above the LP's where the MILP is asked, in turn
+MAX_NODES = 100  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
+TOP = 2  # per length, the schemes carrying the most of its tokens per GPU
+V_MAX = 64  # micro-batches per pipeline the shortlist considers
+SKIP_RTOL = 0.01  # only strategies that beat the best candidate by more than this are worth dispatching
+GROUPS = 1.25  # the shortlist ranks schemes per geometric length bin this wide
 
 
 def _fill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> dict[int, int]:
@@ -54,42 +54,97 @@ def _fill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> dict[
     return counts
 
 
-def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, transfer: np.ndarray,
+def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, budget: np.ndarray,
                prefer: Iterable[int]) -> list[int]:
-    """The schemes worth a variable: `prefer` (the candidates'), and per group of sequences the TOP cheapest in
-    GPU-seconds and the TOP fastest alone (pp * T(l) + 2 t), among those that hold it."""
-    label = _groups(lengths)
-    _, first = np.unique(label, return_index=True)
-    l = lengths[first].astype(np.float64)[:, None]
-    ok = (l <= np.array([s.max_len for s in schemes])) & (np.array([s.gpus for s in schemes]) <= gpus)
-    T = np.array([[s.time.a, s.time.b, s.time.c, s.gpus, s.pp] for s in schemes]).T
-    t_l = (T[0] * l + T[1]) * l + T[2]
-    keep = set(prefer)
-    for cost in (T[3] * t_l, T[4] * t_l + 2 * transfer):
-        ranked = np.argsort(np.where(ok, cost, np.inf), axis=1, kind="stable")[:, :TOP]
-        keep.update(int(k) for k in ranked[np.take_along_axis(ok, ranked, 1)])
-    return sorted(keep)
+    """The schemes worth a variable: `prefer` (the candidates'); for the longest of each length bin the TOP that
+    carry the most of its tokens per GPU within `budget` (the propagation budget per scheme), sequences of that
+    length only (k of them in V micro-batches take k w (1 + (pp-1)/V) + c (V + pp - 1), V M tokens at most, for
+    the best V); and for each of the LONG longest sequences the TOP that carry the most tokens per GPU in a
+    pipeline hosting it, the rest of the budget after it and its bubble filled with median-length sequences."""
+    ls = np.sort(lengths)[::-1]
+    bins = np.unique(-np.floor(np.log(np.maximum(ls, 1)) / np.log(GROUPS)), return_index=True)[1]
+    a, b, c, p, M, g = (np.array([f(s) for s in schemes], dtype=np.float64) for f in (
+        lambda s: s.time.a, lambda s: s.time.b, lambda s: s.time.c, lambda s: s.pp - 1, lambda s: s.max_len,
+        lambda s: s.gpus))
+    Y = budget
+
+    def ranked(per_gpu: np.ndarray) -> set[int]:
+        top = np.argsort(-per_gpu, axis=1, kind="stable")[:, :TOP]
+        return {int(j) for j in top[np.take_along_axis(per_gpu, top, 1) > 0]}
+
+    l = ls[bins].astype(np.float64)[:, None, None]
+    V = np.arange(1, V_MAX + 1, dtype=np.float64)
+    w = (a[:, None] * l + b[:, None]) * l
+    k = np.minimum((Y[:, None] - c[:, None] * (V + p[:, None])) / (w * (1 + p[:, None] / V)), np.floor(V * M[:, None] / l))
+    fits = (l <= M[:, None]) & (g[:, None] <= gpus) & (Y[:, None] >= (p[:, None] + 1) * (w + c[:, None]))
+    filler = (np.floor(np.where(fits, np.maximum(k, 1.0), 0.0)) * l / g[:, None]).max(axis=2)
+    lh = ls[:LONG].astype(np.float64)[:, None]
+    wh = (a * lh + b) * lh
+    rest = Y - (p + 1) * (wh + c)
+    rho = a * float(np.median(ls)) + b + c / M
+    host = np.where((lh <= M) & (g <= gpus) & (rest >= 0), (lh + rest / rho) / g, 0.0)
+    return sorted(set(prefer) | ranked(filler) | ranked(host))
+
+
+def _lp_least(rel: Relaxation, target: float | None) -> Bisection | None:
+    """The LP's least feasible latency (within SYNTH_REL_TOL), None when it is above `target` (nothing in the
+    relaxation's schemes beats the best candidate by SKIP_RTOL). The bracket starts LP_FROM below the target."""
+    def relaxed(X: float) -> np.ndarray | None:
+        return probe(rel, X, relax=True)
+
+    floor = max(rel.floor(), rel.volume())
+    if target is None:
+        return bisect(relaxed, floor, None, SYNTH_REL_TOL)
+    at_top = relaxed(target) if target >= floor else None
+    if at_top is None:
+        return None
+    below = LP_FROM * target  # most batches: the best candidate is within 15% of what the LP allows
+    if below <= floor:
+        return bisect(relaxed, floor, target, SYNTH_REL_TOL, at_top)
+    at_below = relaxed(below)
+    if at_below is None:
+        return bisect(relaxed, below, target, SYNTH_REL_TOL, at_top, lo_infeasible=True)
+    return bisect(relaxed, floor, below, SYNTH_REL_TOL, at_below)
 
 
 def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upper: float | None = None,
                transfer: np.ndarray | Sequence[float] | None = None, prefer: Iterable[int] = ()) -> list[dict[int, int]]:
-    """Strategies for this batch as {scheme index: pipelines}, best-shaped first. `transfer` (seconds per
-    scheme, core/sync.py) shapes them for the end-to-end estimate; `upper` is a latency some plan reaches;
-    `prefer` lists schemes to offer the MILP besides the shortlist (the candidates')."""
+    """Strategies for this batch as {scheme index: pipelines}, best-shaped first; none when `upper` (a latency some
+    plan reaches) is already within SKIP_RTOL of what the relaxation allows. `transfer` (seconds per scheme,
+    core/sync.py) shapes them for the end-to-end estimate; `prefer` lists schemes to offer besides the shortlist
+    (the candidates')."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return []
     t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
-    short = _shortlist(lengths, schemes, gpus, t, prefer)
-    sub = [schemes[k] for k in short]
-    inst = _instance(lengths, sub, gpus, t[short], group=_groups(lengths))
-    _, hi, _, _ = least_feasible(inst, upper, SYNTH_REL_TOL, MAX_NODES)
+    if upper is None:  # rank the schemes at a latency somewhat above what any strategy reaches
+        full = relaxation(lengths, list(schemes), gpus, t, long=LONG, group_ratio=GROUP_RATIO)
+        upper_rank = 1.25 * max(full.floor(), full.volume())
+    else:
+        upper_rank = upper
+    short = _shortlist(lengths, schemes, gpus, np.asarray(propagation_budget_s(t, upper_rank)), prefer)
+    rel = relaxation(lengths, [schemes[k] for k in short], gpus, t[short], long=LONG, group_ratio=GROUP_RATIO,
+                     level_ratio=LEVEL_RATIO)
+    target = None if upper is None else upper * (1 - SKIP_RTOL)
+    lp = _lp_least(rel, target)
+    if lp is None:
+        return []
+    # the MILP on the schemes the LP uses, finer (more sequences whole), from the LP's latency up
+    used = [short[int(rel.keep[k])] for k in np.flatnonzero(lp.best > 1e-6)]
+    fine = relaxation(lengths, [schemes[k] for k in used], gpus, t[used], long=MIP_LONG, group_ratio=MIP_GROUP_RATIO,
+                      level_ratio=MIP_LEVEL_RATIO, prune=False)
+    steps = [lp.hi * (1 + s) for s in MIP_STEPS]
+    if target is not None:
+        steps = [X for X in steps if X < target] + [target]
+    found = ((X, probe(fine, X, max_nodes=MAX_NODES)) for X in steps)
+    hi, first = next(((X, n) for X, n in found if n is not None), (None, None))
+    if hi is None:
+        return []
     out: list[dict[int, int]] = []
-    for slack in SLACK:
-        n = _probe(inst, hi * (1 + slack), minimize=True, max_nodes=MAX_NODES)
+    for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, max_nodes=MAX_NODES) for slack in SLACK)):
         if n is None:
             continue
-        counts = _fill({short[int(inst.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
+        counts = _fill({used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
         if counts not in out:
             out.append(counts)
     return out
@@ -102,13 +157,4 @@ def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[Pipeline
             for k in keys for _ in range(counts[k])]
 
 
-SKIP_RTOL = 0.01  # no synthesis when the best candidate is already this close to the cheap any-strategy floor
 NAME = "batch:"  # synthesized strategies are named batch:0, batch:1, ... in a plan and its summary
-
-
-def worth_trying(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, best_s: float,
-                 transfer: np.ndarray | None = None) -> bool:
-    """Whether a strategy made for the batch could beat `best_s` by more than SKIP_RTOL: the MILP's closed-form
-    floor (a sequence alone, the GPU-seconds over N) already proves it cannot on some batches."""
-    inst = _instance(np.asarray(lengths, dtype=np.int64), schemes, gpus, transfer)
-    return best_s > (1 + SKIP_RTOL) * max(inst.floor(), inst.volume())  # volume: a valid floor end to end too

@@ -66,6 +66,10 @@ class SummaryWriter:
         self.summary.mean_iteration_s = float(np.mean(e2e)) if its and len(e2e) == len(its) else None
         base = [i.baselines_iteration_s["megatron"] for i in its if "megatron" in i.baselines_iteration_s]
         self.summary.mean_baseline_iteration_s = float(np.mean(base)) if base and len(base) == len(its) else None
+        ratios = [(i.iteration_s if self.summary.objective == "end-to-end" and i.iteration_s is not None else i.estimate_s)
+                  / i.bound_s for i in its if i.bound_s]
+        self.summary.mean_plan_over_bound = float(np.mean(ratios)) if ratios else None
+        self.summary.max_plan_over_bound = float(np.max(ratios)) if ratios else None
         write_model(self.out / SUMMARY_FILE, self.summary)
         t1 = perf_counter()
         self.next_at = t1 + max(self.SUMMARY_EVERY_S, 5 * (t1 - t0))
