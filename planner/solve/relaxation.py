@@ -43,6 +43,7 @@ from hydraplan.solve.highs import SparseModel
 LONG = 8  # longest sequences kept whole
 GROUP_RATIO = 1.1  # other sequences in geometric length groups this wide
 LEVEL_RATIO = 1.5  # pp > 1 pipelines told apart by their longest sequence's level, levels this wide
+C_FLOOR = 1e-6  # least per-micro-batch cost c, as a share of the latency Y (moves the hull by at most that per micro-batch)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def capacity_facets(Y: float, p: float, c: float, omega: np.ndarray, rho_lo: flo
     the largest W: Y - p c - c V - p omega and (Y - p c - c V) V / (V + p). Past the V maximizing the second
     term and past V (c + rho_lo) >= Y - p c - p omega the points only shrink, so V stops there."""
     omega, rho_hi = np.atleast_1d(omega).astype(np.float64), np.atleast_1d(rho_hi).astype(np.float64)
+    c = max(c, C_FLOOR * Y)  # a measured c fitted to 0 would leave V unbounded
     yp = Y - p * c
     room = yp - p * omega
     v_top = np.sqrt(p * yp / c) + 1.0 if p > 0 else 1.0
