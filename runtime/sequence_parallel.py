@@ -38,7 +38,7 @@ class TPGroup:
 def _all_gather_rows(x: torch.Tensor, tp: TPGroup, n: int) -> torch.Tensor:
     """Every TP rank's rows, in rank order, cut to the n packed tokens."""
     out = x.new_empty(tp.size * x.shape[0], *x.shape[1:])
-    dist.all_gather_into_tensor(out, x.contiguous(), group=tp.group)
+    dist.all_gather_single(out, x.contiguous(), group=tp.group)
     return out[:n]
 
 
@@ -48,7 +48,7 @@ def _reduce_scatter_rows(y: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     padded = y.new_zeros(tp.size * rows, *y.shape[1:])
     padded[: y.shape[0]] = y
     out = y.new_empty(rows, *y.shape[1:])
-    dist.reduce_scatter_tensor(out, padded, group=tp.group)
+    dist.reduce_scatter_single(out, padded, group=tp.group)
     return out
 
 

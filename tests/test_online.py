@@ -21,6 +21,7 @@ from hydraplan.store.profiles import load_profile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "runtime" / "run_plan.py"
 TINY = ["--profile", "cpu-tiny", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "1536", "--context-len", "768"]
+TINY_CAD = [*TINY[:4], "--tokens-per-iter", "2048", "--context-len", "2048"]  # documents long enough for CAD to win some
 
 
 def _pack(tmp: Path, args: list[str], iterations: int) -> list:
@@ -60,7 +61,7 @@ def _waits(stdout: str) -> list[tuple[int, int, float]]:
 def test_training_while_planning_is_exact_and_trains_packs_plans(tmp_path):
     """4 ranks, 2 planner processes: every plan pack's (outlier delay, CAD, Seq1F1B, CP sharding asked for),
     fp64 training equal to one process, the plans saved compact."""
-    args = [*TINY, "--seed", "2", "--outlier-delay", "--cad", "--seq1f1b", "2", "--cp-shard"]
+    args = [*TINY_CAD, "--seed", "2", "--outlier-delay", "--cad", "--seq1f1b", "2", "--cp-shard"]
     want = _pack(tmp_path, args, 4)
     res, = _torchrun([*args, "--iterations", "4", "--planners-per-node", "2", "--dtype", "fp64", "--verify",
                       "--save-plans", str(tmp_path / "trained"), "--format", "compact"])
@@ -123,7 +124,7 @@ def test_missing_planning_options_are_one_line():
 
 
 @pytest.mark.parametrize("args,gpus", [
-    ([*TINY, "--cad"], 4),
+    ([*TINY_CAD, "--cad"], 4),
     (["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--tokens-per-iter", "200000", "--context-len",
       "32768", "--objective", "propagation", "--synthesize"], 64),
 ])
