@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
+from hydraplan.core.schema import scheme_label
 from hydraplan.methods.run import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
 from hydraplan.solve.loose import loose_bound
@@ -59,7 +60,7 @@ def _short(dataset: str) -> str:
 
 def _strategy(plan) -> str:
     counts = Counter(p.key for p in plan.pipelines)
-    return " ".join(f"<{t},{p},{c}>x{n}" for (t, p, c), n in sorted(counts.items(), key=lambda kv: (-kv[0][0], kv[0])))
+    return " ".join(f"{scheme_label(k)}x{n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[0][0], kv[0])))
 
 
 def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int = CONTEXT,

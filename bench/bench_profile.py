@@ -152,7 +152,8 @@ def end_to_end_check(ranks: int, smoke: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench-tiny.json"
         runs = measure.Runs(model="tiny", device="cpu", clock="cpu", repeats=repeats, launches=launches)
-        prof, fits = measure.measure_profile(path.stem, runs, schemes, CPU_MEMORY_GIB * 2**30, gpus_per_node=ranks)
+        prof, fits = measure.measure_profile(path.stem, runs, [(*s, "none") for s in schemes], CPU_MEMORY_GIB * 2**30,
+                                             gpus_per_node=ranks)
         write_model(path, prof)
         run = Path(tmp) / "run"
         subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "pack", "--profile", str(path),
