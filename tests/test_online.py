@@ -40,15 +40,20 @@ def _torchrun(args: list[str], nproc: int = 4, nodes: int = 1) -> list[subproces
     procs = [subprocess.Popen([*cmd, *(["--node-rank", str(n)] if nodes > 1 else []), "--master-port", str(port),
                                str(SCRIPT), *args, "--timeout-s", "60"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for n in range(nodes)]
+    return [subprocess.CompletedProcess(cmd, p.returncode, out, err)
+            for p, (out, err) in zip(procs, _communicate(procs, 300, f"run_plan timed out: {cmd}"))]
+
+
+def _communicate(procs: list[subprocess.Popen], timeout: float, why: str) -> list[tuple[str, str]]:
+    """Every process's (stdout, stderr); all killed and the test failed with `why` when one outlives `timeout`."""
     out = []
     for p in procs:
         try:
-            stdout, stderr = p.communicate(timeout=300)
+            out.append(p.communicate(timeout=timeout))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"run_plan timed out: {cmd}")
-        out.append(subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr))
+            pytest.fail(why)
     return out
 
 
@@ -158,13 +163,7 @@ def test_a_plan_the_job_cannot_train_stops_every_rank_with_one_line(tmp_path):
             [sys.executable, str(SCRIPT), "--profile", "cpu-tiny", "--dataset", str(tmp_path / "tokens.parquet"),
              "--tokens-per-iter", "600", "--iterations", "6", "--planners-per-node", "1", "--timeout-s", "60"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank hung instead of exiting")
+    for proc, (_, err) in zip(procs, _communicate(procs, 240, "a rank hung instead of exiting")):
         lines = [line for line in err.splitlines() if line.startswith("run_plan:")]
         assert proc.returncode == 2 and len(lines) == 1 and "vocab" in lines[0], err
 
