@@ -346,3 +346,20 @@ def test_cli_bad_context_exits_2_with_one_line(tmp_path):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "longest supported length" in r.stderr
     assert not (tmp_path / "s.json").exists()
+
+
+def test_rounding_tries_every_way_of_dropping_few_schemes_and_a_bounded_number_of_many():
+    """Up to 10 schemes with fractional counts: every subset (smallest first). More (22 at 2M tokens on 1024 GPUs,
+    4M subsets): every subset of the sizes that fit in MAX_VARIANTS, then the prefixes of the given order (the
+    smallest shares first), so dropping many stays possible."""
+    from itertools import chain, combinations
+
+    from hydraplan.solve.proposal.rounding import MAX_VARIANTS, _subsets
+
+    few = list(range(10))
+    assert list(_subsets(few)) == list(chain.from_iterable(combinations(few, n) for n in range(11)))
+    many = [7, 3, 11, 0, 5, 9, 2, 14, 1, 8, 6, 13, 4, 12, 10, 20, 15, 19, 16, 18, 17, 21]
+    got = list(_subsets(many))
+    assert len(got) == len(set(got)) <= MAX_VARIANTS + len(many)
+    assert set(combinations(many, 2)) <= set(got) and got[0] == ()
+    assert [tuple(many[:m]) for m in range(3, len(many) + 1)] == got[-(len(many) - 2):]
