@@ -80,6 +80,8 @@ from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer
 
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
+MEMORY_REFITS = 3  # lengths measured beyond MEMORY_LENGTHS, each at the MaxLen of the fit before
+MEMORY_SETTLED = 0.05  # a MaxLen this close above the longest length measured needs no further one
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -158,7 +160,8 @@ def held_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp:
 def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp: CPShards | None, dev: Device) -> int:
     """Most bytes one forward and backward of the stage on `mb` add at once, as the replay runs them (saved
     activations plus the backward's working set; Device.peak_memory), the parameter gradients it leaves excluded
-    (fixed bytes count them). Collective over TP and CP."""
+    (fixed bytes count them), plus its input: the executor holds the received activations from before the forward
+    to the end of the backward, as held_bytes counts them for a waiting micro-batch. Collective over TP and CP."""
     module.zero_grad(set_to_none=True)
     gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
     dist.barrier()
@@ -167,7 +170,7 @@ def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp:
         torch.autograd.backward(y, None if module.last else torch.ones_like(y))
     grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
     module.zero_grad(set_to_none=True)
-    return reading.peak - reading.start - grads
+    return reading.peak - reading.start - grads + (0 if x is None else x.numel() * x.element_size())
 
 
 def _synthetic(data: TokenData, lengths: list[int], first_id: int, dev: Device) -> PackedBatch:
@@ -203,18 +206,20 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
                                                 groups.get(role.cp_ranks))
 
     gen = torch.Generator().manual_seed(rank)
-    act, peak = [], []
-    for k, n in enumerate((MEMORY_LENGTHS[0], *MEMORY_LENGTHS)):  # the first run only warms the allocator up
+
+    def measure(n: int, module: StageModule = module) -> tuple[int, int]:
+        """(held, peak) bytes of one micro-batch holding one sequence of n tokens."""
         mb = _synthetic(data, [n], 0, dev)
         share = shares([mb])
         local = n if share is None else sum(e - s for s, e in share.ranges[0][role.cp_rank])
         rows = module.tp.rows(local)  # this TP rank's sequence-parallel rows of its CP share
         x = None if module.first else torch.randn(rows, cfg.hidden, generator=gen, dtype=dtype).to(device).requires_grad_()
         saved = held_bytes(module, x, mb, share, dev)
-        top = peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share, dev)
-        if k:
-            act.append(saved)
-            peak.append(top)
+        return saved, peak_bytes(module, x if x is None else x.detach().requires_grad_(), mb, share, dev)
+
+    measure(MEMORY_LENGTHS[0])  # warms the allocator up
+    lengths = list(MEMORY_LENGTHS)
+    act, peak = (list(x) for x in zip(*map(measure, lengths), strict=True))
     stage_params = sum(p.numel() for p in module.parameters())
     total_params = sum(s.numel for s in param_specs(cfg))
     mdt = master_dtype(dtype)
@@ -223,11 +228,20 @@ def measure_scheme(cfg: ModelConfig, tp: int, pp: int, cp: int, args: argparse.N
     lnk_bytes = sum(t.bytes for t in lnk_terms(info, tp, pp, stage, dtype.itemsize))
     fixed = (stage_params * (dtype.itemsize + mdt.itemsize) + lnk_bytes
              + (STATE_BYTES_PER_PARAM + mdt.itemsize) * total_params / args.reference_gpus)
-    mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(MEMORY_LENGTHS), act_bytes=act,
-                      peak_bytes=peak, lnk_bytes=lnk_bytes)
     mems: list[StageMemory | None] = [None] * world
-    dist.all_gather_object(mems, mem)
-    max_len = scheme_max_len(mems, args.capacity_bytes)
+    for refit in range(MEMORY_REFITS + 1):
+        mem = StageMemory(stage=stage, fixed_bytes=fixed, stash=pp - stage, lengths=list(lengths), act_bytes=list(act),
+                          peak_bytes=list(peak), lnk_bytes=lnk_bytes)
+        dist.all_gather_object(mems, mem)
+        max_len = scheme_max_len(mems, args.capacity_bytes)  # every rank computes the same
+        if refit == MEMORY_REFITS or max_len <= lengths[-1] * (1 + MEMORY_SETTLED):
+            break
+        # far beyond the lengths measured: a fit over short sequences extrapolates (an allocator's quadratic-looking
+        # growth at 2K tokens is not the one at 13K); measure where MaxLen lands and fit again
+        held, top = measure(max_len)
+        lengths.append(max_len)
+        act.append(held)
+        peak.append(top)
 
     del module
     replayer = Replayer(cfg, data, dtype, 0, 1e-3, dev, timedelta(seconds=args.timeout_s))

@@ -16,7 +16,7 @@ from hydraplan.core.analytic import (
     scheme_space,
 )
 from hydraplan.core.cluster import for_gpus, max_len_for_gpus, max_len_from_memory
-from hydraplan.core.cost import mfu, model_flops, seq_time, steady_state_mfu, util_len
+from hydraplan.core.cost import mfu, micro_batch_times, model_flops, seq_time, steady_state_mfu, util_len
 from hydraplan.core.fit import fit_time_coeffs
 from hydraplan.core.hardware import A800, FRAMEWORK, H100, MODELS
 from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
@@ -252,3 +252,18 @@ def test_fit_rejects_bad_input():
         fit_time_coeffs([1, 2, 3], [1.0, 2.0])
     with pytest.raises(ValueError, match="positive"):
         fit_time_coeffs([1, 2, 3], [1.0, 0.0, 2.0])
+
+
+def test_micro_batch_times_is_each_micro_batch_summed_on_its_own():
+    """One vectorized pass over all micro-batches (empty ones included) gives what summing each alone gives."""
+    rng = np.random.default_rng(4)
+    s = Scheme(tp=1, pp=2, cp=1, max_len=4096, util_len=512, time=TimeCoeffs(a=3e-9, b=2e-5, c=0.01))
+    lengths = rng.integers(1, 4096, 500)
+    cuts = np.sort(rng.integers(0, 500, 40))
+    order = rng.permutation(500)
+    mbs = [order[a:b] for a, b in zip(np.r_[0, cuts], np.r_[cuts, 500])] + [np.zeros(0, dtype=np.int64)]
+    want = [sum((s.time.a * float(l) + s.time.b) * float(l) for l in lengths[g]) + s.time.c for g in mbs]
+    got = micro_batch_times(s, lengths, mbs)
+    assert got.shape == (len(mbs),)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got[-1] == s.time.c and micro_batch_times(s, lengths, []).size == 0

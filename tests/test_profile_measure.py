@@ -33,10 +33,18 @@ from hydraplan.core.fit import (
     network_slices,
     time_grid,
 )
-from hydraplan.core.memory import StageMemory, activation_fit, peak_fit, rank_memory_bytes, scheme_max_len, stage_max_len
+from hydraplan.core.memory import (
+    MEMORY_LENGTHS,
+    StageMemory,
+    activation_fit,
+    peak_fit,
+    rank_memory_bytes,
+    scheme_max_len,
+    stage_max_len,
+)
 from hydraplan.core.schedules import fb_split, schedule_seq1f1b, simulate
 from hydraplan.core.sync import has_sync_model
-from hydraplan.runtime.profile import critical_path
+from hydraplan.runtime.profile import MEMORY_SETTLED, critical_path
 from hydraplan.schema import (
     BatchSeq,
     Estimate,
@@ -332,16 +340,19 @@ def test_profile_bad_input_exits_2():
 @pytest.mark.slow
 def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     out = tmp_path / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--recompute", "none", "--memory-gib", "0.015625",
+    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--recompute", "none", "--memory-gib", "0.03125",
                               "--repeats", "2", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     prof = load_profile(str(out))
     assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1, "none")]
     s = prof.scheme(1, 1, 1)
-    # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 16 MiB
+    # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 32 MiB,
+    # beyond the lengths measured first, so measured again where the first fit put it: the fit is not extrapolated
     (m,) = s.measured_memory
     peak = lambda n: rank_memory_bytes(prof, s, 0, 1, n)  # noqa: E731
-    assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
+    assert peak(s.max_len) <= 2**25 < peak(s.max_len + LENGTH_QUANTUM)
+    assert m["lengths"][:4] == list(MEMORY_LENGTHS) and s.max_len > MEMORY_LENGTHS[-1] * (1 + MEMORY_SETTLED)
+    assert len(m["lengths"]) > 4 and s.max_len <= max(m["lengths"]) * (1 + MEMORY_SETTLED)
     assert m["peak_bytes_per_token"] >= m["act_bytes_per_token"] > 0  # the backward holds at least what was saved
     # a, b, c are the fit of the recorded timings (single sequences grow with length)
     single = [(p["lengths"][0], p["seconds"]) for p in s.measured_points if len(p["lengths"]) == 1]

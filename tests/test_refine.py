@@ -10,7 +10,7 @@ from hydraplan.core.sync import end_to_end_s
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies, TimeCoeffs
 from hydraplan.solve.packing import pack
-from hydraplan.solve.refine import refine
+from hydraplan.solve.refine import MIN_GAIN, PATIENCE, refine
 
 
 def _packed(lengths, schemes, assign):
@@ -89,3 +89,22 @@ def test_exact_dispatch_never_returns_a_plan_worse_than_greedy(objective):
         a, b = (p.solve(lengths, it).plan.estimate for p in (greedy, exact))
         score = greedy.cluster.score
         assert score(b.propagation_s, b.iteration_s) <= score(a.propagation_s, a.iteration_s) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_band_wider_than_the_patience_ends_the_search_at_once(extra):
+    """n pipelines tie at the top, each with a micro-batch too many that a move to an idle pipeline saves. A kept
+    change takes only the critical pipeline out of the tie, so the plan's time falls after n changes: with
+    n = PATIENCE the search gets there, with n = PATIENCE + 1 its stop rule would end it first with nothing
+    gained, and it makes no change at all."""
+    s = Scheme(tp=1, pp=1, cp=1, max_len=1000, util_len=256, time=TimeCoeffs(a=0.0, b=1e-4, c=0.05))
+    n = PATIENCE + extra
+    lengths = np.array([600] * 7 * n + [100] * n)
+    schemes = [s] * (2 * n)
+    before = _packed(lengths, schemes, np.r_[np.repeat(np.arange(n), 7), np.arange(n, 2 * n)])
+    r = refine(lengths, schemes, before)
+    if extra:
+        assert r.moves == 0 and _score(lengths, schemes, r.micro_batches) == _score(lengths, schemes, before)
+    else:
+        assert r.moves >= n
+        assert _score(lengths, schemes, r.micro_batches) < _score(lengths, schemes, before) * (1 - MIN_GAIN)

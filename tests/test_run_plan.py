@@ -422,14 +422,8 @@ def test_pull_and_push_overlap_the_compute_layer_by_layer(tmp_path, overlap):
     assert checked == 16
 
 
-RECOMPUTE_MEMORY_GAP = ("cpu-tiny's model overestimates the peak under recomputation where the backward's working "
-                        "set is small against the fixed bytes: <4,1,1> at 0.62-0.81 of it, full <2,2,1> and <1,4,1> "
-                        "stage 0 at 0.89-0.90 (bench/results/memory.json); not yet explained")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["none", pytest.param("selective", marks=pytest.mark.xfail(reason=RECOMPUTE_MEMORY_GAP)),
-                                  pytest.param("full", marks=pytest.mark.xfail(reason=RECOMPUTE_MEMORY_GAP))])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_peak_memory_per_rank_is_the_profiles_model_within_ten_percent(tmp_path, mode):
     """Micro-batches at cpu-tiny's MaxLen on every rank, for each of its schemes in each recomputation mode
     (helpers.memory_plans), each plan twice, the first time warming the allocator up. Every rank's peak heap bytes

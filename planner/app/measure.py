@@ -132,7 +132,7 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                           fit={"r2": fit.r2, "worst_rel_err": fit.worst_rel_err,
                                "packed_worst_rel_err": fit.packed_worst_rel_err, "points": fit.points},
                           measured_memory=[{"stage": m["stage"], "fixed_bytes": m["fixed_bytes"], "stash": m["stash"],
-                                            "lnk_bytes": m["lnk_bytes"],
+                                            "lnk_bytes": m["lnk_bytes"], "lengths": m["lengths"],
                                             "act_bytes_per_token2": q, "act_bytes_per_token": p,
                                             "peak_bytes_per_token2": q2, "peak_bytes_per_token": p2, "peak_bytes": r}
                                            for m in raw["memory"]
@@ -157,7 +157,10 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
                           f"output), peak(l) to the most bytes one micro-batch's forward and backward add at once "
                           f"({_memory_source(device)}), plus a constant; fixed: weights, gradient accumulators, 1/N of the "
                           "masters, AdamW states and owner gradient, and LNK's in-flight buffers (lnk_bytes) "
-                          "(measured_memory); each scheme measured with its recomputation mode",
+                          "(measured_memory); single sequences of 128-2048 tokens, then (lengths) of the MaxLen each "
+                          "fit gives until one lands within 5% of a length measured (a fit over short sequences "
+                          "extrapolates badly); "
+                          "each scheme measured with its recomputation mode",
                "params": f"parameter count of the runtime's {model} config (runtime/model.py param_specs)",
                "network": net_note,
                "regenerate": f"hydraplan profile --device {device} --model {model} --out <this file>"})

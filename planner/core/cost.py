@@ -42,8 +42,15 @@ def pipeline_time_from_mb(mb_times: Sequence[float] | np.ndarray, pp: int) -> fl
 
 def micro_batch_times(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> np.ndarray:
     """t(m) of micro-batches given as index arrays into `lengths`: the one computation the planner, the
-    baselines and `hydraplan validate` share, so they agree to the bit."""
-    return np.array([float(seq_cost(scheme, lengths[g]).sum()) + scheme.time.c for g in micro_batches], dtype=np.float64)
+    baselines and `hydraplan validate` share, so they agree to the bit. One pass over all micro-batches
+    (each summed in its own order by np.add.reduceat): 10^5 of them per static layout at 8192 GPUs."""
+    sizes = np.fromiter(map(len, micro_batches), dtype=np.int64, count=len(micro_batches))
+    sums = np.zeros(sizes.size)
+    full = np.flatnonzero(sizes)
+    if full.size:
+        cost = seq_cost(scheme, np.asarray(lengths)[np.concatenate([micro_batches[k] for k in full])])
+        sums[full] = np.add.reduceat(cost, np.r_[0, np.cumsum(sizes[full])[:-1]])
+    return sums + scheme.time.c
 
 
 def pipeline_estimate(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequence[np.ndarray]) -> float:

@@ -41,7 +41,7 @@ class ResolvedCandidate:
     def with_schemes(self, schemes: tuple[Scheme, ...]) -> ResolvedCandidate:
         return dataclasses.replace(self, schemes=schemes)
 
-    @property
+    @functools.cached_property
     def max_len(self) -> int:
         return max(s.max_len for s in self.schemes)
 

@@ -120,6 +120,7 @@ class Planner:
         if self.seq1f1b is not None:
             self.candidates = [c.with_schemes(tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
                                for c in self.candidates]
+        self.candidate_keys = frozenset(s.key for c in self.candidates for s in c.schemes)
         wanted = cluster.synthesizes_by_default if settings.synthesize is None else settings.synthesize
         self.synthesize = wanted and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
 
@@ -181,7 +182,7 @@ class Planner:
         for k in sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k)):
             yield k, self._solver(rnd, self.candidates[k], k, bounds[k])
         if self.synthesize and best() is not None:
-            for cand in synthesized.strategies(self.cluster, self.candidates, lengths, best()[0]):  # type: ignore[index]
+            for cand in synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0]):  # type: ignore[index]
                 k = len(contenders)
                 contenders.append(cand)
                 yield k, self._solver(rnd, cand, k, candidate_bound(cand, lengths, rnd.longest_first))

@@ -10,8 +10,9 @@ import numpy as np
 from hydraplan.core.batch import Batch
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import BatchSeq, Estimate, IterationSummary, MicroBatch, Plan, PlanPipeline
+from hydraplan.core.schema import BatchSeq, Estimate, IterationSummary, MicroBatch, PipelineSpec, Plan, PlanPipeline
 from hydraplan.engine.candidate import PipelineSolution, ResolvedCandidate
+from hydraplan.solve.placement import place_ranks
 
 
 def solver_seed(seed: int, iteration: int) -> int:
@@ -46,6 +47,13 @@ def batch_seqs(batch: Batch) -> list[BatchSeq]:
     return [BatchSeq(id=i, length=l, doc=d, sampled_iteration=s) for i, l, d, s in zip(ids, lengths, docs, sampled, strict=True)]
 
 
+def placed(cand: ResolvedCandidate, cluster: Cluster) -> tuple[PipelineSpec, ...]:
+    """The candidate's pipelines with ranks: strategies made for a batch are placed only once they win."""
+    if all(s.ranks is not None for s in cand.specs):
+        return cand.specs
+    return tuple(place_ranks(cand.specs, cluster.gpus, cluster.gpus_per_node))
+
+
 def build_plan(batch: Batch, cand: ResolvedCandidate, pipelines: list[PipelineSolution], cluster: Cluster) -> Plan:
     plan_pipes = [
         PlanPipeline(
@@ -53,7 +61,7 @@ def build_plan(batch: Batch, cand: ResolvedCandidate, pipelines: list[PipelineSo
             micro_batches=[MicroBatch(seqs=batch.ids[g].tolist()) for g in sol.micro_batches],
             estimate_s=sol.estimate_s,
         )
-        for spec, sol in zip(cand.specs, pipelines, strict=True)
+        for spec, sol in zip(placed(cand, cluster), pipelines, strict=True)
     ]
     return Plan(
         iteration=batch.iteration, profile=cluster.name, gpus=cluster.gpus, batch=batch_seqs(batch), strategy=cand.name,

@@ -178,7 +178,9 @@ def megatron_phase(lengths: np.ndarray, scheme: Scheme, gpus: int, subset: np.nd
     d = gpus // scheme.gpus
     if d < 1:
         raise ValueError(f"scheme {scheme.label} needs {scheme.gpus} GPUs, more than {gpus}")
-    pipes = tuple(run_pipeline(scheme, lengths, [bins[k] for k in ks]) for ks in deal_round_robin(len(bins), d))
+    times = micro_batch_times(scheme, lengths, bins)  # every bin at once, then dealt
+    pipes = tuple(PipelineRun(scheme, tuple(bins[k] for k in ks), times[ks], pipeline_time_from_mb(times[ks], scheme.pp))
+                  for ks in deal_round_robin(len(bins), d))
     return Phase(label or scheme.label, pipes, gpus - d * scheme.gpus)
 
 

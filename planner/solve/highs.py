@@ -72,10 +72,10 @@ class SparseModel:
         return np.arange(self.n_rows - n, self.n_rows)
 
     def solve(self, *, relax: bool = False, max_nodes: int | None = None, time_limit_s: float | None = None,
-              cost: np.ndarray | None = None) -> tuple[str, np.ndarray | None]:
+              cost: np.ndarray | None = None, rel_gap: float = 0.0) -> tuple[str, np.ndarray | None]:
         """("feasible", x), ("infeasible", None) or ("unknown", None) when a node or time limit ended the search
         before a feasible point was found (or the solver could not tell). `cost` (per column) is minimized;
-        without it any feasible point."""
+        without it any feasible point; a MIP stops within `rel_gap` of the least cost."""
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = self.n_cols, self.n_rows
         lp.col_cost_ = np.zeros(self.n_cols) if cost is None else np.asarray(cost, dtype=np.float64)
@@ -94,7 +94,7 @@ class SparseModel:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                                for i in np.concatenate(self.integer)]
         for retry in ({}, *(() if mip else LP_RETRIES)):  # simplex now and then ends an LP with status Unknown
-            status, x = self._run(lp, mip, max_nodes, time_limit_s, retry)
+            status, x = self._run(lp, mip, max_nodes, time_limit_s, {"mip_rel_gap": rel_gap, **retry})
             if status != "unknown":
                 return ("unknown", None) if status == "limit" else (status, x)
         return "unknown", None
@@ -106,7 +106,6 @@ class SparseModel:
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
-        h.setOptionValue("mip_rel_gap", 0.0)
         for k, v in options.items():
             h.setOptionValue(k, v)
         if max_nodes is not None:

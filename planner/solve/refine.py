@@ -20,6 +20,7 @@ import numpy as np
 from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.schema import Scheme
 from hydraplan.core.sync import end_to_end_s
+from hydraplan.solve.dispatch.search import MIN_GAIN, PATIENCE  # the dispatch search's stop rule
 from hydraplan.solve.packing import pack
 
 MAX_STEPS = 200  # kept changes per search
@@ -27,8 +28,6 @@ EXCHANGES = 6  # sequences of the critical pipeline an exchange is tried for per
 TARGETS = 4
 SWAP_TARGETS = 8  # pipelines a swap step prices exactly: those with the best pairs by the work exchange alone
 _TOL = 1e-12
-PATIENCE, MIN_GAIN = 16, 1e-4  # the search ends after PATIENCE kept changes that together lower the plan's time
-# by less than MIN_GAIN (ties at the top: thousands of equal pipelines at cluster scale)
 
 
 @dataclass
@@ -57,8 +56,8 @@ class _State:
         coef = np.array(list(kinds))
         l = lengths.astype(np.float64)
         self.kind_work = (coef[:, :1] * l + coef[:, 1:]) * l  # (distinct (a, b), sequences): a l^2 + b l
-        self.owner = np.empty(lengths.size, dtype=np.int64)
-        self.mb = np.empty(lengths.size, dtype=np.int64)
+        self.owner = np.full(lengths.size, -1, dtype=np.int64)  # -1: in no micro-batch
+        self.mb = np.full(lengths.size, -1, dtype=np.int64)
         self.mb_pipe: list[int] = []
         self._members: dict[int, np.ndarray] = {}
         self._loads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -111,7 +110,16 @@ class _State:
         return float(load.sum() + self.c[j] * load.size + self.p[j] * (load.max() + self.c[j]))
 
     def estimates(self) -> np.ndarray:
-        return np.array([self.prop(j) for j in range(len(self.schemes))])
+        """prop(j) of every pipeline at once (thousands of pipelines at cluster scale)."""
+        D, n = len(self.schemes), len(self.mb_pipe)
+        pipe = np.asarray(self.mb_pipe, dtype=np.int64)
+        seqs = np.flatnonzero(self.owner >= 0)
+        load = np.bincount(self.mb[seqs], weights=self.work(self.owner[seqs], seqs), minlength=n)
+        count = np.bincount(pipe, minlength=D)
+        top = np.zeros(D)
+        np.maximum.at(top, pipe, load)
+        return np.where(count > 0, np.bincount(pipe, weights=load, minlength=D) + self.c * count
+                        + self.p * (top + self.c), 0.0)
 
 
 def _time(W: np.ndarray, V: np.ndarray, top: np.ndarray, c: float, p: float) -> np.ndarray:
@@ -322,7 +330,12 @@ def refine(lengths: np.ndarray, schemes: list[Scheme], micro_batches: list[list[
     st = _State(np.asarray(lengths, dtype=np.int64), schemes, transfer, micro_batches)
     s = _Search(st, max_steps, seed)
     every = np.arange(len(schemes))
-    mark, stale = float(st.objective(every, s.est).max()), 0
+    start = st.objective(every, s.est)
+    mark, stale = float(start.max()), 0
+    if np.count_nonzero(start >= mark * (1 - MIN_GAIN)) > PATIENCE:
+        # a kept change takes at most one pipeline (the critical one) out of this band, so PATIENCE of them cannot
+        # lower the plan's time by MIN_GAIN: the stop rule below would end the search with nothing gained
+        return Refined([list(m) for m in micro_batches], s.est.copy())
     for _ in range(max_steps):
         if not s.step():
             break

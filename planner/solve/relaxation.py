@@ -174,6 +174,11 @@ def relaxation(lengths: np.ndarray, schemes: list[Scheme], gpus: int, transfer: 
 
 
 # --------------------------------------------------------------------------------------------- the hull
+def _cat(*parts: np.ndarray | float) -> np.ndarray:
+    """np.r_ without its indexing machinery (a third of building a model: thousands of calls per batch)."""
+    return np.concatenate([np.atleast_1d(p) for p in parts])
+
+
 def capacity_facets(Y: float, p: float, c: float, omega: np.ndarray, rho_lo: float, rho_hi: np.ndarray
                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
     """Per level (its omega and rho_hi), the facets alpha W + beta L <= gamma (alpha, beta >= 0; L in micro-batches
@@ -203,7 +208,7 @@ def _upper_right(W: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     """The facets with nonnegative normals of the convex hull of points (W, L) and their projections on the axes."""
     order = np.lexsort((-L, -W))  # W descending, ties by L descending
     W, L = W[order], L[order]
-    front = L > np.maximum.accumulate(np.r_[-np.inf, L[:-1]])  # the Pareto front, W falling as L rises
+    front = L > np.maximum.accumulate(_cat(-np.inf, L[:-1]))  # the Pareto front, W falling as L rises
     hull: list[tuple[float, float]] = []
     for q in zip(W[front].tolist(), L[front].tolist(), strict=True):
         while len(hull) >= 2:
@@ -213,9 +218,9 @@ def _upper_right(W: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
             hull.pop()
         hull.append(q)
     h = np.array(hull)
-    al = np.r_[1.0, h[1:, 1] - h[:-1, 1], 0.0]
-    be = np.r_[0.0, h[:-1, 0] - h[1:, 0], 1.0]
-    ga = np.r_[h[0, 0], al[1:-1] * h[:-1, 0] + be[1:-1] * h[:-1, 1], h[-1, 1]]
+    al = _cat(1.0, h[1:, 1] - h[:-1, 1], 0.0)
+    be = _cat(0.0, h[:-1, 0] - h[1:, 0], 1.0)
+    ga = _cat(h[0, 0], al[1:-1] * h[:-1, 0] + be[1:-1] * h[:-1, 1], h[-1, 1])
     s = np.maximum(al, be)
     return al / s, be / s, ga / s
 
@@ -239,7 +244,7 @@ def _hosts(m: SparseModel, rel: Relaxation, Y: np.ndarray, wl: np.ndarray, zi: n
     """Host indicators h <= z, with h >= z - (z of the longer sequences it fits with on one pipeline)."""
     h = m.add_vars(z.size, 0.0, 1.0)
     e = np.arange(z.size)
-    m.add_rows(z.size, np.r_[e, e], np.r_[h, z], np.r_[np.ones(z.size), -np.ones(z.size)], upper=0.0)
+    m.add_rows(z.size, _cat(e, e), _cat(h, z), _cat(np.ones(z.size), -np.ones(z.size)), upper=0.0)
     K, S = wl.shape
     idx = np.full((K, S), -1)
     idx[zi, zk] = np.arange(z.size)
@@ -248,8 +253,8 @@ def _hosts(m: SparseModel, rel: Relaxation, Y: np.ndarray, wl: np.ndarray, zi: n
                                                               / rel.max_len) + p * (rel.c + wl[:, None, :]))
     j, i, k = np.nonzero((pair <= Y) & (idx[:, None, :] >= 0) & (idx[None, :, :] >= 0)
                          & (np.arange(K)[:, None, None] < np.arange(K)[None, :, None]))
-    rows = np.r_[e, e, idx[i, k]]
-    m.add_rows(z.size, rows, np.r_[h, z, z[idx[j, k]]], np.r_[np.ones(z.size), -np.ones(z.size), np.ones(j.size)],
+    rows = _cat(e, e, idx[i, k])
+    m.add_rows(z.size, rows, _cat(h, z, z[idx[j, k]]), _cat(np.ones(z.size), -np.ones(z.size), np.ones(j.size)),
                lower=0.0)
     return h
 
@@ -323,12 +328,12 @@ def _pipelines(m: SparseModel, rel: Relaxation, k: int, Y: float, n: int, loads:
         if not hull[0]:
             m.add_rows(1, np.zeros(1), [n], [1.0], upper=0.0)
         if hosts.size:
-            m.add_rows(1, np.zeros(hosts.size + 1), np.r_[hosts, n], np.r_[np.ones(hosts.size), -1.0], upper=0.0)
+            m.add_rows(1, np.zeros(hosts.size + 1), _cat(hosts, n), _cat(np.ones(hosts.size), -1.0), upper=0.0)
         return
     dead = count[~hull & (levels < K)]  # (never: an eligible sequence runs alone within Y) hosts without a hull
     if dead.size:
         m.add_rows(dead.size, np.arange(dead.size), dead, np.ones(dead.size), upper=0.0)
-    m.add_rows(1, np.zeros(used.size + 1), np.r_[used, n], np.r_[np.ones(used.size), -1.0], upper=0.0)
+    m.add_rows(1, np.zeros(used.size + 1), _cat(used, n), _cat(np.ones(used.size), -1.0), upper=0.0)
 
 
 def _crowding(m: SparseModel, rel: Relaxation, Y: np.ndarray, n: np.ndarray, k: np.ndarray, cols: np.ndarray,
@@ -346,8 +351,8 @@ def _crowding(m: SparseModel, rel: Relaxation, Y: np.ndarray, n: np.ndarray, k: 
             continue
         row = np.searchsorted(used, k)
         sel = f > 0
-        m.add_rows(used.size, np.r_[row[sel], np.arange(used.size)], np.r_[cols[sel], n[used]],
-                   np.r_[f[sel], -np.ones(used.size)], upper=0.0)
+        m.add_rows(used.size, _cat(row[sel], np.arange(used.size)), _cat(cols[sel], n[used]),
+                   _cat(f[sel], -np.ones(used.size)), upper=0.0)
 
 
 def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[SparseModel, np.ndarray] | None:
@@ -375,29 +380,29 @@ def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[Sp
     gi, gk = np.nonzero(eg)
     x = m.add_vars(gi.size, 0.0, np.minimum(share[gi, gk], 1.0))  # the share of each group's tokens on each scheme
     m.add_rows(rel.lo.size, gi, x, np.ones(x.size), lower=1.0, upper=1.0)
-    _crowding(m, rel, Y, n, np.r_[zk, gk], np.r_[z, x], np.r_[wl[zi, zk], (rho * rel.lo[:, None])[gi, gk]],
-              np.r_[np.ones(z.size), rel.tokens[gi] / rel.hi[gi]])
+    _crowding(m, rel, Y, n, _cat(zk, gk), _cat(z, x), _cat(wl[zi, zk], (rho * rel.lo[:, None])[gi, gk]),
+              _cat(np.ones(z.size), rel.tokens[gi] / rel.hi[gi]))
     K = rel.long.size
     for k in np.flatnonzero(usable).tolist():
         on_z, on_x = zk == k, gk == k
         tok = rel.tokens[gi[on_x]]
         half = rel.max_len[k] / 2
-        loads = _Loads(cols=np.r_[z[on_z], x[on_x]], work=np.r_[wl[zi[on_z], k], rho[gi[on_x], k] * tok],
-                       tok=np.r_[rel.long[zi[on_z]], tok] / rel.max_len[k],
-                       big=np.r_[rel.long[zi[on_z]] > half, (rel.lo[gi[on_x]] > half) * tok / rel.hi[gi[on_x]]],
-                       level=np.r_[zi[on_z], K + rel.level[gi[on_x]]])
+        loads = _Loads(cols=_cat(z[on_z], x[on_x]), work=_cat(wl[zi[on_z], k], rho[gi[on_x], k] * tok),
+                       tok=_cat(rel.long[zi[on_z]], tok) / rel.max_len[k],
+                       big=_cat(rel.long[zi[on_z]] > half, (rel.lo[gi[on_x]] > half) * tok / rel.hi[gi[on_x]]),
+                       level=_cat(zi[on_z], K + rel.level[gi[on_x]]))
         _pipelines(m, rel, k, float(Y[k]), int(n[k]), loads, h[on_z], zi[on_z])
     return m, n
 
 
 def probe(rel: Relaxation, X: float, *, most: np.ndarray | None = None, relax: bool = False,
           max_nodes: int | None = None, time_limit_s: float | None = None, unknown_feasible: bool = False,
-          fewest_gpus: bool = False) -> np.ndarray | None:
+          fewest_gpus: bool = False, gap: float = 0.0) -> np.ndarray | None:
     """Pipeline counts per kept scheme of a feasible point at X, or None when there is none. A search ended by
     `max_nodes` (deterministic) or `time_limit_s` (wall time: benchmarks only) without a point counts as
     infeasible, or with `unknown_feasible` as feasible (all-zero counts: what a bound needs, since taking an
     unproven X as feasible can only lower it). `relax`: the LP relaxation (counts fractional);
-    `fewest_gpus`: among the feasible points one with the fewest GPUs."""
+    `fewest_gpus`: among the feasible points one with the fewest GPUs (within `gap` of them, relative)."""
     built = model(rel, X, most)
     if built is None:
         return None
@@ -406,7 +411,7 @@ def probe(rel: Relaxation, X: float, *, most: np.ndarray | None = None, relax: b
     if fewest_gpus:
         cost = np.zeros(m.n_cols)
         cost[n] = rel.g
-    status, sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost)
+    status, sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost, rel_gap=gap)
     if status == "infeasible" or (status == "unknown" and not unknown_feasible):
         return None
     if sol is None:

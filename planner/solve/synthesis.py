@@ -30,9 +30,10 @@ LEVEL_RATIO = 1.5  # and pp > 1 pipelines by their longest sequence in levels th
 MIP_LONG, MIP_GROUP_RATIO, MIP_LEVEL_RATIO = 24, 1.1, 1.5  # the MILP's, on the few schemes the LP uses
 SYNTH_REL_TOL = 0.01
 LP_FROM = 0.85  # the LP's bisection starts this far below the best candidate
-SLACK = (0.02, 0.05)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
+SLACK = (0.02,)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
 MIP_STEPS = (0.0, 0.01, 0.02, 0.04, 0.08)  # latencies above the LP's where the MILP is asked, in turn
 MAX_NODES = 100  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
+FEWEST_GAP = 0.01  # the fewest-GPU strategies within this of the fewest (leftover GPUs become pipelines anyway)
 TOP = 2  # per length, the schemes carrying the most of its tokens per GPU
 V_MAX = 64  # micro-batches per pipeline the shortlist considers
 SKIP_RTOL = 0.01  # only strategies that beat the best candidate by more than this are worth dispatching
@@ -141,7 +142,8 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
     if hi is None:
         return []
     out: list[dict[int, int]] = []
-    for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, max_nodes=MAX_NODES) for slack in SLACK)):
+    for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, gap=FEWEST_GAP,
+                                                    max_nodes=MAX_NODES) for slack in SLACK)):
         if n is None:
             continue
         counts = _fill({used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)

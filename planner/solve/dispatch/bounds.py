@@ -103,6 +103,15 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     sets = np.arange(1 << G)
     cap = ((sets[:, None] >> np.arange(G)) & 1) @ counts
     bit = 1 << np.arange(G)
+    with_bit = [(sets & (1 << g)) != 0 for g in range(G)]
+
+    def hall(allowed: np.ndarray) -> bool:
+        """Per set S of schemes, the sequences allowed only within S are at most S's pipelines: counts of
+        allowed sets, summed over the subsets of each S (one pass per scheme bit)."""
+        within = np.bincount(allowed, minlength=1 << G)
+        for g in range(G):
+            within[with_bit[g]] += within[sets[with_bit[g]] ^ (1 << g)]
+        return bool((within <= cap).all())
 
     def own(k: int) -> float:
         """The bottleneck assignment of the k longest to distinct pipelines (inf: more than the pipelines)."""
@@ -110,8 +119,7 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
         lo, hi = 0, len(xs)  # the least feasible threshold index, len(xs): none
         while lo < hi:
             mid = (lo + hi) // 2
-            allowed = (alone[:k] <= xs[mid]).astype(np.int64) @ bit
-            if ((((allowed[:, None] & ~sets) == 0).sum(axis=0)) <= cap).all():
+            if hall((alone[:k] <= xs[mid]).astype(np.int64) @ bit):
                 hi = mid
             else:
                 lo = mid + 1

@@ -10,6 +10,8 @@ import numpy as np
 from hydraplan.solve.dispatch.pipes import Costs, Pipes, State, eq2, loads
 
 LS_WORK = 20_000_000  # cap on (member, partner) pairs one local search evaluates, summed over its steps
+PATIENCE, MIN_GAIN = 16, 1e-4  # a search ends after PATIENCE kept steps that together lower the largest
+# objective by less than MIN_GAIN (thousands of pipelines tied at the top at cluster scale)
 
 
 @dataclass(frozen=True)
@@ -129,20 +131,26 @@ def local_search(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: P
     without pushing the partner to the old maximum (the sorted load vector decreases: it terminates).
 
     Each step evaluates (members of the top pipeline) x (pipelines, then other sequences) pairs; at most
-    LS_WORK pairs are evaluated in all. With thousands of pipelines at one load level every step only
-    lowers one of them, so at thousands of GPUs an unbounded search spends minutes per candidate for almost
-    nothing; the cap binds only there.
+    LS_WORK pairs are evaluated in all. A step takes only the top pipeline out of the band of pipelines near
+    the largest objective, so with thousands of pipelines at one level (thousands of GPUs) the search would
+    spend seconds per candidate for almost nothing: it ends after PATIENCE steps that lower the largest
+    objective by less than MIN_GAIN together, and at once when more than PATIENCE pipelines are in that band.
     Deterministic: work is counted, not timed."""
     st = State.of(lengths, W, assign.copy())
     B, D = W.shape
     idx = np.arange(B)
-    work = 0
-    for _ in range(max_steps):
+    work, mark, stale = 0, np.inf, 0
+    for step in range(max_steps):
         if work > LS_WORK:
             break
         Mx = (P.a * st.lmax + P.b) * st.lmax
         O = P.h(loads(st.C, st.L, Mx, P))
         p = int(O.argmax())
+        if step == 0 and np.count_nonzero(O >= O[p] * (1 - MIN_GAIN)) > PATIENCE:
+            break
+        mark, stale = (O[p], 0) if O[p] < mark * (1 - MIN_GAIN) else (mark, stale + 1)
+        if stale >= PATIENCE:
+            break
         below = O[p] * (1 - 1e-12)
         top = _Top.of(lengths, W, P, st, p)
         work += len(top.mem) * D
