@@ -159,6 +159,7 @@ def main(run: Run) -> None:
     out = {"cases": [], "long_context": None, "speed": [], "summary": [], "targets": TARGETS}
     if run.argv:
         out.update({k: v for k, v in run.previous().items() if k in out and k != "targets"})
+        summarize(out)  # the kept rows' summary and issue-28 counts
     merged = bool(run.argv)
     if "sweep" in parts:
         out["cases"] = []

@@ -57,6 +57,8 @@ class Run:
     smoke: bool = False
     results: Path = RESULTS
     started: tuple[float, float] = field(default_factory=_clock, compare=False)
+    # the file's record before this run: a partial run writes after every row, and each write keeps that one
+    before: dict = field(default_factory=dict, compare=False)
 
     @property
     def path(self) -> Path:
@@ -80,7 +82,9 @@ class Run:
                "command": " ".join(["python -m bench", *(["--smoke"] if self.smoke else []), self.name, *self.argv]),
                "smoke": self.smoke, "cores": os.cpu_count(), "wall_s": round(wall - wall0, 1),
                "cpu_s": round(cpu - cpu0, 1)}
-        old = self.previous().get("meta") if merged else None
+        if merged and "meta" not in self.before:
+            self.before["meta"] = self.previous().get("meta")
+        old = self.before.get("meta") if merged else None
         if old:
             out["earlier"] = [{k: v for k, v in old.items() if k != "earlier"}, *old.get("earlier", [])]
         return out

@@ -113,3 +113,17 @@ def test_no_figure_without_a_file_behind_it(page):
     """Measured figures (speedups, seconds, shares, bandwidths) in the results pages are generated or cited."""
     found = BARE.findall(prose(results_sections(ROOT / page)))
     assert not found, f"{page}: figures with no results file behind them: {found}"
+
+
+def test_a_partial_run_keeps_the_files_earlier_record_once_however_often_it_writes(tmp_path):
+    """A part re-run (`python -m bench bound speed`) writes after every row; the record of the file it merged into
+    stays under `earlier` once, not once per write."""
+    from bench.run import Run
+
+    Run("x", results=tmp_path).write({"a": 1})
+    first = json.loads((tmp_path / "x.json").read_text())["meta"]
+    part = Run("x", ("speed",), results=tmp_path)
+    for k in range(3):
+        part.write({"a": 1, "b": k}, merged=True)
+    meta = json.loads((tmp_path / "x.json").read_text())["meta"]
+    assert meta["earlier"] == [first] and meta["command"] == "python -m bench x speed"
