@@ -3,12 +3,12 @@ profile's memory, the LNK terms every profile shares, and the bytes a rank holds
 what `run_plan --memory` and `hydraplan profiles memory` show). Analytic profiles store their terms
 (SchemeMemory.*_terms, sources in the profile's notes as memory.NAME; hydraplan.core.analytic).
 
-Stage r of a 1F1B pipeline holds pp - r micro-batches at its peak: pp - r - 1 of them as saved activations
-act_r(l) = q*l^2 + p*l (q: attention kernels that materialize scores, ~0 with FlashAttention) and one in its
-backward, whose peak peak_r(l) (saved activations plus the backward's working set, and its input on later
-stages, read from the allocator's statistics) is fitted the same way plus a constant (buffers a backward allocates whatever the length); with
-fixed bytes F_r the scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <= capacity
-on every stage. A measured profile carries no memory constants, so its MaxLen holds for any --gpus
+Stage r of a 1F1B pipeline holds pp - r micro-batches at its peak: pp - r - 1 of them as saved activations act_r(l)
+= q*l^2 + p*l (q: attention kernels that materialize scores, ~0 with FlashAttention) and one in its backward, whose
+peak peak_r(l) (saved activations plus the backward's working set, and its input on later stages, read from the
+allocator's statistics) is fitted the same way plus a constant (buffers a backward allocates whatever the length);
+with fixed bytes F_r the scheme's MaxLen is the largest l with F_r + (pp - r - 1) * act_r(l) + peak_r(l) <=
+capacity on every stage. A measured profile carries no memory constants, so its MaxLen holds for any --gpus
 (docs/formats.md). The runtime measures the memory at MEMORY_LENGTHS and then where MaxLen lands
 (runtime/profile.py).
 """
