@@ -9,8 +9,9 @@ from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.sync import end_to_end_s
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies, TimeCoeffs
+from hydraplan.solve.dispatch.search import MIN_GAIN, PATIENCE
 from hydraplan.solve.packing import pack
-from hydraplan.solve.refine import MIN_GAIN, PATIENCE, refine
+from hydraplan.solve.refine import refine
 
 
 def _packed(lengths, schemes, assign):

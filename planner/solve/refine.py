@@ -20,7 +20,7 @@ import numpy as np
 from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.schema import Scheme
 from hydraplan.core.sync import end_to_end_s
-from hydraplan.solve.dispatch.search import MIN_GAIN, PATIENCE  # the dispatch search's stop rule
+from hydraplan.solve.dispatch.search import Stall, tied_at_top  # the dispatch search's stop rule
 from hydraplan.solve.packing import pack
 
 MAX_STEPS = 200  # kept changes per search
@@ -331,17 +331,11 @@ def refine(lengths: np.ndarray, schemes: list[Scheme], micro_batches: list[list[
     s = _Search(st, max_steps, seed)
     every = np.arange(len(schemes))
     start = st.objective(every, s.est)
-    mark, stale = float(start.max()), 0
-    if np.count_nonzero(start >= mark * (1 - MIN_GAIN)) > PATIENCE:
-        # a kept change takes at most one pipeline (the critical one) out of this band, so PATIENCE of them cannot
-        # lower the plan's time by MIN_GAIN: the stop rule below would end the search with nothing gained
+    if tied_at_top(start):  # a kept change, like a dispatch step, takes only the critical pipeline out of the tie
         return Refined([list(m) for m in micro_batches], s.est.copy())
+    stall = Stall(float(start.max()))
     for _ in range(max_steps):
-        if not s.step():
-            break
-        now = float(st.objective(every, s.est).max())
-        mark, stale = (now, 0) if now < mark * (1 - MIN_GAIN) else (mark, stale + 1)
-        if stale >= PATIENCE:
+        if not s.step() or stall.stalled(float(st.objective(every, s.est).max())):
             break
     touched = s.out.touched
     mbs = [st.micro_batches(j) if j in touched else list(micro_batches[j]) for j in range(len(schemes))]

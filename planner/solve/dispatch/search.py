@@ -14,6 +14,30 @@ PATIENCE, MIN_GAIN = 16, 1e-4  # a search ends after PATIENCE kept steps that to
 # objective by less than MIN_GAIN (thousands of pipelines tied at the top at cluster scale)
 
 
+def tied_at_top(values: np.ndarray) -> bool:
+    """More than PATIENCE values within MIN_GAIN of the largest. A step of a local search takes only the critical
+    pipeline out of that band, so PATIENCE steps cannot lower the largest by MIN_GAIN: Stall would end the search
+    with nothing gained, and it need not start."""
+    return bool(np.count_nonzero(values >= float(np.max(values)) * (1 - MIN_GAIN)) > PATIENCE)
+
+
+@dataclass
+class Stall:
+    """The stop rule shared by the local searches (this one and solve.refine): PATIENCE steps in a row that lower
+    the largest objective by less than MIN_GAIN from the last mark."""
+
+    mark: float = np.inf
+    stale: int = 0
+
+    def stalled(self, top: float) -> bool:
+        """Record the largest objective after a step; True once the search should end."""
+        if top < self.mark * (1 - MIN_GAIN):
+            self.mark, self.stale = top, 0
+        else:
+            self.stale += 1
+        return self.stale >= PATIENCE
+
+
 @dataclass(frozen=True)
 class _Top:
     """The most loaded pipeline p with each of its members i taken out: its sums and objective without i."""
@@ -139,17 +163,14 @@ def local_search(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: P
     st = State.of(lengths, W, assign.copy())
     B, D = W.shape
     idx = np.arange(B)
-    work, mark, stale = 0, np.inf, 0
+    work, stall = 0, Stall()
     for step in range(max_steps):
         if work > LS_WORK:
             break
         Mx = (P.a * st.lmax + P.b) * st.lmax
         O = P.h(loads(st.C, st.L, Mx, P))
         p = int(O.argmax())
-        if step == 0 and np.count_nonzero(O >= O[p] * (1 - MIN_GAIN)) > PATIENCE:
-            break
-        mark, stale = (O[p], 0) if O[p] < mark * (1 - MIN_GAIN) else (mark, stale + 1)
-        if stale >= PATIENCE:
+        if (step == 0 and tied_at_top(O)) or stall.stalled(float(O[p])):
             break
         below = O[p] * (1 - 1e-12)
         top = _Top.of(lengths, W, P, st, p)
