@@ -116,3 +116,49 @@ def test_top_sequences_bound_is_its_definition():
                         if ls[k - 2] <= s.max_len), default=np.inf)
             want = max(want, min(own, pair))
         assert top_sequences_bound(lengths, kinds, counts, transfer) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def _matched(allowed: list[list[int]], pipes: int) -> bool:
+    """Every sequence on a distinct pipeline it may take (Kuhn's augmenting paths)."""
+    owner = [-1] * pipes
+
+    def augment(i, seen):
+        for j in allowed[i]:
+            if not seen[j]:
+                seen[j] = True
+                if owner[j] < 0 or augment(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(augment(i, [False] * pipes) for i in range(len(allowed)))
+
+
+def test_top_sequences_bound_with_many_kinds_of_scheme_is_its_definition():
+    """Ten to twelve kinds of scheme (one or two pipelines each): own_k by bipartite matching at every threshold,
+    pair_k over every scheme holding the pair; the bound is max over k of min(pair_k, own_k)."""
+    rng = np.random.default_rng(12)
+    active = 0
+    for _ in range(12):
+        G = int(rng.integers(10, 13))
+        kinds = [scheme(tp=int(rng.choice([1, 2, 4])), pp=int(rng.integers(1, 4)), a=float(rng.uniform(1e-4, 1e-3)),
+                        b=float(rng.uniform(0.2, 1.0)), c=float(rng.uniform(5, 20)), max_len=int(rng.integers(800, 3000)))
+                 for _ in range(G)]
+        counts = rng.integers(1, 3, size=G)
+        transfer = rng.uniform(0, 400, size=G) if rng.random() < 0.5 else None
+        t = np.zeros(G) if transfer is None else transfer
+        ls = sorted(rng.integers(600, max(s.max_len for s in kinds) + 1, size=int(rng.integers(6, 12))).tolist(), reverse=True)
+        pipes = [g for g, n in enumerate(counts) for _ in range(n)]
+        alone = [[end_to_end_s(t[g], eq2(kinds[g], [l])) if l <= kinds[g].max_len else np.inf for g in pipes] for l in ls]
+        want = 0.0
+        for k in range(2, min(len(ls), len(pipes) + 1) + 1):
+            xs = sorted({x for row in alone[:k] for x in row if np.isfinite(x)})
+            own = next((x for x in xs if _matched([[j for j, y in enumerate(row) if y <= x] for row in alone[:k]],
+                                                  len(pipes))), np.inf)
+            pair = min((end_to_end_s(t[g], eq2(s, [ls[k - 2], ls[k - 1]])) for g, s in enumerate(kinds)
+                        if ls[k - 2] <= s.max_len), default=np.inf)
+            want = max(want, min(own, pair))
+        got = top_sequences_bound(np.array(ls), kinds, counts, transfer)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+        active += got > 0
+    assert active >= 6  # the bound said something on most instances

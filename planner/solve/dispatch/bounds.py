@@ -81,17 +81,18 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     the largest alone cost as small as possible: own_k). It decides thirty 32K documents for nineteen wide
     pipelines, or two long documents for one fast pipeline, where sequence-by-sequence bounds see one alone.
 
-    pair_k falls and own_k rises with k, so max_k min(pair_k, own_k) is at their crossing: a binary search
-    over k, each own_k a binary search over thresholds, each threshold checked by Hall's condition over the
-    2^G sets of schemes (skipped for more than 8 distinct schemes)."""
-    G = len(schemes)
+    A sequence's cost alone rises with its length on every scheme, so at any threshold x the schemes a longer
+    sequence may take are a subset of a shorter one's: the sets are nested, and Hall's condition reduces to
+    the j longest fitting the pipelines of the j-th's set, for every j. The j-th alone therefore needs x >= x_j,
+    the least of its alone costs whose cheaper-or-equal schemes hold j pipelines, and own_k = max_{j <= k} x_j.
+    pair_k falls and own_k rises with k, so max_k min(pair_k, own_k) is at their crossing."""
     counts = np.asarray(counts, dtype=np.int64)
     K = min(len(lengths), int(counts.sum()) + 1, top)
-    if K < 2 or G > 8:
+    if K < 2:
         return 0.0
     ls = _longest_first(lengths)[:K]
     a, b, c, ppm1, ml = scheme_arrays(schemes)
-    t = np.zeros(G) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
     l = ls.astype(np.float64)[:, None]
     w = (a * l + b) * l
     fits = ls[:, None] <= ml
@@ -100,40 +101,17 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     pair = np.r_[np.inf, np.inf, np.where(fits[:-1], end_to_end_s(t, pair), np.inf).min(axis=1)]  # index k
     if pair[2] <= alone[0].min():  # every min(pair_k, own_k) <= pair_2: nothing above the longest alone
         return 0.0
-    sets = np.arange(1 << G)
-    cap = ((sets[:, None] >> np.arange(G)) & 1) @ counts
-    bit = 1 << np.arange(G)
-    with_bit = [(sets & (1 << g)) != 0 for g in range(G)]
-
-    def hall(allowed: np.ndarray) -> bool:
-        """Per set S of schemes, the sequences allowed only within S are at most S's pipelines: counts of
-        allowed sets, summed over the subsets of each S (one pass per scheme bit)."""
-        within = np.bincount(allowed, minlength=1 << G)
-        for g in range(G):
-            within[with_bit[g]] += within[sets[with_bit[g]] ^ (1 << g)]
-        return bool((within <= cap).all())
-
-    def own(k: int) -> float:
-        """The bottleneck assignment of the k longest to distinct pipelines (inf: more than the pipelines)."""
-        xs = np.unique(alone[:k][np.isfinite(alone[:k])])
-        lo, hi = 0, len(xs)  # the least feasible threshold index, len(xs): none
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if hall((alone[:k] <= xs[mid]).astype(np.int64) @ bit):
-                hi = mid
-            else:
-                lo = mid + 1
-        return float(xs[lo]) if lo < len(xs) else np.inf
-
-    lo, hi = 2, K + 1  # the least k with own_k >= pair_k (K + 1: none)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if own(mid) >= pair[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    best = own(lo - 1) if lo - 1 >= 2 else 0.0
-    return float(max(best, pair[lo] if lo <= K else 0.0))
+    order = np.argsort(alone, axis=1, kind="stable")
+    cheapest = np.take_along_axis(alone, order, axis=1)
+    held = np.cumsum(counts[order], axis=1)  # pipelines of each sequence's schemes up to each cost
+    held[~np.isfinite(cheapest)] = 0  # schemes that cannot hold it add none
+    j = np.arange(1, K + 1)
+    enough = held >= j[:, None]
+    x = np.where(enough.any(axis=1), cheapest[j - 1, enough.argmax(axis=1)], np.inf)
+    own = np.r_[0.0, np.maximum.accumulate(x)]  # own[k], k = 1..K
+    k = int(np.argmax(own[2:] >= pair[2:K + 1])) + 2 if (own[2:] >= pair[2:K + 1]).any() else K + 1
+    best = float(own[k - 1]) if k - 1 >= 2 else 0.0  # the least k with own_k >= pair_k (K + 1: none)
+    return float(max(best, pair[k] if k <= K else 0.0))
 
 
 def trivial_bound(Wg: np.ndarray, P: Pipes, lengths: np.ndarray) -> float:
