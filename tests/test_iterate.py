@@ -1,5 +1,6 @@
 """The per-iteration loop: strategy resolution, selection, the Planner API, determinism and --resume."""
 
+import gc
 import itertools
 from pathlib import Path
 
@@ -274,6 +275,34 @@ def test_run_pack_writes_valid_plans_identical_for_any_worker_count(tmp_path, ru
     plans = [Plan.model_validate_json(f.read_text()) for f in sorted((tmp_path / "w1").glob("iter_*.json"))]
     ids = [s.id for plan in plans for s in plan.batch]
     assert len(ids) == len(set(ids))
+
+
+class _CollectorSeen:
+    """Progress that records, per plan, whether the garbage collector would run on its own."""
+
+    def __init__(self) -> None:
+        self.enabled: list[bool] = []
+
+    def start(self, done: int, total: int) -> None:
+        pass
+
+    def advance(self, it: object) -> None:
+        self.enabled.append(gc.isenabled())
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_run_pack_collects_once_per_plan_and_leaves_the_collector_as_it_was(tmp_path, run_inputs, stop):
+    """While planning the collector runs only between plans (engine.pool.plan_heap); afterwards, finished or
+    interrupted, it is enabled again and nothing is left frozen in the caller's process."""
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    if stop:
+        with pytest.raises(Interrupt):
+            run_pack(opts(run_inputs, tmp_path / "run"), StopAfter(2))
+    else:
+        seen = _CollectorSeen()
+        run_pack(opts(run_inputs, tmp_path / "run"), seen)
+        assert seen.enabled == [False] * 6
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inputs):

@@ -21,7 +21,7 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Summary
 from hydraplan.engine.groups import GroupLedger
 from hydraplan.engine.planner import Planner
-from hydraplan.engine.pool import freeze_heap
+from hydraplan.engine.pool import planning_heap, settle_heap
 from hydraplan.engine.strategies import strategies_digest
 from hydraplan.methods.run import PlanRun
 from hydraplan.methods.static import StaticBaseline
@@ -85,9 +85,8 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
     summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
     writer = SummaryWriter(config.out, summary)
     workers = config.workers or os.cpu_count() or 1
-    freeze_heap()
     try:
-        with closing(planner.plan_stream(batches, workers=workers)) as stream:
+        with planning_heap(), closing(planner.plan_stream(batches, workers=workers)) as stream:
             for result in stream:
                 summary.synthesized_iterations += groups.record(result.plan)
                 summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
@@ -101,6 +100,8 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
                 writer.maybe_write()
                 if progress is not None:
                     progress.advance(result.summary)
+                del result  # the plan is written: freed now rather than scanned by the collection
+                settle_heap()
     finally:  # interrupted or not, record every plan written so far
         writer.write()
 
