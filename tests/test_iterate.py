@@ -282,12 +282,14 @@ class _CollectorSeen:
 
     def __init__(self) -> None:
         self.enabled: list[bool] = []
+        self.full_passes: list[int] = []  # the collector's full passes so far, at each plan
 
     def start(self, done: int, total: int) -> None:
         pass
 
     def advance(self, it: object) -> None:
         self.enabled.append(gc.isenabled())
+        self.full_passes.append(sum(s["collections"] for s in gc.get_stats()))
 
 
 @pytest.mark.parametrize("stop", [False, True])
@@ -302,6 +304,7 @@ def test_run_pack_collects_once_per_plan_and_leaves_the_collector_as_it_was(tmp_
         seen = _CollectorSeen()
         run_pack(opts(run_inputs, tmp_path / "run"), seen)
         assert seen.enabled == [False] * 6
+        assert np.diff(seen.full_passes).tolist() == [1] * 5  # exactly one pass between plans, none inside one
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 

@@ -94,7 +94,7 @@ def settle_heap() -> None:
 def plan_heap() -> None:
     """The garbage collector of a process that only plans from here on: settled now, then run only by
     `settle_heap` once per plan. Left to its allocation counts, each plan's ~10^5 new objects (a 25K-sequence
-    batch) set off passes over what earlier plans kept: a seventh of a plan's time at 8192 GPUs."""
+    batch) set off pass after pass over what earlier plans kept (docs/results.md#planner-speed)."""
     settle_heap()
     gc.disable()
 

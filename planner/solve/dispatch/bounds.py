@@ -109,8 +109,9 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
     enough = held >= j[:, None]
     x = np.where(enough.any(axis=1), cheapest[j - 1, enough.argmax(axis=1)], np.inf)
     own = np.r_[0.0, np.maximum.accumulate(x)]  # own[k], k = 1..K
-    k = int(np.argmax(own[2:] >= pair[2:K + 1])) + 2 if (own[2:] >= pair[2:K + 1]).any() else K + 1
-    best = float(own[k - 1]) if k - 1 >= 2 else 0.0  # the least k with own_k >= pair_k (K + 1: none)
+    crossed = own[2:] >= pair[2:K + 1]
+    k = int(crossed.argmax()) + 2 if crossed.any() else K + 1  # the least k with own_k >= pair_k (K + 1: none)
+    best = float(own[k - 1]) if k - 1 >= 2 else 0.0
     return float(max(best, pair[k] if k <= K else 0.0))
 
 
