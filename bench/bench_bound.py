@@ -10,7 +10,8 @@ batch), for both objectives: `pack --objective propagation` against the propagat
 (methods/run.py PlanRun: proposed candidates, `static`, synthesis and local search by default). Also the five
 configurations of issue 28 against the better plans found there by hand, and the planning speed of `pack`
 (whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the
-figures before (bench/results/scale.json). Bound probes are deterministic (node limits, no clock). Writes
+figures before (bench/results/scale.json). Bound probes are deterministic (node limits, no clock); sweep rows run in parallel,
+one process per core (CPU seconds are per process). Writes
 bench/results/bound.json; `python -m bench bound sweep|long|speed` re-measures one part, keeping the others.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -86,9 +88,11 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
         rows.append(row)
         if not bounds:
             continue
-        tight = any_strategy_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, rel_tol=REL_TOL).latency_s
+        tight = any_strategy_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, upper_reached=True,
+                                   rel_tol=REL_TOL).latency_s
         c2 = time.process_time()
-        loose = loose_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, rel_tol=REL_TOL)
+        loose = loose_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, upper_reached=True,
+                            rel_tol=REL_TOL)
         row.update({"tight_bound_s": tight, "loose_bound_s": loose, "plan_over_bound": score / tight,
                     "tight_bound_cpu_s": c2 - c1})
     out = {"id": f"{profile}_{_short(dataset)}_{gpus}_{objective}", "profile": profile, "dataset": dataset,
@@ -103,6 +107,12 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
     if key in BETTER:
         out["better_plan_s"] = BETTER[key]
     return out
+
+
+def _row(args: tuple[str, str, int, str, int | None]) -> dict:
+    """One sweep row in a pool process (rows are independent; each one's CPU seconds are its own process's)."""
+    *key, tokens = args
+    return case(*key, tokens=tokens)
 
 
 def speed(gpus: int, tokens: int, iterations: int = SPEED_ITERATIONS) -> dict:
@@ -163,13 +173,16 @@ def main(run: Run) -> None:
     merged = bool(run.argv)
     if "sweep" in parts:
         out["cases"] = []
-        for key in run.pick(_sweep(), SMOKE):
-            c = case(*key) if not run.smoke else case(*key, tokens=20_000)
-            out["cases"].append(c)
-            summarize(out)
-            run.write(out, merged=merged)
-            print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  "
-                  f"(tight >= loose: {c['tight_at_least_loose']})", flush=True)
+        keys = run.pick(_sweep(), SMOKE)
+        tokens = run.pick(None, 20_000)
+        with multiprocessing.get_context("spawn").Pool(run.pick(os.cpu_count() or 1, 1)) as pool:
+            rows = pool.imap(_row, [(*key, tokens) for key in keys])  # in order, one row per process at a time
+            for c in rows:
+                out["cases"].append(c)
+                summarize(out)
+                run.write(out, merged=merged)
+                print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  "
+                      f"(tight >= loose: {c['tight_at_least_loose']})", flush=True)
     if "long" in parts:
         L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16})
         c = case(L["profile"], L["dataset"], L["gpus"], L["objective"], context=L["context"], tokens=L["tokens"],

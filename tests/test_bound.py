@@ -105,6 +105,27 @@ def test_end_to_end_bound_never_exceeds_the_best_plan(seed):
     assert b.latency_s >= any_strategy_bound(lengths, schemes, gpus).latency_s * (1 - 1e-3)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_reached_upper_and_the_interior_point_lp_leave_the_bound_as_it_was(seed):
+    # a plan's latency taken as feasible without its probe, and the LPs asked only for feasibility (interior point
+    # first): the same bisection, the same bound; the two LP solvers agree on feasibility around the optimum
+    rng = np.random.default_rng(300 + seed)
+    schemes = _schemes()
+    gpus = int(rng.integers(2, 5))
+    lengths = rng.integers(100, 4000, size=int(rng.integers(1, 5))).tolist()
+    opt = brute_force(lengths, schemes, gpus)
+    probed = any_strategy_bound(lengths, schemes, gpus, upper=opt)
+    reached = any_strategy_bound(lengths, schemes, gpus, upper=opt, upper_reached=True)
+    assert reached.latency_s == probed.latency_s <= opt * (1 + 1e-9)
+    assert loose_bound(lengths, schemes, gpus, upper=opt, upper_reached=True) == loose_bound(lengths, schemes, gpus,
+                                                                                            upper=opt)
+    rel = relaxation(np.asarray(lengths), schemes, gpus)
+    answers = [(probe(rel, X, relax=True) is None, probe(rel, X, relax=True, vertex=False) is None)
+               for X in np.linspace(0.5, 1.2, 8) * opt]
+    assert all(vertex == interior for vertex, interior in answers)
+    assert answers[0][0] and not answers[-1][0]  # both sides of the threshold are seen
+
+
 def test_bound_is_tight_when_one_sequence_runs_alone():
     # one sequence, every scheme: the best plan is the cheapest pp * T(l) among schemes that fit
     schemes = _schemes()

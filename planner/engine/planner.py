@@ -284,13 +284,14 @@ class Planner:
         return IterationResult(plan, summary)
 
     def _any_strategy_bound(self, lengths: np.ndarray, score: float) -> float:
-        """The batch's any-strategy lower bound in the objective (solve.bound), the plan's score its first bracket;
-        deterministic (node limits, no time limit)."""
+        """The batch's any-strategy lower bound in the objective (solve.bound), the plan's score its first bracket
+        (reached, so not probed); deterministic (node limits, no time limit)."""
         from hydraplan.solve.bound import any_strategy_bound
 
         schemes = list(self.cluster.schemes)
         transfer = self.cluster.charged_for(schemes) if self.cluster.end_to_end else None
-        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score).latency_s
+        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score,
+                                  upper_reached=True).latency_s
 
     def plan(self, batch: Batch | Sequence[int] | np.ndarray, iteration: int = 0) -> Plan:
         """The plan for one batch: a Batch (what `sample_iterations` gives) or a plain list of sequence lengths."""

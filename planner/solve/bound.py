@@ -80,14 +80,17 @@ def bisect(feasible: Callable[[float], np.ndarray | None], lo: float, upper: flo
 
 def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Scheme], gpus: int, *,
                        transfer: np.ndarray | Sequence[float] | None = None, upper: float | None = None,
-                       rel_tol: float = REL_TOL, max_nodes: int | None = MAX_NODES,
+                       upper_reached: bool = False, rel_tol: float = REL_TOL, max_nodes: int | None = MAX_NODES,
                        time_limit_s: float | None = None) -> BoundResult:
     """The least latency X (within rel_tol) at which the relaxation is feasible: a lower bound on the propagation
     time (transfer None) or end-to-end time (transfer_s per scheme) of every plan of the batch on `gpus` GPUs.
 
-    `schemes` are the profile's schemes with MaxLen for this N (core.cluster.for_gpus); `upper`, a latency known
-    to be feasible (e.g. a plan's), only narrows the first bracket; `max_nodes` (None: no limit) trades
-    tightness for time, never validity; so does `time_limit_s` per probe (wall time: not deterministic)."""
+    `schemes` are the profile's schemes with MaxLen for this N (core.cluster.for_gpus); `upper`, a latency believed
+    feasible, only narrows the first bracket. With `upper_reached` it is a latency a plan of the batch reaches,
+    feasible without a probe (every plan is a point of the relaxation); the probe there is the costliest of the
+    MILP's (a feasible point, found by search), and without it `pipelines` stays empty when no X below `upper`
+    is feasible. `max_nodes` (None: no limit) trades tightness for time, never validity; so does `time_limit_s`
+    per probe (wall time: not deterministic)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return BoundResult(0.0, {}, 0.0, 0)
@@ -95,9 +98,10 @@ def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Sc
     floor = max(rel.floor(), rel.volume())
     if not np.isfinite(floor):
         raise ValueError(f"any-strategy bound: a sequence of length {rel.top} fits no scheme")
-    lp = bisect(lambda X: probe(rel, X, relax=True), floor, upper, rel_tol)
+    reached = np.zeros(rel.keep.size) if upper_reached and upper is not None else None
+    lp = bisect(lambda X: probe(rel, X, relax=True, vertex=False), floor, upper, rel_tol, reached)
     mip = bisect(lambda X: probe(rel, X, max_nodes=max_nodes, time_limit_s=time_limit_s, unknown_feasible=True),
-                 lp.lo, upper, rel_tol)
+                 lp.lo, upper, rel_tol, reached)
     counts = {int(rel.keep[k]): int(n) for k, n in enumerate(mip.best) if n > 0}
     return BoundResult(latency_s=float(mip.lo), pipelines=counts, feasible_s=float(mip.hi),
                        probes=lp.probes + mip.probes)

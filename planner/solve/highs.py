@@ -15,7 +15,11 @@ import highspy
 import numpy as np
 
 INF = highspy.kHighsInf
-LP_RETRIES = ({"presolve": "off"}, {"solver": "ipm"})  # what an LP ending with status Unknown is run again with
+# an LP is tried with these options in turn while it ends with status Unknown (simplex does now and then): a vertex
+# first, or, when only whether a point exists matters, interior point first (on the relaxations' LPs of 10^4 rows
+# it answers in a few seconds where dual simplex takes 10-60 s or gives up)
+LP_TRIES = ({}, {"presolve": "off"}, {"solver": "ipm"})
+FEASIBILITY_TRIES = ({"solver": "ipm"}, {}, {"presolve": "off"})
 _LIBC = ctypes.CDLL(None)
 
 
@@ -72,10 +76,11 @@ class SparseModel:
         return np.arange(self.n_rows - n, self.n_rows)
 
     def solve(self, *, relax: bool = False, max_nodes: int | None = None, time_limit_s: float | None = None,
-              cost: np.ndarray | None = None, rel_gap: float = 0.0) -> tuple[str, np.ndarray | None]:
+              cost: np.ndarray | None = None, rel_gap: float = 0.0, vertex: bool = True) -> tuple[str, np.ndarray | None]:
         """("feasible", x), ("infeasible", None) or ("unknown", None) when a node or time limit ended the search
         before a feasible point was found (or the solver could not tell). `cost` (per column) is minimized;
-        without it any feasible point; a MIP stops within `rel_gap` of the least cost."""
+        without it any feasible point; a MIP stops within `rel_gap` of the least cost. An LP's point is a vertex
+        unless `vertex` is False (the caller wants only feasibility: interior point first)."""
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = self.n_cols, self.n_rows
         lp.col_cost_ = np.zeros(self.n_cols) if cost is None else np.asarray(cost, dtype=np.float64)
@@ -93,7 +98,7 @@ class SparseModel:
         if mip:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                                for i in np.concatenate(self.integer)]
-        for retry in ({}, *(() if mip else LP_RETRIES)):  # simplex now and then ends an LP with status Unknown
+        for retry in ({},) if mip else LP_TRIES if vertex else FEASIBILITY_TRIES:
             status, x = self._run(lp, mip, max_nodes, time_limit_s, {"mip_rel_gap": rel_gap, **retry})
             if status != "unknown":
                 return ("unknown", None) if status == "limit" else (status, x)

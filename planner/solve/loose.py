@@ -136,9 +136,11 @@ def _probe(inst: _Instance, X: float, max_nodes: int | None, time_limit_s: float
 
 def loose_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Scheme], gpus: int, *,
                 transfer: np.ndarray | Sequence[float] | None = None, upper: float | None = None,
-                rel_tol: float = REL_TOL, max_nodes: int | None = MAX_NODES, time_limit_s: float | None = None) -> float:
+                upper_reached: bool = False, rel_tol: float = REL_TOL, max_nodes: int | None = MAX_NODES,
+                time_limit_s: float | None = None) -> float:
     """The least latency (within rel_tol) at which the MILP is feasible: a lower bound on every plan's propagation
-    time (transfer None) or end-to-end time (transfer_s per scheme) of the batch on `gpus` GPUs."""
+    time (transfer None) or end-to-end time (transfer_s per scheme) of the batch on `gpus` GPUs. `upper` narrows
+    the first bracket; with `upper_reached` (a plan's latency) it is taken as feasible without a probe."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return 0.0
@@ -146,5 +148,6 @@ def loose_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Scheme], 
     lo = max(inst.floor(), inst.volume())
     if not np.isfinite(lo):
         raise ValueError(f"any-strategy bound: a sequence of length {int(inst.lengths.max())} fits no scheme")
-    res = bisect(lambda X: np.zeros(0) if _probe(inst, X, max_nodes, time_limit_s) else None, lo, upper, rel_tol)
+    res = bisect(lambda X: np.zeros(0) if _probe(inst, X, max_nodes, time_limit_s) else None, lo, upper, rel_tol,
+                 np.zeros(0) if upper_reached else None)
     return res.lo

@@ -397,12 +397,13 @@ def model(rel: Relaxation, X: float, most: np.ndarray | None = None) -> tuple[Sp
 
 def probe(rel: Relaxation, X: float, *, most: np.ndarray | None = None, relax: bool = False,
           max_nodes: int | None = None, time_limit_s: float | None = None, unknown_feasible: bool = False,
-          fewest_gpus: bool = False, gap: float = 0.0) -> np.ndarray | None:
+          fewest_gpus: bool = False, gap: float = 0.0, vertex: bool = True) -> np.ndarray | None:
     """Pipeline counts per kept scheme of a feasible point at X, or None when there is none. A search ended by
     `max_nodes` (deterministic) or `time_limit_s` (wall time: benchmarks only) without a point counts as
     infeasible, or with `unknown_feasible` as feasible (all-zero counts: what a bound needs, since taking an
     unproven X as feasible can only lower it). `relax`: the LP relaxation (counts fractional);
-    `fewest_gpus`: among the feasible points one with the fewest GPUs (within `gap` of them, relative)."""
+    `fewest_gpus`: among the feasible points one with the fewest GPUs (within `gap` of them, relative);
+    `vertex=False`: any LP point will do, not a vertex (solved by interior point first, several times faster)."""
     built = model(rel, X, most)
     if built is None:
         return None
@@ -411,7 +412,8 @@ def probe(rel: Relaxation, X: float, *, most: np.ndarray | None = None, relax: b
     if fewest_gpus:
         cost = np.zeros(m.n_cols)
         cost[n] = rel.g
-    status, sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost, rel_gap=gap)
+    status, sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost, rel_gap=gap,
+                          vertex=vertex)
     if status == "infeasible" or (status == "unknown" and not unknown_feasible):
         return None
     if sol is None:
