@@ -43,7 +43,7 @@ test: setup
 	$(PY) -m pytest -q -n 2 --durations=10
 
 # Every benchmark with today's code (bench/results/*.json; what each took: the timings table of
-# docs/architecture.md, `compare` the longest), then the docs' tables and figures rewritten from them.
+# docs/architecture.md, `bound` the longest), then the docs' tables and figures rewritten from them.
 bench: setup
 	$(PY) -m bench
 	$(PY) -m bench.docs
