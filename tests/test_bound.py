@@ -78,12 +78,16 @@ def _schemes() -> list[Scheme]:
             Scheme(tp=1, pp=1, cp=2, max_len=3000, util_len=256, time=TimeCoeffs(a=0.8e-9, b=6e-5, c=0.02))]
 
 
+def _instance(rng: np.random.Generator, most: int = 4) -> tuple[list[Scheme], int, list[int]]:
+    """Small enough to brute-force: 2-4 GPUs and 1 to `most` sequences."""
+    gpus = int(rng.integers(2, 5))
+    return _schemes(), gpus, rng.integers(100, 4000, size=int(rng.integers(1, most + 1))).tolist()
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_bound_never_exceeds_the_best_plan(seed):
     rng = np.random.default_rng(seed)
-    schemes = _schemes()
-    gpus = int(rng.integers(2, 5))
-    lengths = rng.integers(100, 4000, size=int(rng.integers(1, 5))).tolist()
+    schemes, gpus, lengths = _instance(rng)
     opt = brute_force(lengths, schemes, gpus)
     b = any_strategy_bound(lengths, schemes, gpus)
     assert b.latency_s <= opt * (1 + 1e-9)
@@ -95,9 +99,7 @@ def test_bound_never_exceeds_the_best_plan(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_end_to_end_bound_never_exceeds_the_best_plan(seed):
     rng = np.random.default_rng(100 + seed)
-    schemes = _schemes()
-    gpus = int(rng.integers(2, 5))
-    lengths = rng.integers(100, 4000, size=int(rng.integers(1, 4))).tolist()
+    schemes, gpus, lengths = _instance(rng, most=3)
     transfer = rng.uniform(0.0, 0.6, size=len(schemes)).tolist()
     opt = brute_force(lengths, schemes, gpus, transfer)
     b = any_strategy_bound(lengths, schemes, gpus, transfer=transfer)
@@ -110,9 +112,7 @@ def test_a_reached_upper_and_the_interior_point_lp_leave_the_bound_as_it_was(see
     # a plan's latency taken as feasible without its probe, and the LPs asked only for feasibility (interior point
     # first): the same bisection, the same bound; the two LP solvers agree on feasibility around the optimum
     rng = np.random.default_rng(300 + seed)
-    schemes = _schemes()
-    gpus = int(rng.integers(2, 5))
-    lengths = rng.integers(100, 4000, size=int(rng.integers(1, 5))).tolist()
+    schemes, gpus, lengths = _instance(rng)
     opt = brute_force(lengths, schemes, gpus)
     probed = any_strategy_bound(lengths, schemes, gpus, upper=opt)
     reached = any_strategy_bound(lengths, schemes, gpus, upper=opt, upper_reached=True)

@@ -1,9 +1,15 @@
-"""run_mip keeps a solver's C-level prints off stdout and loses nothing printed around it."""
+"""run_mip keeps a solver's C-level prints off stdout and loses nothing printed around it; an LP asked only for
+feasibility goes to interior point first."""
 
 import os
 import subprocess
 import sys
 import textwrap
+
+import numpy as np
+import pytest
+
+from hydraplan.solve.highs import SparseModel
 
 SCRIPT = textwrap.dedent("""
     import ctypes
@@ -29,3 +35,21 @@ def test_the_solvers_c_print_is_dropped_and_stdout_keeps_everything_else():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True).stdout
     assert "stray solver line" not in out
     assert "python before" in out and "c before" in out and "python after" in out and "c after" in out
+
+
+@pytest.mark.parametrize("vertex", [True, False])
+def test_an_lp_asked_only_for_feasibility_is_solved_by_interior_point_first(monkeypatch, vertex):
+    tried = []
+    run = SparseModel._run
+
+    def recording(lp, mip, max_nodes, time_limit_s, options):
+        tried.append(options.get("solver", "simplex"))
+        return run(lp, mip, max_nodes, time_limit_s, options)
+
+    monkeypatch.setattr(SparseModel, "_run", staticmethod(recording))
+    m = SparseModel()
+    x = m.add_vars(2, 0.0, 10.0, integer=True)
+    m.add_rows(1, np.zeros(2), x, np.ones(2), lower=3.0, upper=3.0)
+    status, sol = m.solve(relax=True, vertex=vertex)
+    assert status == "feasible" and sol.sum() == pytest.approx(3.0)
+    assert tried == ["simplex" if vertex else "ipm"]
