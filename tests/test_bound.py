@@ -223,3 +223,15 @@ def test_bisection_finds_the_least_feasible_latency():
     assert res.lo < 3.0 <= res.hi <= 3.0 * (1 + 1e-6)
     grown = bisect(lambda X: np.ones(1) if X >= 3.0 else None, 1.0, None, 1e-6)  # no upper: grow the bracket
     assert grown.lo < 3.0 <= grown.hi <= 3.0 * (1 + 1e-6)
+
+
+def test_volume_counts_every_sequence_at_its_own_length():
+    """The bisections' floor: the mean over the GPUs of each sequence's cheapest GPU-seconds (work, and c per
+    MaxLen of its tokens), each at its own length, written out here per sequence; counting a length group's
+    work at its shortest length (the relaxation's rows) would put the floor below the first bound's."""
+    rng = np.random.default_rng(5)
+    schemes = _schemes()
+    lengths = rng.integers(100, 3000, size=200)
+    want = sum(min(s.gpus * (s.time.a * l * l + s.time.b * l + s.time.c * l / s.max_len)
+                   for s in schemes if l <= s.max_len) for l in lengths.tolist()) / 16
+    assert relaxation(lengths, schemes, 16).volume() == pytest.approx(want, rel=1e-12)

@@ -210,3 +210,39 @@ def test_forced_assignment_is_optimal():
     res = dispatch(lengths, [small, big])
     assert res.assign.tolist() == [1, 1, 1] and res.optimal
     assert res.cost == pytest.approx(brute(lengths, [small, big]))
+
+
+def test_the_swap_step_returns_the_best_swap_over_every_pair():
+    """The local search's swap step skips partners no shorter than the member they replace (they cannot lower the
+    top pipeline's load); what it returns is still the best swap over every pair, shorter or not, by Eq. (2)
+    written independently, whenever some swap lowers the top pipeline's load."""
+    from hydraplan.solve.dispatch.pipes import Pipes, State
+    from hydraplan.solve.dispatch.search import _best_swap, _Top
+
+    rng = np.random.default_rng(4)
+    checked = 0
+    for lengths, schemes in instances(60, seed=11):
+        P = Pipes.of(schemes)
+        ordered = [schemes[k] for k in P.order]
+        J = P.eligible_count(lengths)
+        W = P.group_cost(lengths)[:, P.gid]
+        assign = np.array([rng.integers(0, j) for j in J])
+        st = State.of(lengths, W, assign.copy())
+        load = [eq2(s, [int(l) for l, a in zip(lengths, assign) if a == j]) for j, s in enumerate(ordered)]
+        p = int(np.argmax(load))
+        best = np.inf
+        for i in np.flatnonzero(assign == p):
+            for k in np.flatnonzero(assign != p):
+                q = int(assign[k])
+                if lengths[i] > ordered[q].max_len or lengths[k] > ordered[p].max_len:
+                    continue
+                new = assign.copy()
+                new[i], new[k] = q, p
+                best = min(best, max(eq2(ordered[j], [int(l) for l, a in zip(lengths, new) if a == j]) for j in (p, q)))
+        sw = _best_swap(lengths, W, J, P, st, _Top.of(lengths, W, P, st, p), np.flatnonzero(assign != p))
+        if best < load[p] * (1 - 1e-9):
+            checked += 1
+            assert sw is not None and sw.value == pytest.approx(best, rel=1e-9)
+        else:
+            assert sw is None or sw.value >= load[p] * (1 - 1e-9)
+    assert checked >= 10

@@ -92,3 +92,21 @@ def test_pruning_synthesized_strategies_before_dispatch_keeps_the_plan():
         before_dispatch += sum(c.pruned and not c.dispatch_solver for c in a.summary.candidates)
         assert not any(c.pruned for c in b.summary.candidates)
     assert made > 0 and before_dispatch > 0  # strategies were made, and some contenders never reached dispatch
+
+
+def test_aiming_below_the_best_candidate_only_adds_strategies(monkeypatch):
+    """With an upper, synthesis also aims RETARGET below it (other schemes ranked, other MILP latencies): the
+    strategies of the aim at the upper itself come first, none is lost, and here the lower aims add some
+    (h100-llama2-13b, 64 GPUs, a 200K-token wikipedia batch); an upper nothing beats gives none."""
+    from hydraplan.solve import synthesis
+
+    schemes = list(Cluster.of(load_profile("h100-llama2-13b"), 64, "propagation").schemes)
+    batch = next(iter(sample_iterations(load_dataset("builtin:wikipedia", 32768), 200_000, 1, 0)))
+    lengths = np.asarray(batch.lengths)
+    least = synthesis._aimed(lengths, schemes, 64, None, np.zeros(len(schemes)), [], None)[1]
+    both = synthesize(lengths, schemes, 64, upper=1.1 * least.hi)
+    monkeypatch.setattr(synthesis, "RETARGET", (1.0,))
+    one = synthesize(lengths, schemes, 64, upper=1.1 * least.hi)
+    assert one and both[:len(one)] == one and len(both) > len(one)
+    monkeypatch.undo()
+    assert synthesize(lengths, schemes, 64, upper=0.9 * least.lo) == []

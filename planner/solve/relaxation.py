@@ -105,16 +105,13 @@ class Relaxation:
         return float(np.where(top <= self.max_len, end_to_end_s(self.transfer, alone), np.inf).min())
 
     def volume(self) -> float:
-        """The mean GPU-seconds over N of the cheapest (work + c per MaxLen of tokens) of every sequence: the
-        slowest pipeline takes at least that (end to end too: it is at least its propagation)."""
-        def cheapest(lengths: np.ndarray, rho_tokens: np.ndarray, tokens: np.ndarray) -> float:
-            ok = lengths[:, None] <= self.max_len
-            per = np.where(ok, self.g * (rho_tokens + self.c * tokens[:, None] / self.max_len), np.inf)
-            return float(per.min(axis=1).sum()) if lengths.size else 0.0
-
-        rho = (self.a * self.lo[:, None] + self.b) * self.tokens[:, None]
-        return (cheapest(self.long, self.work(self.long), self.long.astype(np.float64))
-                + cheapest(self.hi, rho, self.tokens)) / self.gpus
+        """The mean GPU-seconds over N of the cheapest (work + c per MaxLen of tokens) of every sequence, each at
+        its own length: the slowest pipeline takes at least that (end to end too: it is at least its
+        propagation)."""
+        ls, count = np.unique(np.r_[self.long, self.short], return_counts=True)
+        ok = ls[:, None] <= self.max_len
+        per = np.where(ok, self.g * (self.work(ls) + self.c * ls[:, None] / self.max_len), np.inf)
+        return float(count @ per.min(axis=1)) / self.gpus if ls.size else 0.0
 
 
 def dominated(schemes: list[Scheme], transfer: np.ndarray) -> np.ndarray:

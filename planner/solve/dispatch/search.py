@@ -108,14 +108,19 @@ class _Swap:
 
 def _best_swap(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: Pipes, st: State, top: _Top,
                oth: np.ndarray) -> _Swap | None:
-    """The best swap of a member of the top pipeline p with a sequence of another pipeline (None: none allowed)."""
+    """The best swap of a member of the top pipeline p with a shorter sequence of another pipeline (None: none
+    allowed). A partner no shorter cannot lower p's load: its cost, tokens and longest only grow."""
     p, mem = top.p, top.mem
+    if oth.size == 0:
+        return None
+    remq_lmax = _lmax_without(lengths, st, oth)  # from every other sequence: a partner's pipeline keeps the rest
+    shorter = lengths[oth] < top.lp.max()
+    oth, remq_lmax = oth[shorter], remq_lmax[shorter]
     q = st.assign[oth]
-    ok = (q[None, :] < J[mem][:, None]) & (p < J[oth])[None, :]
+    lk = lengths[oth]
+    ok = (q[None, :] < J[mem][:, None]) & (p < J[oth])[None, :] & (lk[None, :] < top.lp[:, None])
     if not ok.any():
         return None
-    lk = lengths[oth]
-    remq_lmax = _lmax_without(lengths, st, oth)
     li = top.lp[:, None]
     # new load of p
     Lp2 = top.L[:, None] + lk[None, :]
