@@ -97,7 +97,8 @@ def test_pruning_synthesized_strategies_before_dispatch_keeps_the_plan():
 def test_aiming_below_the_best_candidate_only_adds_strategies(monkeypatch):
     """With an upper, synthesis also aims RETARGET below it (other schemes ranked, other MILP latencies): the
     strategies of the aim at the upper itself come first, none is lost, and here the lower aims add some
-    (h100-llama2-13b, 64 GPUs, a 200K-token wikipedia batch); an upper nothing beats gives none."""
+    (h100-llama2-13b, 64 GPUs, a 200K-token wikipedia batch), unless the first strategy has more than
+    RETARGET_PIPELINES pipelines; an upper nothing beats gives none."""
     from hydraplan.solve import synthesis
 
     schemes = list(Cluster.of(load_profile("h100-llama2-13b"), 64, "propagation").schemes)
@@ -108,5 +109,8 @@ def test_aiming_below_the_best_candidate_only_adds_strategies(monkeypatch):
     monkeypatch.setattr(synthesis, "RETARGET", (1.0,))
     one = synthesize(lengths, schemes, 64, upper=1.1 * least.hi)
     assert one and both[:len(one)] == one and len(both) > len(one)
+    monkeypatch.undo()
+    monkeypatch.setattr(synthesis, "RETARGET_PIPELINES", min(sum(c.values()) for c in one) - 1)
+    assert synthesize(lengths, schemes, 64, upper=1.1 * least.hi) == one  # more pipelines: the first aim only
     monkeypatch.undo()
     assert synthesize(lengths, schemes, 64, upper=0.9 * least.lo) == []
