@@ -2,8 +2,9 @@
 
 The tight bound (planner/solve/bound.py on solve/relaxation.py) is a relaxation of every strategy of N GPUs that
 prices pipelines as the cost model does (c per micro-batch, the bubble, the longest sequences whole), so plan /
-bound >= 1 and the excess is an upper limit on what a better strategy, dispatch or packing could still win; the
-first, looser bound (solve/loose.py) is computed beside it to show the tight one is never lower. Per bundled
+bound >= 1 and the excess is an upper limit on what a better strategy, dispatch or packing could still win. The
+first, looser bound (solve/loose.py) is computed first and is the tight one's floor: both are lower bounds, so
+the tight bisection starts there and reports how far it rises above it. Per bundled
 analytic profile x builtin dataset at 64 and 256 GPUs (32K context, seed 3, 3125 tokens per GPU, the first
 batch), for both objectives: `pack --objective propagation` against the propagation bound, and `pack`'s default
 (`--objective end-to-end`, each scheme's exposed sync) against the end-to-end bound. The planner is pack's own
@@ -88,21 +89,20 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
         rows.append(row)
         if not bounds:
             continue
-        tight = any_strategy_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, upper_reached=True,
-                                   rel_tol=REL_TOL).latency_s
-        c2 = time.process_time()
         loose = loose_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, upper_reached=True,
                             rel_tol=REL_TOL)
+        c2 = time.process_time()
+        tight = any_strategy_bound(b.lengths, schemes, gpus, transfer=transfer, upper=score, upper_reached=True,
+                                   floor=loose, rel_tol=REL_TOL).latency_s
         row.update({"tight_bound_s": tight, "loose_bound_s": loose, "plan_over_bound": score / tight,
-                    "tight_bound_cpu_s": c2 - c1})
+                    "tight_bound_cpu_s": time.process_time() - c2, "at_loose": tight == loose})
     out = {"id": f"{profile}_{_short(dataset)}_{gpus}_{objective}", "profile": profile, "dataset": dataset,
            "gpus": gpus, "objective": objective, "context_len": context,
            "tokens_per_iter": tokens, "iterations": iterations, "seed": SEED,
            "plan_s_mean": float(np.mean([r["plan_s"] for r in rows])), "batches": rows}
     if bounds:
         ratio = np.array([r["plan_over_bound"] for r in rows])
-        out.update({"plan_over_bound_mean": float(ratio.mean()), "plan_over_bound_max": float(ratio.max()),
-                    "tight_at_least_loose": all(r["tight_bound_s"] >= r["loose_bound_s"] * (1 - 1e-9) for r in rows)})
+        out.update({"plan_over_bound_mean": float(ratio.mean()), "plan_over_bound_max": float(ratio.max())})
     key = (profile, dataset, gpus, objective)
     if key in BETTER:
         out["better_plan_s"] = BETTER[key]
@@ -133,8 +133,9 @@ def speed(gpus: int, tokens: int, iterations: int = SPEED_ITERATIONS) -> dict:
 
 
 def summarize(out: dict) -> None:
-    """Per objective over the sweep's rows: the largest and mean plan / tight bound, whether the tight bound is at
-    least the loose one on every row, and the rows of issue 28 as fast as the better plan found there."""
+    """Per objective over the sweep's rows: the largest and mean plan / tight bound, how far the tight bound rose
+    above the loose one it starts from, on how many rows not at all, and the rows of issue 28 as fast as the better
+    plan found there."""
     out["summary"] = []
     for objective in OBJECTIVES:
         rows = [c for c in out["cases"] if c["objective"] == objective]
@@ -142,7 +143,7 @@ def summarize(out: dict) -> None:
             out["summary"].append({
                 "id": objective, "rows": len(rows), "plan_over_bound_max": max(c["plan_over_bound_max"] for c in rows),
                 "plan_over_bound_mean": float(np.mean([c["plan_over_bound_mean"] for c in rows])),
-                "tight_at_least_loose": all(c["tight_at_least_loose"] for c in rows),
+                "rows_at_loose": sum(r["at_loose"] for c in rows for r in c["batches"]),
                 "tight_over_loose_max": max(r["tight_bound_s"] / r["loose_bound_s"] for c in rows for r in c["batches"])})
     issue = [c for c in out["cases"] if "better_plan_s" in c]
     out["issue_rows_at_least_as_fast"] = sum(c["plan_s_mean"] <= c["better_plan_s"] * (1 + 5e-4) for c in issue)
@@ -181,8 +182,8 @@ def main(run: Run) -> None:
                 out["cases"].append(c)
                 summarize(out)
                 run.write(out, merged=merged)
-                print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}  "
-                      f"(tight >= loose: {c['tight_at_least_loose']})", flush=True)
+                print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}",
+                      flush=True)
     if "long" in parts:
         L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16})
         c = case(L["profile"], L["dataset"], L["gpus"], L["objective"], context=L["context"], tokens=L["tokens"],

@@ -126,6 +126,21 @@ def test_a_reached_upper_and_the_interior_point_lp_leave_the_bound_as_it_was(see
     assert answers[0][0] and not answers[-1][0]  # both sides of the threshold are seen
 
 
+def test_a_known_floor_starts_the_bisection():
+    """Another bound's answer as the floor: the bound is never below it and still below the best plan; a floor
+    between the relaxation's own answer and the optimum is where the answer lands (ignored, it would stay lower)."""
+    roomy = 0
+    for lengths, schemes, gpus, _, opt in _cases(False):
+        loose = loose_bound(lengths, schemes, gpus)
+        assert loose <= any_strategy_bound(lengths, schemes, gpus, floor=loose).latency_s <= opt * (1 + 1e-9)
+        own = any_strategy_bound(lengths, schemes, gpus).latency_s
+        if own < opt * (1 - 1e-3):
+            roomy += 1
+            mid = 0.5 * (own + opt)
+            assert mid <= any_strategy_bound(lengths, schemes, gpus, floor=mid).latency_s <= opt * (1 + 1e-9)
+    assert roomy >= 3
+
+
 def test_bound_is_tight_when_one_sequence_runs_alone():
     # one sequence, every scheme: the best plan is the cheapest pp * T(l) among schemes that fit
     schemes = _schemes()

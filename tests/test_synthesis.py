@@ -114,3 +114,75 @@ def test_aiming_below_the_best_candidate_only_adds_strategies(monkeypatch):
     assert synthesize(lengths, schemes, 64, upper=1.1 * least.hi) == one  # more pipelines: the first aim only
     monkeypatch.undo()
     assert synthesize(lengths, schemes, 64, upper=0.9 * least.lo) == []
+
+
+def _widths(*gpus: int) -> list:
+    from hydraplan.core.schema import Scheme, TimeCoeffs
+
+    return [Scheme(tp=g, pp=1, cp=1, max_len=4096 * g, util_len=256, time=TimeCoeffs(a=1e-9, b=1e-5, c=0.01))
+            for g in gpus]
+
+
+def test_neighbors_move_one_pipeline_and_leave_no_gpu_idle():
+    """Schemes of 8, 2 and 1 GPUs on 64: one 8-GPU pipeline fewer is refilled with the 2-GPU pipelines the strategy
+    has or with 1-GPU ones; one more takes its 8 GPUs from the narrowest pipelines; every neighbor keeps every
+    GPU busy and is not the strategy itself."""
+    from hydraplan.solve.synthesis import neighbors
+
+    schemes = _widths(8, 2, 1)
+    near = neighbors({0: 6, 1: 8}, schemes, 64)
+    for c in near:
+        used = sum(schemes[k].gpus * n for k, n in c.items())
+        assert used == 64 and all(n > 0 for n in c.values()) and c != {0: 6, 1: 8}
+    assert {0: 5, 1: 12} in near  # one 8-GPU pipeline fewer, as 2-GPU pipelines
+    assert {0: 5, 1: 8, 2: 8} in near  # as 1-GPU pipelines
+    assert {0: 7, 1: 4} in near  # one more, from four 2-GPU pipelines
+    assert {0: 6, 1: 7, 2: 2} in near  # one 2-GPU pipeline fewer, as 1-GPU pipelines
+    assert {0: 8} not in near  # two pipelines away
+    assert neighbors({0: 8}, schemes, 64) == [{0: 7, 2: 8}]  # nothing narrower to give GPUs up: only fewer
+
+
+def test_strategies_around_the_winner_only_add_contenders(monkeypatch):
+    """Batches whose strategies synthesis makes: the winner's neighbors are tried after them (named on from them,
+    none a strategy already tried), and each plan is at least as fast as without them."""
+    from hydraplan.engine import synthesized
+
+    rng = np.random.default_rng(3)
+    planner = Planner(tiny_profile(), _strategies(), 8, synthesize=True)
+    batches = [np.concatenate([rng.integers(16, 1800, 50), rng.integers(2000, 4000, 2)]) for _ in range(6)]
+    near = [planner.select(b, it) for it, b in enumerate(batches)]
+    monkeypatch.setattr(synthesized, "ROUNDS", 0)
+    alone = [planner.select(b, it) for it, b in enumerate(batches)]
+    tried = 0
+    for sel, without in zip(near, alone, strict=True):
+        made = [c for c in sel.contenders if c.synthesized]
+        keys = [tuple(sorted(p.key for p in c.specs)) for c in made]
+        assert len(set(keys)) == len(keys)
+        assert [c.name for c in made] == [f"batch:{j}" for j in range(len(made))]
+        assert sel.outcomes[sel.winner].score <= without.outcomes[without.winner].score
+        tried += len(sel.contenders) > len(without.contenders)
+    assert tried > 0
+
+
+def test_a_small_strategy_falls_back_to_the_whole_shortlist(monkeypatch):
+    """When the MILP on the schemes the LP's point uses reaches no aim, a small strategy's MILP runs again on every
+    scheme of the shortlist (a superset of them); a large one's does not."""
+    from hydraplan.solve import synthesis
+
+    schemes = list(Cluster.of(load_profile("h100-llama2-13b"), 64, "propagation").schemes)
+    batch = next(iter(sample_iterations(load_dataset("builtin:wikipedia", 32768), 200_000, 1, 0)))
+    lengths = np.asarray(batch.lengths)
+    least = synthesis._aimed(lengths, schemes, 64, None, np.zeros(len(schemes)), [], None)[1]
+    calls = []
+
+    def integral(lengths, schemes, gpus, t, used, steps, small):
+        calls.append(list(used))
+        return [] if len(calls) == 1 else [{used[0]: 1}]
+
+    monkeypatch.setattr(synthesis, "_integral", integral)
+    got, _ = synthesis._aimed(lengths, schemes, 64, 1.1 * least.hi, np.zeros(len(schemes)), [], None)
+    assert len(calls) == 2 and set(calls[0]) < set(calls[1]) and got == [{calls[1][0]: 1}]
+    calls.clear()
+    monkeypatch.setattr(synthesis, "NEAR_PIPELINES", 0)
+    assert synthesis._aimed(lengths, schemes, 64, 1.1 * least.hi, np.zeros(len(schemes)), [], None)[0] == []
+    assert len(calls) == 1

@@ -182,10 +182,18 @@ class Planner:
         for k in sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k)):
             yield k, self._solver(rnd, self.candidates[k], k, bounds[k])
         if self.synthesize and best() is not None:
-            for cand in synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0]):  # type: ignore[index]
-                k = len(contenders)
-                contenders.append(cand)
-                yield k, self._solver(rnd, cand, k, candidate_bound(cand, lengths, rnd.longest_first))
+            made = synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0])  # type: ignore[index]
+            last = None
+            for _ in range(1 + synthesized.ROUNDS if made else 0):  # then strategies around the winner, while it moves
+                for cand in made:
+                    k = len(contenders)
+                    contenders.append(cand)
+                    yield k, self._solver(rnd, cand, k, candidate_bound(cand, lengths, rnd.longest_first))
+                won = contenders[best()[1]]  # type: ignore[index]
+                if won is last:
+                    break
+                last = won
+                made = synthesized.around(self.cluster, won, contenders)
         if self.settings.cad:
             yield len(contenders), lambda _: (self._cad(rnd.batch), None)
 

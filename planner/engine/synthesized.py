@@ -9,13 +9,16 @@ among those the runtime created at start-up.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Set
 
 import numpy as np
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.engine.candidate import ResolvedCandidate
-from hydraplan.solve.synthesis import NAME, specs_of, synthesize
+from hydraplan.solve.synthesis import NAME, NEAR_PIPELINES, neighbors, specs_of, synthesize
+
+ROUNDS = 1  # rounds of strategies one pipeline away from the winner, while one of them wins
 
 
 def strategies(cluster: Cluster, candidate_keys: Set[tuple], lengths: np.ndarray, best_s: float
@@ -27,9 +30,32 @@ def strategies(cluster: Cluster, candidate_keys: Set[tuple], lengths: np.ndarray
     transfer = cluster.charged_for(schemes)
     index = {s.key: k for k, s in enumerate(schemes)}
     prefer = sorted(index[key] for key in candidate_keys if key in index)
-    out = []
-    for j, counts in enumerate(synthesize(lengths, schemes, cluster.gpus, upper=best_s, transfer=transfer, prefer=prefer)):
-        specs = specs_of(counts, schemes)  # ranks placed only if it wins (engine.plans.build_plan)
-        out.append(ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
-                                     tuple(float(transfer[index[p.key]]) for p in specs), synthesized=True))
-    return out
+    made = synthesize(lengths, schemes, cluster.gpus, upper=best_s, transfer=transfer, prefer=prefer)
+    return [_resolved(cluster, counts, j) for j, counts in enumerate(made)]
+
+
+def around(cluster: Cluster, won: ResolvedCandidate, tried: list[ResolvedCandidate]) -> list[ResolvedCandidate]:
+    """The strategies one pipeline away from `won` (the batch's winner so far, when small: solve.synthesis.neighbors)
+    that are not among `tried` (the batch's contenders so far), named on from the strategies made for it."""
+    if len(won.specs) > NEAR_PIPELINES:
+        return []
+    seen = {_counts(cluster, c) for c in tried}
+    fresh = [c for c in neighbors(dict(_counts(cluster, won)), list(cluster.schemes), cluster.gpus)
+             if tuple(sorted(c.items())) not in seen]
+    first = sum(c.synthesized for c in tried)
+    return [_resolved(cluster, counts, first + j) for j, counts in enumerate(fresh)]
+
+
+def _counts(cluster: Cluster, cand: ResolvedCandidate) -> tuple[tuple[int, int], ...]:
+    index = {s.key: k for k, s in enumerate(cluster.schemes)}
+    return tuple(sorted(Counter(index[p.key] for p in cand.specs).items()))
+
+
+def _resolved(cluster: Cluster, counts: dict[int, int], j: int) -> ResolvedCandidate:
+    """Strategy j made for the batch; ranks placed only if it wins (engine.plans.build_plan)."""
+    schemes = list(cluster.schemes)
+    index = {s.key: k for k, s in enumerate(schemes)}
+    transfer = cluster.charged_for(schemes)
+    specs = specs_of(counts, schemes)
+    return ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
+                             tuple(float(transfer[index[p.key]]) for p in specs), synthesized=True)

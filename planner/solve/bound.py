@@ -80,8 +80,8 @@ def bisect(feasible: Callable[[float], np.ndarray | None], lo: float, upper: flo
 
 def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Scheme], gpus: int, *,
                        transfer: np.ndarray | Sequence[float] | None = None, upper: float | None = None,
-                       upper_reached: bool = False, rel_tol: float = REL_TOL, max_nodes: int | None = MAX_NODES,
-                       time_limit_s: float | None = None) -> BoundResult:
+                       upper_reached: bool = False, floor: float = 0.0, rel_tol: float = REL_TOL,
+                       max_nodes: int | None = MAX_NODES, time_limit_s: float | None = None) -> BoundResult:
     """The least latency X (within rel_tol) at which the relaxation is feasible: a lower bound on the propagation
     time (transfer None) or end-to-end time (transfer_s per scheme) of every plan of the batch on `gpus` GPUs.
 
@@ -90,12 +90,14 @@ def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Sc
     feasible without a probe (every plan is a point of the relaxation); the probe there is the costliest of the
     MILP's (a feasible point, found by search), and without it `pipelines` stays empty when no X below `upper`
     is feasible. `max_nodes` (None: no limit) trades tightness for time, never validity; so does `time_limit_s`
-    per probe (wall time: not deterministic)."""
+    per probe (wall time: not deterministic). `floor`: a lower bound known already (another bound's answer); the
+    bisections start there, so the answer is never below it (a MILP probe the node limit leaves open counts as
+    feasible and may otherwise stop this one lower)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return BoundResult(0.0, {}, 0.0, 0)
     rel = relaxation(lengths, list(schemes), gpus, None if transfer is None else np.asarray(transfer, dtype=np.float64))
-    floor = max(rel.floor(), rel.volume())
+    floor = max(rel.floor(), rel.volume(), floor)
     if not np.isfinite(floor):
         raise ValueError(f"any-strategy bound: a sequence of length {rel.top} fits no scheme")
     reached = np.zeros(rel.keep.size) if upper_reached and upper is not None else None

@@ -30,7 +30,8 @@ LEVEL_RATIO = 1.5  # and pp > 1 pipelines by their longest sequence in levels th
 MIP_LONG, MIP_GROUP_RATIO, MIP_LEVEL_RATIO = 24, 1.1, 1.5  # the MILP's, on the few schemes the LP uses
 SYNTH_REL_TOL = 0.01
 LP_FROM = 0.85  # the LP's bisection starts this far below the best candidate
-SLACK = (0.02,)  # besides the least feasible latency's, the fewest-GPU strategies this far above it
+SLACK = (0.02,)  # besides the least feasible latency's, the fewest-GPU strategies this far above it;
+NEAR_SLACK = (0.0, 0.01, 0.02)  # these for a strategy of at most NEAR_PIPELINES pipelines
 MIP_STEPS = (0.0, 0.01, 0.02, 0.04, 0.08)  # latencies above the LP's where the MILP is asked, in turn
 MAX_NODES = 100  # branch-and-bound nodes per MILP (deterministic); the rare hard probe counts as infeasible
 FEWEST_GAP = 0.01  # the fewest-GPU strategies within this of the fewest (leftover GPUs become pipelines anyway)
@@ -38,6 +39,9 @@ TOP = 2  # per length, the schemes carrying the most of its tokens per GPU
 V_MAX = 64  # micro-batches per pipeline the shortlist considers
 RETARGET = (1.0, 0.98, 0.96)  # synthesis aims at the best candidate's score times each, in turn,
 RETARGET_PIPELINES = 96  # while its first strategy has at most this many pipelines
+NEAR_PIPELINES = 48  # a strategy this small is searched closer: the MILP on the whole shortlist too, the fewest-GPU
+# points at NEAR_SLACK, the strategies one pipeline away from the winner (engine.synthesized.around); one pipeline
+# more or less moves such a plan, and its MILPs are quick
 SKIP_RTOL = 0.01  # only strategies that beat the best candidate by more than this are worth dispatching
 GROUPS = 1.25  # the shortlist ranks schemes per geometric length bin this wide
 
@@ -124,8 +128,8 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
     (the candidates'). With `upper`, also aimed RETARGET below it: a lower aim ranks the schemes for a tighter
     budget, so the MILP sees other schemes and stops at other latencies, and the relaxation's cheapest strategy
     is not always the one that dispatches best (measured: 1.4-3.6% faster plans on the 32B 256-GPU batches).
-    Only for strategies of at most RETARGET_PIPELINES pipelines: with more, one pipeline more or less of a
-    scheme is a small share of the job (measured at 1024 GPUs: the same mean estimate at 1.6x the CPU)."""
+    Only for strategies of at most RETARGET_PIPELINES pipelines: with more, one pipeline more or less of a scheme is
+    a small share of the job (measured at 1024 GPUs: the same mean estimate at 1.6x the CPU)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return []
@@ -160,26 +164,80 @@ def _aimed(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, upper: flo
     lp = _lp_least(rel, target, hint)
     if lp is None:
         return [], None
-    # the MILP on the schemes the LP uses, finer (more sequences whole), from the LP's latency up
-    used = [short[int(rel.keep[k])] for k in np.flatnonzero(lp.best > 1e-6)]
-    fine = relaxation(lengths, [schemes[k] for k in used], gpus, t[used], long=MIP_LONG, group_ratio=MIP_GROUP_RATIO,
-                      level_ratio=MIP_LEVEL_RATIO, prune=False)
+    # the MILP, finer (more sequences whole), from the LP's latency up: on the schemes the LP uses, and for a small
+    # strategy on the whole shortlist when those reach no aim (the LP's vertex is one of many, and may use too few)
     steps = [lp.hi * (1 + s) for s in MIP_STEPS]
     if target is not None:
         steps = [X for X in steps if X < target] + [target]
+    small = float(lp.best.sum()) <= NEAR_PIPELINES
+    support = [short[int(rel.keep[k])] for k in np.flatnonzero(lp.best > 1e-6)]
+    out: list[dict[int, int]] = []
+    for used in [support, [short[int(k)] for k in rel.keep]][:2 if small else 1]:
+        out = _integral(lengths, schemes, gpus, t, used, steps, small)
+        if out:
+            break
+    return out, lp
+
+
+def _integral(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, t: np.ndarray, used: list[int],
+              steps: list[float], small: bool) -> list[dict[int, int]]:
+    """The MILP's strategies on the schemes `used`: its first point over `steps`, then the fewest-GPU ones a
+    SLACK above that latency (NEAR_SLACK while small)."""
+    fine = relaxation(lengths, [schemes[k] for k in used], gpus, t[used], long=MIP_LONG, group_ratio=MIP_GROUP_RATIO,
+                      level_ratio=MIP_LEVEL_RATIO, prune=False)
     found = ((X, probe(fine, X, max_nodes=MAX_NODES)) for X in steps)
     hi, first = next(((X, n) for X, n in found if n is not None), (None, None))
     if hi is None:
-        return [], lp
+        return []
     out: list[dict[int, int]] = []
+    slacks = NEAR_SLACK if small and first.sum() <= NEAR_PIPELINES else SLACK
     for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, gap=FEWEST_GAP,
-                                                    max_nodes=MAX_NODES) for slack in SLACK)):
+                                                    max_nodes=MAX_NODES) for slack in slacks)):
         if n is None:
             continue
         counts = _fill({used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
         if counts not in out:
             out.append(counts)
-    return out, lp
+    return out
+
+
+def neighbors(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> list[dict[int, int]]:
+    """The strategies one pipeline away from `counts`: per scheme, one pipeline fewer, its GPUs refilled with the
+    narrowest other scheme the strategy uses or the narrowest at all, or one more, its GPUs taken from the
+    narrowest pipelines. The MILP's strategies are the fewest GPUs at a latency of the relaxation, which prices
+    the trade between room for the long sequences and throughput for the short ones only approximately; one
+    pipeline either way is the step it rounds over."""
+    out: list[dict[int, int]] = []
+    narrow = sorted(range(len(schemes)), key=lambda j: (schemes[j].gpus, j))
+    for k in sorted(counts):
+        others = [j for j in narrow if j != k]
+        for pool in ([j for j in others if j in counts], others):
+            c = _refill({**counts, k: counts[k] - 1}, schemes, gpus, pool)
+            if c is not None and c not in out:
+                out.append(c)
+        more = {**counts, k: counts[k] + 1}
+        need = sum(schemes[j].gpus * n for j, n in more.items()) - gpus
+        for j in others:  # GPUs from the narrowest pipelines
+            while need > 0 and more.get(j, 0) > 0:
+                more[j] -= 1
+                need -= schemes[j].gpus
+        if need <= 0:
+            c = _refill(more, schemes, gpus, [j for j in others if j in counts])
+            if c is not None and c not in out:
+                out.append(c)
+    return [c for c in out if c != counts]
+
+
+def _refill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int, pool: list[int]) -> dict[int, int] | None:
+    """Leftover GPUs as pipelines of the schemes of `pool` in turn (narrowest first); None when GPUs a scheme
+    would use stay idle (the same strategy with them busy is at least as fast)."""
+    counts = {j: n for j, n in counts.items() if n > 0}
+    left = gpus - sum(schemes[j].gpus * n for j, n in counts.items())
+    for j in pool:
+        if schemes[j].gpus <= left:
+            counts[j] = counts.get(j, 0) + left // schemes[j].gpus
+            left -= schemes[j].gpus * (left // schemes[j].gpus)
+    return None if left >= min(s.gpus for s in schemes) else counts
 
 
 def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[PipelineSpec]:

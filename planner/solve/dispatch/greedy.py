@@ -6,8 +6,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hydraplan.core.sync import busy_float_s, busy_s
-from hydraplan.solve.dispatch.pipes import Costs, Pipes, cost_sorted
+from hydraplan.core.sync import busy_s
+from hydraplan.solve.dispatch.pipes import Costs, Pipes, busy_jit, cost_sorted
 from hydraplan.solve.dispatch.search import local_search
 
 BIG = 1e300  # "ineligible" cost: finite so that 0 * BIG stays 0 for pp=1 pipelines
@@ -76,9 +76,6 @@ def greedy_one(lengths: np.ndarray, Wg: np.ndarray, P: Pipes, order: np.ndarray)
                          P.max_len[r].astype(np.int64), P.t[r].astype(np.float64))
 
 
-_busy = numba.njit(cache=True)(busy_float_s)
-
-
 @numba.njit(cache=True)
 def _before(k1: float, j1: int, k2: float, j2: int) -> bool:
     """(k1, j1) < (k2, j2), as Python compares the tuples."""
@@ -137,12 +134,12 @@ def _greedy_heaps(lengths: np.ndarray, W: np.ndarray, order: np.ndarray, members
             if used[g] < starts[g + 1] - base:
                 j = members[base + used[g]]
                 new = w + gc[g] * -(-l // gm[g]) + gp[g] * (w + gc[g])
-                obj = _busy(t, new) if t else new
+                obj = busy_jit(t, new) if t else new
                 if _before(obj, j, best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, True
             while size[g] > 0:  # h_g(O_j + w) lower-bounds the objective of adding i to pipeline j
                 least = hk[base] + w
-                least = _busy(t, least) if t else least
+                least = busy_jit(t, least) if t else least
                 if not _before(least, hj[base], best_obj, best_j):
                     break
                 o, j = hk[base], hj[base]
@@ -152,7 +149,7 @@ def _greedy_heaps(lengths: np.ndarray, W: np.ndarray, order: np.ndarray, members
                 pg[npop], po[npop], pj[npop] = g, o, j
                 npop += 1
                 new = C[j] + w + gc[g] * -(-(L[j] + l) // gm[g]) + gp[g] * (max(Mx[j], w) + gc[g])
-                obj = _busy(t, new) if t else new
+                obj = busy_jit(t, new) if t else new
                 if _before(obj, j, best_obj, best_j):
                     best_obj, best_new, best_j, best_g, best_empty = obj, new, j, g, False
         for k in range(npop):

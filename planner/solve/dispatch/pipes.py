@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import busy_s
+from hydraplan.core.sync import busy_float_s, busy_s
+
+busy_jit = numba.njit(cache=True)(busy_float_s)  # h of one busy pipeline in the compiled loops
 
 
 @dataclass(frozen=True)
