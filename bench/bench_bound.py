@@ -10,23 +10,24 @@ batch), for both objectives: `pack --objective propagation` against the propagat
 (`--objective end-to-end`, each scheme's exposed sync) against the end-to-end bound. The planner is pack's own
 (methods/run.py PlanRun: proposed candidates, `static`, synthesis and local search by default). Also the five
 configurations of issue 28 against the better plans found there by hand, and the planning speed of `pack`
-(whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the
-figures before (bench/results/scale.json). Bound probes are deterministic (node limits, no clock); sweep rows run in parallel,
-one process per core (CPU seconds are per process). Writes
-bench/results/bound.json; `python -m bench bound sweep|long|speed` re-measures one part, keeping the others.
+(whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the planner
+before issue 28's steps on the same batches, measured in the same run (bench/reference.py). Bound probes are
+deterministic (node limits, no clock); sweep rows run in parallel, one process per core (CPU seconds are per
+process). Writes bench/results/bound.json; `python -m bench bound sweep|long|speed` re-measures one part, keeping the others.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from bench import reference
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import scheme_label
@@ -52,7 +53,8 @@ BETTER = {("h100-llama2-32b", "builtin:wikipedia", 64, "propagation"): 2.021,
 LONG = {"profile": "h100-llama2-7b", "dataset": "builtin:wikipedia", "gpus": 64, "context": 131072,
         "tokens": 1_600_000, "iterations": 4, "objective": "propagation", "better_mean_s": 2.850}
 SPEED = ((64, 200_000), (256, 800_000), (1024, 3_200_000))
-SPEED_ITERATIONS = 5
+SPEED_ITERATIONS = 12  # plans after the first: at 1024 GPUs one batch's plan costs up to 4x another's
+REFERENCE = "f697ab4"  # main before issue 28's steps: the planning speed they may not slow at 1024 GPUs
 REL_TOL = 5e-3  # the bounds' bisections stop this close (below the least feasible latency: plan / bound errs high)
 TARGETS = {"plan_over_bound_max": 1.05, "plan_over_bound_mean": 1.03, "s_per_iter_64": 0.3, "s_per_iter_256": 2.0}
 
@@ -115,20 +117,19 @@ def _row(args: tuple[str, str, int, str, int | None]) -> dict:
     return case(*key, tokens=tokens)
 
 
-def speed(gpus: int, tokens: int, iterations: int = SPEED_ITERATIONS) -> dict:
-    """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration."""
-    from bench.bench_scale import measure
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        r = pool.apply(measure, (gpus, tokens, iterations + 1))
+def speed(gpus: int, tokens: int, iterations: int, before: Path | None) -> dict:
+    """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration; and
+    the same of the planner at REFERENCE (`before`, its checkout) on the same batches in the same run."""
     keep = ("gpus", "tokens_per_iter", "iterations", "candidates", "first_plan_wall_s", "first_plan_cpu_s",
             "s_per_iter_wall_mean", "s_per_iter_cpu_mean", "s_per_iter_cpu", "mean_estimate_s")
+    r = reference.measure(reference.ROOT, gpus, tokens, iterations + 1)
     out = {"id": str(gpus), **{k: r[k] for k in keep}}
-    scale = Path(__file__).parent / "results" / "scale.json"
-    before = [x for x in json.loads(scale.read_text())["runs"] if x["gpus"] == gpus] if scale.exists() else []
-    if before:  # bench_scale's run of the same size, before synthesis and local search were on by default
-        out["before_s_per_iter_cpu_mean"] = before[0]["s_per_iter_cpu_mean"]
-        out["before_mean_estimate_s"] = before[0]["mean_estimate_s"]
+    if before is not None:
+        b = reference.measure(before, gpus, tokens, iterations + 1)
+        out["reference"] = {"commit": REFERENCE, **{k: b[k] for k in ("first_plan_cpu_s", "s_per_iter_cpu_mean",
+                                                                      "s_per_iter_cpu", "mean_estimate_s")}}
+        out["cpu_over_reference"] = r["s_per_iter_cpu_mean"] / b["s_per_iter_cpu_mean"]
+        out["estimate_over_reference"] = r["mean_estimate_s"] / b["mean_estimate_s"]
     return out
 
 
@@ -193,9 +194,16 @@ def main(run: Run) -> None:
         print(f"128K: plan mean {c['plan_s_mean']:.3f} s (better plan {L['better_mean_s']:.3f} s)", flush=True)
     if "speed" in parts:
         out["speed"] = []
-        for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):  # a size bench_scale has a row of
-            s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1))
-            out["speed"].append(s)
-            run.write(out, merged=merged)
-            print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU; before "
-                  f"{s.get('before_s_per_iter_cpu_mean')}", flush=True)
+        before = reference.checkout(REFERENCE)
+        if before is None:
+            print(f"speed: no commit {REFERENCE} in this clone's history, so no reference figures", flush=True)
+        try:
+            for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):
+                s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1), before)
+                out["speed"].append(s)
+                run.write(out, merged=merged)
+                print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU, "
+                      f"{s.get('cpu_over_reference', float('nan')):.2f}x the time at {REFERENCE}", flush=True)
+        finally:
+            if before is not None:
+                shutil.rmtree(before, ignore_errors=True)

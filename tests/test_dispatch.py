@@ -118,7 +118,7 @@ def alg1_reference(lengths, schemes, order):
         yield best[2]
 
 
-def test_vectorized_greedy_is_algorithm_1():
+def test_greedy_trials_are_algorithm_1():
     from hydraplan.solve.dispatch.greedy import greedy_one, greedy_trials, trial_orders
     from hydraplan.solve.dispatch.pipes import Pipes
 
@@ -137,7 +137,7 @@ def test_vectorized_greedy_is_algorithm_1():
             want = [want[i] for i in range(len(lengths))]
             assert want == got[t].tolist()
             assert want == greedy_one(lengths, Wg, P, orders[t]).tolist()  # the heap version, one trial
-        # the end-to-end objective (a transfer per scheme): the compiled heap version equals the vectorized one
+        # the end-to-end objective (a transfer per scheme): the heap version equals the trials' loop
         transfer = np.array([s.time.c * (k % 3) * 7.0 for s in schemes])
         P = Pipes.of(schemes, transfer)
         Wg = P.group_cost(lengths)
@@ -217,7 +217,7 @@ def test_the_swap_step_returns_the_best_swap_over_every_pair():
     top pipeline's load); what it returns is still the best swap over every pair, shorter or not, by Eq. (2)
     written independently, whenever some swap lowers the top pipeline's load."""
     from hydraplan.solve.dispatch.pipes import Pipes, State
-    from hydraplan.solve.dispatch.search import _best_swap, _Top
+    from hydraplan.solve.dispatch.search import _best_swap, _Fixed, _Top
 
     rng = np.random.default_rng(4)
     checked = 0
@@ -239,7 +239,7 @@ def test_the_swap_step_returns_the_best_swap_over_every_pair():
                 new = assign.copy()
                 new[i], new[k] = q, p
                 best = min(best, max(eq2(ordered[j], [int(l) for l, a in zip(lengths, new) if a == j]) for j in (p, q)))
-        sw = _best_swap(lengths, W, J, P, st, _Top.of(lengths, W, P, st, p), np.flatnonzero(assign != p))
+        sw = _best_swap(lengths, W, _Fixed.of(lengths, W), J, P, st, _Top.of(lengths, W, P, st, p))
         if best < load[p] * (1 - 1e-9):
             checked += 1
             assert sw is not None and sw.value == pytest.approx(best, rel=1e-9)

@@ -159,8 +159,10 @@ def test_strategies_around_the_winner_only_add_contenders(monkeypatch):
         keys = [tuple(sorted(p.key for p in c.specs)) for c in made]
         assert len(set(keys)) == len(keys)
         assert [c.name for c in made] == [f"batch:{j}" for j in range(len(made))]
+        n = len(without.contenders)  # the same contenders first, the neighbours after them
+        assert [c.specs for c in sel.contenders[:n]] == [c.specs for c in without.contenders]
         assert sel.outcomes[sel.winner].score <= without.outcomes[without.winner].score
-        tried += len(sel.contenders) > len(without.contenders)
+        tried += len(sel.contenders) > n
     assert tried > 0
 
 

@@ -108,6 +108,19 @@ class Cluster:
     def _by_key(self) -> dict[tuple[int, int, int, str], Scheme]:
         return {s.key: s for s in self.view.schemes}
 
+    @functools.cached_property
+    def scheme_index(self) -> dict[tuple[int, int, int, str], int]:
+        """Each scheme's position in `schemes`, by key."""
+        return {s.key: k for k, s in enumerate(self.view.schemes)}
+
+    @functools.cached_property
+    def scheme_charges_s(self) -> np.ndarray:
+        """charged_for(schemes): what the objective charges a pipeline of each scheme, in `schemes` order (shared by
+        every caller of the run, so read-only)."""
+        out = self.charged_for(self.view.schemes)
+        out.flags.writeable = False
+        return out
+
     def scheme(self, key: tuple) -> Scheme | None:
         """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
         return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]

@@ -297,7 +297,7 @@ class Planner:
         from hydraplan.solve.bound import any_strategy_bound
 
         schemes = list(self.cluster.schemes)
-        transfer = self.cluster.charged_for(schemes) if self.cluster.end_to_end else None
+        transfer = self.cluster.scheme_charges_s if self.cluster.end_to_end else None
         return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score,
                                   upper_reached=True).latency_s
 

@@ -26,11 +26,10 @@ def strategies(cluster: Cluster, candidate_keys: Set[tuple], lengths: np.ndarray
     """The strategies the any-strategy relaxation shapes for this batch below `best_s` (the candidates' best score),
     placed and resolved, in the order to try them; none when it shows none can win. `candidate_keys`: the
     schemes the candidates use, offered besides the relaxation's shortlist."""
-    schemes = list(cluster.schemes)
-    transfer = cluster.charged_for(schemes)
-    index = {s.key: k for k, s in enumerate(schemes)}
+    index = cluster.scheme_index
     prefer = sorted(index[key] for key in candidate_keys if key in index)
-    made = synthesize(lengths, schemes, cluster.gpus, upper=best_s, transfer=transfer, prefer=prefer)
+    made = synthesize(lengths, list(cluster.schemes), cluster.gpus, upper=best_s, transfer=cluster.scheme_charges_s,
+                      prefer=prefer)
     return [_resolved(cluster, counts, j) for j, counts in enumerate(made)]
 
 
@@ -47,15 +46,12 @@ def around(cluster: Cluster, won: ResolvedCandidate, tried: list[ResolvedCandida
 
 
 def _counts(cluster: Cluster, cand: ResolvedCandidate) -> tuple[tuple[int, int], ...]:
-    index = {s.key: k for k, s in enumerate(cluster.schemes)}
-    return tuple(sorted(Counter(index[p.key] for p in cand.specs).items()))
+    return tuple(sorted(Counter(cluster.scheme_index[p.key] for p in cand.specs).items()))
 
 
 def _resolved(cluster: Cluster, counts: dict[int, int], j: int) -> ResolvedCandidate:
     """Strategy j made for the batch; ranks placed only if it wins (engine.plans.build_plan)."""
-    schemes = list(cluster.schemes)
-    index = {s.key: k for k, s in enumerate(schemes)}
-    transfer = cluster.charged_for(schemes)
+    schemes, index, transfer = cluster.schemes, cluster.scheme_index, cluster.scheme_charges_s
     specs = specs_of(counts, schemes)
     return ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),
                              tuple(float(transfer[index[p.key]]) for p in specs), synthesized=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from hydraplan.core.schema import Scheme
@@ -201,25 +202,33 @@ def capacity_facets(Y: float, p: float, c: float, omega: np.ndarray, rho_lo: flo
     return [_upper_right(W[j, ok[j]], L[j, ok[j]]) if ok[j].any() else None for j in range(omega.size)]
 
 
-def _upper_right(W: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The facets with nonnegative normals of the convex hull of points (W, L) and their projections on the axes."""
-    order = np.lexsort((-L, -W))  # W descending, ties by L descending
-    W, L = W[order], L[order]
-    front = L > np.maximum.accumulate(_cat(-np.inf, L[:-1]))  # the Pareto front, W falling as L rises
-    hull: list[tuple[float, float]] = []
-    for q in zip(W[front].tolist(), L[front].tolist(), strict=True):
-        while len(hull) >= 2:
-            (w1, l1), (w2, l2) = hull[-2], hull[-1]
-            if (w2 - w1) * (q[1] - l2) - (l2 - l1) * (q[0] - w2) > 0:  # a left turn: keep
-                break
-            hull.pop()
-        hull.append(q)
-    h = np.array(hull)
-    al = _cat(1.0, h[1:, 1] - h[:-1, 1], 0.0)
-    be = _cat(0.0, h[:-1, 0] - h[1:, 0], 1.0)
-    ga = _cat(h[0, 0], al[1:-1] * h[:-1, 0] + be[1:-1] * h[:-1, 1], h[-1, 1])
-    s = np.maximum(al, be)
-    return al / s, be / s, ga / s
+@numba.njit(cache=True)
+def _upper_right(W: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """The facets with nonnegative normals of the convex hull of points (W, L) and their projections on the axes.
+    Compiled: a few points per level, thousands of levels per batch, where numpy spent its time calling."""
+    order = np.argsort(-L, kind="mergesort")
+    order = order[np.argsort(-W[order], kind="mergesort")]  # W descending, ties by L descending
+    hw, hl = np.empty(W.size), np.empty(W.size)
+    n, seen = 0, -np.inf
+    for o in order:  # the Pareto front, W falling as L rises, folded into the hull by left turns
+        w, l = W[o], L[o]
+        if not l > seen:
+            continue
+        seen = l
+        while n >= 2 and not (hw[n - 1] - hw[n - 2]) * (l - hl[n - 1]) - (hl[n - 1] - hl[n - 2]) * (w - hw[n - 1]) > 0:
+            n -= 1
+        hw[n], hl[n] = w, l
+        n += 1
+    al, be, ga = np.empty(n + 1), np.empty(n + 1), np.empty(n + 1)
+    al[0], be[0], ga[0] = 1.0, 0.0, hw[0]
+    for f in range(1, n):
+        al[f], be[f] = hl[f] - hl[f - 1], hw[f - 1] - hw[f]
+        ga[f] = al[f] * hw[f - 1] + be[f] * hl[f - 1]
+    al[n], be[n], ga[n] = 0.0, 1.0, hl[n - 1]
+    for f in range(n + 1):
+        s = max(al[f], be[f])
+        al[f], be[f], ga[f] = al[f] / s, be[f] / s, ga[f] / s
+    return al, be, ga
 
 
 # -------------------------------------------------------------------------------------------- the model

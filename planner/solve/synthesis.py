@@ -46,19 +46,21 @@ SKIP_RTOL = 0.01  # only strategies that beat the best candidate by more than th
 GROUPS = 1.25  # the shortlist ranks schemes per geometric length bin this wide
 
 
-def _fill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> dict[int, int]:
-    """Leftover GPUs become pipelines of the narrowest scheme the strategy uses, then of the narrowest scheme
-    at all: an idle pipeline costs nothing, and dispatch moves short sequences to it."""
-    counts = dict(counts)
-    left = gpus - sum(schemes[k].gpus * n for k, n in counts.items())
-    for pool in (sorted(counts), range(len(schemes))):
-        fits = [k for k in pool if schemes[k].gpus <= left]
-        if not fits:
-            continue
-        k = min(fits, key=lambda k: (schemes[k].gpus, k))
-        counts[k] = counts.get(k, 0) + left // schemes[k].gpus
-        left -= schemes[k].gpus * (left // schemes[k].gpus)
-    return counts
+def _narrowest(schemes: Sequence[Scheme], among: Iterable[int]) -> list[int]:
+    return sorted(among, key=lambda j: (schemes[j].gpus, j))
+
+
+def _fill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int, pool: list[int]) -> dict[int, int] | None:
+    """Leftover GPUs as pipelines of the schemes of `pool` in turn (narrowest first): an idle pipeline costs
+    nothing, and dispatch moves short sequences to it. None when GPUs a scheme would use stay idle (the same
+    strategy with them busy is at least as fast); never when `pool` ends with every scheme."""
+    counts = {j: n for j, n in counts.items() if n > 0}
+    left = gpus - sum(schemes[j].gpus * n for j, n in counts.items())
+    for j in pool:
+        if schemes[j].gpus <= left:
+            counts[j] = counts.get(j, 0) + left // schemes[j].gpus
+            left -= schemes[j].gpus * (left // schemes[j].gpus)
+    return None if left >= min(s.gpus for s in schemes) else counts
 
 
 def _shortlist(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, budget: np.ndarray,
@@ -195,7 +197,8 @@ def _integral(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, t: np.n
                                                     max_nodes=MAX_NODES) for slack in slacks)):
         if n is None:
             continue
-        counts = _fill({used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}, schemes, gpus)
+        made = {used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}
+        counts = _fill(made, schemes, gpus, _narrowest(schemes, made) + _narrowest(schemes, range(len(schemes))))
         if counts not in out:
             out.append(counts)
     return out
@@ -208,11 +211,11 @@ def neighbors(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> l
     the trade between room for the long sequences and throughput for the short ones only approximately; one
     pipeline either way is the step it rounds over."""
     out: list[dict[int, int]] = []
-    narrow = sorted(range(len(schemes)), key=lambda j: (schemes[j].gpus, j))
+    narrow = _narrowest(schemes, range(len(schemes)))
     for k in sorted(counts):
         others = [j for j in narrow if j != k]
         for pool in ([j for j in others if j in counts], others):
-            c = _refill({**counts, k: counts[k] - 1}, schemes, gpus, pool)
+            c = _fill({**counts, k: counts[k] - 1}, schemes, gpus, pool)
             if c is not None and c not in out:
                 out.append(c)
         more = {**counts, k: counts[k] + 1}
@@ -222,22 +225,10 @@ def neighbors(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int) -> l
                 more[j] -= 1
                 need -= schemes[j].gpus
         if need <= 0:
-            c = _refill(more, schemes, gpus, [j for j in others if j in counts])
+            c = _fill(more, schemes, gpus, [j for j in others if j in counts])
             if c is not None and c not in out:
                 out.append(c)
     return [c for c in out if c != counts]
-
-
-def _refill(counts: dict[int, int], schemes: Sequence[Scheme], gpus: int, pool: list[int]) -> dict[int, int] | None:
-    """Leftover GPUs as pipelines of the schemes of `pool` in turn (narrowest first); None when GPUs a scheme
-    would use stay idle (the same strategy with them busy is at least as fast)."""
-    counts = {j: n for j, n in counts.items() if n > 0}
-    left = gpus - sum(schemes[j].gpus * n for j, n in counts.items())
-    for j in pool:
-        if schemes[j].gpus <= left:
-            counts[j] = counts.get(j, 0) + left // schemes[j].gpus
-            left -= schemes[j].gpus * (left // schemes[j].gpus)
-    return None if left >= min(s.gpus for s in schemes) else counts
 
 
 def specs_of(counts: dict[int, int], schemes: Sequence[Scheme]) -> list[PipelineSpec]:

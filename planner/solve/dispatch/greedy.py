@@ -1,12 +1,11 @@
 """Algorithm 1 (Hydraulis §6.2): every sequence, in a trial's order, to the pipeline minimizing the resulting
-maximum objective; LPT first, then randomized-LPT trials all at once, the best finished by the local search."""
+maximum objective; LPT first, then randomized-LPT trials, the best finished by the local search."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from hydraplan.core.sync import busy_s
 from hydraplan.solve.dispatch.pipes import Costs, Pipes, busy_jit, cost_sorted
 from hydraplan.solve.dispatch.search import local_search
 
@@ -14,47 +13,48 @@ BIG = 1e300  # "ineligible" cost: finite so that 0 * BIG stays 0 for pp=1 pipeli
 NOISE = 0.3  # sigma of the log-length noise of the randomized LPT trials
 MOVE = 8  # randomized trials (the best by their greedy cost) that get the move-only local search
 POLISH = 4  # trials that get the full (move + swap) local search
-WORK = 1_000_000  # cap on trials * sequences * pipelines evaluated by the vectorized greedy
+WORK = 1_000_000  # cap on trials * sequences * pipelines the randomized trials evaluate
 
 
 def greedy_trials(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: Pipes, orders: np.ndarray) -> np.ndarray:
-    """Algorithm 1 for every trial at once; returns (T, B) sorted-pipeline indices.
+    """Algorithm 1 for every trial; returns (T, B) sorted-pipeline indices.
 
     Alg. 1 picks the pipeline minimizing the resulting maximum over all pipelines. That max is
     max(new_j, max_{k != j} O_k) >= current max, so the minimizer (ties broken by the smaller new_j) is
-    simply argmin_j new_j: no top-2 bookkeeping, and all T trials advance together as (T, D) arrays,
-    so a step costs a few numpy calls whatever T is.
-    """
-    T, B = orders.shape
+    simply argmin_j new_j: no top-2 bookkeeping. Compiled: at a thousand GPUs a trial is thousands of steps over
+    a hundred pipelines, where numpy spends its time calling rather than computing."""
     D = W.shape[1]
     Wm = np.where(np.arange(D) < J[:, None], W[:], BIG)  # ineligible pipelines never win the argmin
-    lf = lengths.astype(np.float64)
-    M = P.max_len.astype(np.float64)
-    C = np.zeros((T, D))
-    L = np.zeros((T, D))
-    Mx = np.zeros((T, D))
-    Cf, Lf, Mf = C.ravel(), L.ravel(), Mx.ravel()
+    return _trials(np.ascontiguousarray(Wm, dtype=np.float64), lengths.astype(np.float64),
+                   P.max_len.astype(np.float64), P.c.astype(np.float64), P.ppm1.astype(np.float64),
+                   P.t.astype(np.float64), P.sync, np.ascontiguousarray(orders, dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _trials(Wm, lf, M, c, ppm1, t, sync, orders):  # pragma: no cover - compiled
+    """greedy_trials' loop, in the order of operations of Eq. (2) as the running sums give it (new_j:
+    (max(Mx_j, w) + c) (pp - 1) + C_j + w + c ceil((L_j + l) / M)), first minimum on a tie."""
+    T, B = orders.shape
+    D = Wm.shape[1]
     out = np.empty((T, B), dtype=np.int64)
-    base = np.arange(T) * D
-    rows = np.arange(T)
-    for k in range(B):
-        i = orders[:, k]
-        w = Wm[i]
-        li = lf[i]
-        new = np.maximum(Mx, w)
-        new += P.c
-        new *= P.ppm1
-        new += C
-        new += w
-        new += P.c * np.ceil((L + li[:, None]) / M)
-        if P.sync:
-            busy_s(P.t, new, out=new)
-        f = base + new.argmin(axis=1)
-        wj = w.ravel()[f]
-        Cf[f] += wj
-        Lf[f] += li
-        Mf[f] = np.maximum(Mf[f], wj)
-        out[rows, i] = f - base
+    for r in range(T):
+        C, L, Mx = np.zeros(D), np.zeros(D), np.zeros(D)
+        for k in range(B):
+            i = orders[r, k]
+            li = lf[i]
+            best, bj = np.inf, 0
+            for j in range(D):
+                w = Wm[i, j]
+                new = ((max(Mx[j], w) + c[j]) * ppm1[j] + C[j] + w) + c[j] * np.ceil((L[j] + li) / M[j])
+                if sync:
+                    new = busy_jit(t[j], new)
+                if new < best:
+                    best, bj = new, j
+            w = Wm[i, bj]
+            C[bj] += w
+            L[bj] += li
+            Mx[bj] = max(Mx[bj], w)
+            out[r, i] = bj
     return out
 
 
@@ -187,7 +187,7 @@ def trial_orders(lengths: np.ndarray, J: np.ndarray, trials: int, seed: int) -> 
 
 def greedy_best(lengths: np.ndarray, Wg: np.ndarray, W: Costs, J: np.ndarray, P: Pipes, trials: int, seed: int,
                 bound: float) -> tuple[np.ndarray, float, int]:
-    """LPT first, then the randomized trials (all at once). Every trial gets the move-only local search,
+    """LPT first, then the randomized trials. Every trial gets the move-only local search,
     the `POLISH` best then also the swaps: on wikipedia/prolong batches that is much cheaper than swaps
     everywhere and hardly worse. Stops early when the LPT trial meets `bound`."""
     D, B = W.shape[1], len(lengths)

@@ -79,22 +79,41 @@ def _best_move(W: np.ndarray | Costs, J: np.ndarray, P: Pipes, st: State, top: _
     return float(val[r, q]), int(r), int(q)
 
 
-def _lmax_without(lengths: np.ndarray, st: State, oth: np.ndarray) -> np.ndarray:
-    """Per sequence k of `oth`, the longest sequence left on its pipeline without k (per-pipeline top-1, first by
-    length, and top-2)."""
-    D = st.L.size
-    q = st.assign[oth]
-    srt_o = oth[np.lexsort((-lengths[oth], q))]
-    qs = st.assign[srt_o]
-    first = np.r_[True, qs[1:] != qs[:-1]]
-    top1 = np.zeros(D, dtype=np.int64)
-    top1[qs[first]] = lengths[srt_o[first]]
-    top2 = np.zeros(D, dtype=np.int64)
-    sec = np.r_[False, first[:-1] & ~first[1:]]
-    top2[qs[sec]] = lengths[srt_o[sec]]
-    is_top = np.zeros(len(lengths), dtype=bool)
-    is_top[srt_o[first]] = True
-    return np.where(is_top[oth], top2[q], top1[q])
+@numba.njit(cache=True)
+def _lmax_without(lengths: np.ndarray, assign: np.ndarray, oth: np.ndarray, D: int) -> np.ndarray:  # pragma: no cover
+    """Per sequence k of `oth`, the longest sequence left on its pipeline without k: its pipeline's longest, or
+    for that one sequence (of equals, any one: the second is as long) the second longest. Compiled: two passes
+    where numpy sorted on every step of the search."""
+    top1, top2 = np.zeros(D, dtype=np.int64), np.zeros(D, dtype=np.int64)
+    first = np.full(D, -1, dtype=np.int64)
+    for k in oth:
+        q, l = assign[k], lengths[k]
+        if first[q] < 0 or l > top1[q]:
+            top1[q], first[q] = l, k
+    for k in oth:
+        q = assign[k]
+        if k != first[q]:
+            top2[q] = max(top2[q], lengths[k])
+    out = np.empty(oth.size, dtype=np.int64)
+    for s in range(oth.size):
+        q = assign[oth[s]]
+        out[s] = top2[q] if oth[s] == first[q] else top1[q]
+    return out
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """What the steps of one local search share: the swap kernel's cost table (per group of identical pipelines)
+    and the sequences shortest first, equals by index (the order partners are scanned in)."""
+
+    Wg: np.ndarray
+    gid: np.ndarray
+    by_len: np.ndarray
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, W: np.ndarray | Costs) -> "_Fixed":
+        Wg, gid = (W.Wg, W.gid) if isinstance(W, Costs) else (W, np.arange(W.shape[1]))
+        return cls(np.ascontiguousarray(Wg, dtype=np.float64), gid, np.argsort(lengths, kind="stable"))
 
 
 @dataclass(frozen=True)
@@ -107,22 +126,18 @@ class _Swap:
     lmax_q: int
 
 
-def _best_swap(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: Pipes, st: State, top: _Top,
-               oth: np.ndarray) -> _Swap | None:
+def _best_swap(lengths: np.ndarray, W: np.ndarray | Costs, fixed: _Fixed, J: np.ndarray, P: Pipes, st: State,
+               top: _Top) -> _Swap | None:
     """The best swap of a member of the top pipeline p with a shorter sequence of another pipeline (None: none
     allowed). A partner no shorter cannot lower p's load: its cost, tokens and longest only grow."""
     p, mem = top.p, top.mem
-    if oth.size == 0:
-        return None
-    remq_lmax = _lmax_without(lengths, st, oth)  # from every other sequence: a partner's pipeline keeps the rest
-    shorter = lengths[oth] < top.lp.max()
-    oth, remq_lmax = oth[shorter], remq_lmax[shorter]
-    by = np.argsort(lengths[oth], kind="stable")  # shortest partner first
-    oth, remq_lmax = oth[by], remq_lmax[by]
+    oth = fixed.by_len[st.assign[fixed.by_len] != p]  # every other sequence, shortest first
+    remq_lmax = _lmax_without(lengths, st.assign, oth, st.L.size)  # a partner's pipeline keeps the rest
+    n = int(np.searchsorted(lengths[oth], top.lp.max()))  # the partners: strictly shorter than some member
+    oth, remq_lmax = oth[:n], remq_lmax[:n]
     q = st.assign[oth]
-    Wg, gid = (W.Wg, W.gid) if isinstance(W, Costs) else (W, np.arange(W.shape[1]))
     val, r, s = _swap_scan(p, mem, top.lp, top.lmax, top.L, top.C, J[mem], oth, lengths[oth], q, remq_lmax, J[oth],
-                           W[oth, p], W[oth, q], np.ascontiguousarray(Wg, dtype=np.float64), gid, by, st.L, st.C,
+                           W[oth, p], W[oth, q], fixed.Wg, fixed.gid, st.L, st.C,
                            P.a, P.b, P.c, P.ppm1, P.max_len, P.t, P.sync)
     if r < 0:
         return None
@@ -139,10 +154,10 @@ def _eq2_h(C: float, L: int, l: int, a: float, b: float, c: float, ppm1: float, 
 
 
 @numba.njit(cache=True)
-def _swap_scan(p, mem, lp, lmax_p, L_p, C_p, J_mem, oth, lk, q, lmax_q, J_oth, w_kp, w_kq, Wg, gid, pos, L, C,
+def _swap_scan(p, mem, lp, lmax_p, L_p, C_p, J_mem, oth, lk, q, lmax_q, J_oth, w_kp, w_kq, Wg, gid, L, C,
                a, b, c, ppm1, max_len, t, sync):  # pragma: no cover - compiled
     """(the larger of the two new objectives, member row, partner row) of the best allowed swap; among equals the
-    first in (member, partner position `pos`) order; row -1: none allowed. Partners come shortest first, and p's
+    first in (member, partner index) order; row -1: none allowed. Partners come shortest first, and p's
     new load only grows with the partner's length (its cost, tokens and longest), so a member's scan ends at the
     first partner that leaves p above the best so far, or is no shorter than the member. Compiled: 10^5 pairs
     at a thousand GPUs."""
@@ -162,7 +177,7 @@ def _swap_scan(p, mem, lp, lmax_p, L_p, C_p, J_mem, oth, lk, q, lmax_q, J_oth, w
             n_q = _eq2_h((C[qq] - w_kq[s]) + Wg[mem[r], gid[qq]], (L[qq] - k) + li, max(lmax_q[s], li), a[qq], b[qq],
                          c[qq], ppm1[qq], max_len[qq], t[qq], sync)
             v = max(n_p, n_q)
-            if br < 0 or v < best or (v == best and r == br and pos[s] < pos[bs]):
+            if br < 0 or v < best or (v == best and r == br and oth[s] < oth[bs]):
                 best, br, bs = v, r, s
     return best, br, bs
 
@@ -195,8 +210,8 @@ def local_search(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: P
     Deterministic: work is counted, not timed."""
     st = State.of(lengths, W, assign.copy())
     B, D = W.shape
-    idx = np.arange(B)
     work, stall = 0, Stall()
+    fixed = _Fixed.of(lengths, W)
     for step in range(max_steps):
         if work > LS_WORK:
             break
@@ -212,11 +227,11 @@ def local_search(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: P
         if val < below:
             _move(lengths, W, st, int(top.mem[r]), p, q, int(top.lmax[r]))
             continue
-        oth = idx[st.assign != p]
-        if not swaps or len(oth) == 0:
+        others = B - len(top.mem)
+        if not swaps or others == 0:
             break
-        work += len(top.mem) * len(oth)
-        sw = _best_swap(lengths, W, J, P, st, top, oth)
+        work += len(top.mem) * others
+        sw = _best_swap(lengths, W, fixed, J, P, st, top)
         if sw is None or not sw.value < below:
             break
         _swap(lengths, W, st, p, sw)

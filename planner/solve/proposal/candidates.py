@@ -167,7 +167,7 @@ def propose(cluster: Cluster, lengths_or_dataset: np.ndarray | _HasHistogram, co
     _check_args(cluster, context_len, max_candidates, tokens_per_iter)
     tokens_per_iter = tokens_per_iter or TOKENS_PER_GPU * gpus
     values, counts, name = _histogram(lengths_or_dataset, context_len)
-    transfer = cluster.charged_for(cluster.schemes)
+    transfer = cluster.scheme_charges_s
     cells = build_cells(list(cluster.schemes), values, counts, context_len, tokens_per_iter, transfer=transfer)
     entries = _solve(cells, gpus)
     per_iteration = tokens_per_iter * counts.sum() / float((values * counts).sum())
