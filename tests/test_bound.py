@@ -250,3 +250,28 @@ def test_volume_counts_every_sequence_at_its_own_length():
     want = sum(min(s.gpus * (s.time.a * l * l + s.time.b * l + s.time.c * l / s.max_len)
                    for s in schemes if l <= s.max_len) for l in lengths.tolist()) / 16
     assert relaxation(lengths, schemes, 16).volume() == pytest.approx(want, rel=1e-12)
+
+
+def test_hull_facets_support_the_points_in_every_nonnegative_direction():
+    """The facets of one pipeline's load hull (its points' upper-right convex hull) cut out the region below the
+    points: in every direction d >= 0 the largest d.x over {x >= 0 within the facets} (an LP, HiGHS) is the
+    largest over the points, so no facet cuts a point off and none leaves room above them."""
+    from hydraplan.solve.highs import SparseModel
+    from hydraplan.solve.relaxation import _upper_right
+
+    rng = np.random.default_rng(2)
+    for case in range(60):
+        n = int(rng.integers(1, 12))
+        pts = rng.uniform(0, 10, size=(n, 2))
+        if case % 3 == 0:  # ties and repeats
+            pts = np.round(pts)
+        al, be, ga = _upper_right(pts[:, 0].copy(), pts[:, 1].copy())
+        assert (al >= 0).all() and (be >= 0).all()
+        for d in rng.uniform(0, 1, size=(4, 2)):
+            m = SparseModel()
+            x = m.add_vars(2)
+            F = al.size
+            m.add_rows(F, np.repeat(np.arange(F), 2), np.tile(x, F), np.column_stack([al, be]).ravel(), upper=ga)
+            status, sol = m.solve(cost=-d)
+            assert status == "feasible"
+            assert d @ sol == pytest.approx((pts @ d).max(), rel=1e-9, abs=1e-9)
