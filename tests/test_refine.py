@@ -109,3 +109,46 @@ def test_a_band_wider_than_the_patience_ends_the_search_at_once(extra):
     else:
         assert r.moves >= n
         assert _score(lengths, schemes, r.micro_batches) < _score(lengths, schemes, before) * (1 - MIN_GAIN)
+
+
+def _work(scheme, length):
+    return scheme.time.a * float(length) ** 2 + scheme.time.b * float(length)
+
+
+def test_the_swap_screen_keeps_exactly_the_pairs_below_the_critical_time():
+    """The compiled screen of the swap step against the pairs written out: i of the critical pipeline and k of
+    another pipeline b pass when each fits the other's MaxLen and both pipelines' times, with only the two
+    sequences' work exchanged and through each one's end-to-end map, are below the critical time; i-major order."""
+    from hydraplan.solve.refine import _rough_pairs, _Search, _State
+
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        schemes = [tiny_profile().schemes[int(k)] for k in rng.integers(0, 3, int(rng.integers(2, 6)))]
+        lengths = rng.integers(16, 4000, int(rng.integers(4, 60)))  # some over the narrowest MaxLen (2048)
+        fits = [[j for j, s in enumerate(schemes) if s.max_len >= l] for l in lengths.tolist()]
+        keep = [f != [] for f in fits]
+        lengths = lengths[keep]
+        assign = np.array([rng.choice(f) for f in fits if f])
+        transfer = rng.uniform(0.0, 0.3, len(schemes)) if seed % 2 else None
+        st = _State(lengths, schemes, transfer, _packed(lengths, schemes, assign))
+        est = _Search(st, 1, 0).est
+        t = np.zeros(len(schemes)) if transfer is None else transfer
+        a = int(np.argmax(end_to_end_s(t, est)))
+        top = float(end_to_end_s(t[a], est[a])) * rng.uniform(0.9, 1.0)
+        mine, others = np.flatnonzero(st.owner == a), np.flatnonzero(st.owner != a)
+        want = []
+        for i in mine.tolist():
+            for k in others.tolist():
+                b = int(st.owner[k])
+                if lengths[k] > schemes[a].max_len or lengths[i] > schemes[b].max_len:
+                    continue
+                v = max(end_to_end_s(t[a], est[a] - _work(schemes[a], lengths[i]) + _work(schemes[a], lengths[k])),
+                        end_to_end_s(t[b], est[b] - _work(schemes[b], lengths[k]) + _work(schemes[b], lengths[i])))
+                if v < top * (1 - 1e-9):
+                    want.append((i, k, v))
+        got = _rough_pairs(mine, others, st.owner, a, st.kind, st.kind_work, est, st.t, st.lengths, st.max_len, top)
+        passed = {(int(i), int(k)): float(v) for i, k, v in zip(*got, strict=True)}
+        assert all(v < top for v in passed.values())
+        near = [ik for ik, v in passed.items() if v < top * (1 - 1e-9)]  # off the border, where rounding may differ
+        assert near == [(i, k) for i, k, _ in want]
+        assert all(passed[i, k] == pytest.approx(v, rel=1e-12) for i, k, v in want)
