@@ -246,3 +246,19 @@ def test_the_swap_step_returns_the_best_swap_over_every_pair():
         else:
             assert sw is None or sw.value >= load[p] * (1 - 1e-9)
     assert checked >= 10
+
+
+def test_longest_left_without_each_sequence_is_its_pipelines_longest_of_the_rest():
+    """The swap step's per-partner longest sequence left on the partner's pipeline once the partner leaves, against
+    the rest of the pipeline written out (ties in length, single-sequence pipelines and any order of `oth`)."""
+    from hydraplan.solve.dispatch.search import _lmax_without
+
+    rng = np.random.default_rng(9)
+    for case in range(40):
+        D = int(rng.integers(1, 6))
+        lengths = rng.integers(1, 8 if case % 2 else 1000, int(rng.integers(1, 30)))
+        assign = rng.integers(0, D, lengths.size)
+        oth = rng.permutation(np.flatnonzero(assign != assign[0])) if case % 3 else np.arange(lengths.size)
+        got = _lmax_without(lengths, assign, oth, D)
+        want = [max((int(lengths[j]) for j in oth if assign[j] == assign[k] and j != k), default=0) for k in oth]
+        assert got.tolist() == want
