@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from hydraplan.core.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 console = Console()
@@ -91,6 +94,22 @@ def out_folder(path: Path, flag: str = "--out") -> Path:
     from hydraplan.store.fileio import ensure_folder
 
     return ensure_folder(path, flag)
+
+
+# -------------------------------------------------------------------------------------------- output
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`1 plan`, `2 plans` (`many`: an irregular plural)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def print_table(table: Table, piped_width: int = 160) -> None:
+    """Print a table without cutting a cell: a column too narrow for a value folds it onto the next line
+    instead of ending it with an ellipsis (a plan file's path, a strategy), and a column with a min_width
+    keeps values of that width whole while the others wrap. Where stdout is not a terminal (a log, a pipe)
+    rich would assume 80 columns; the table gets `piped_width` there."""
+    for column in table.columns:
+        column.no_wrap, column.overflow = False, "fold"
+    (console if console.is_terminal else Console(width=piped_width)).print(table)
 
 
 # ------------------------------------------------------------------------------------------ progress

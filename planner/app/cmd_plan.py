@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from hydraplan.app import cliopts
 from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
@@ -64,15 +63,14 @@ def propose(
     labels = [strategy_label(c) for c in strategies.candidates]
     table = Table(title=f"{cluster.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
     table.add_column("name")
-    table.add_column("strategy", no_wrap=True, min_width=max(map(len, labels)))
+    table.add_column("strategy", min_width=max(map(len, labels)))
     for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
         table.add_column(header, justify="right" if header != "from" else "left")
     for c, label in zip(strategies.candidates, labels, strict=True):
         lo, hi = c.optimal_for
         table.add_row(c.name, label, str(c.gpus), f"{c.max_len:,}", f"{c.expected_s_per_token * 1e6:.3f}",
                       f"{lo:,}-{hi:,}", f"{c.p_longest:.3f}", ", ".join(s.split("-")[0] for s in c.sources))
-    # rich wraps to 80 columns when stdout is not a terminal; the strategy column needs more
-    (console if console.is_terminal else Console(width=160)).print(table)
+    cliopts.print_table(table)
     console.print(f"wrote {out}")
 
 
@@ -178,8 +176,14 @@ class PackBar:
 
 def _groups(summary: Summary) -> str:
     outside = f", {summary.groups_outside_family} outside them" if summary.groups_outside_family else ""
-    return (f"{summary.new_process_groups} process groups used of the {summary.startup_process_groups} made at start-up "
+    used = cliopts.plural(summary.new_process_groups, "process group")
+    return (f"{used} used of the {summary.startup_process_groups} made at start-up "
             f"({summary.process_groups_per_rank} per rank at most){outside}")
+
+
+def _slower(ratio: float) -> str:
+    """The baseline's time over hydraplan's, in words: `1.39x slower`, or `1.28x faster` below 1."""
+    return f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster"
 
 
 def print_pack_summary(summary: Summary, out: Path) -> None:
@@ -188,14 +192,14 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
     chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")}, key=lambda n: (order.get(n, len(order)), n))
     made = f", {summary.synthesized_iterations} made for their batch" if summary.synthesized_iterations else ""
     e2e = "" if summary.mean_iteration_s is None else f"{summary.mean_iteration_s:.4f} s end to end, "
-    console.print(f"planned {len(its)} iterations into {out} ({summary.objective} objective): mean estimate "
+    console.print(f"planned {cliopts.plural(len(its), 'iteration')} into {out} ({summary.objective} objective): mean estimate "
                   f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
                   f"{_groups(summary)}", soft_wrap=True)
     if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
             and summary.mean_iteration_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
                       f"{summary.mean_baseline_iteration_s:.4f} s end to end, "
-                      f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
+                      f"{_slower(summary.mean_baseline_iteration_s / summary.mean_iteration_s)} "
                       f"({summary.mean_baseline_s:.4f} s propagation, "
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
     if summary.empty_documents:
@@ -240,13 +244,15 @@ def validate(
                 table.add_row(v.file, "" if v.pipeline is None else str(v.pipeline),
                               "" if v.micro_batch is None else str(v.micro_batch),
                               v.kind + (" (warning)" if v.severity == "warning" else ""), v.message)
-            console.print(table)
-        warned = f" ({len(report.warnings)} warnings)" if report.warnings else ""
+            cliopts.print_table(table)
+        warned = f" ({cliopts.plural(len(report.warnings), 'warning')})" if report.warnings else ""
         if report.ok:
-            console.print(f"OK: {report.plans} plans, {report.pipelines} pipelines, "
-                          f"{report.micro_batches} micro-batches satisfy every constraint{warned}")
+            console.print(f"OK: {cliopts.plural(report.plans, 'plan')}, {cliopts.plural(report.pipelines, 'pipeline')}, "
+                          f"{cliopts.plural(report.micro_batches, 'micro-batch', 'micro-batches')} satisfy every "
+                          f"constraint{warned}")
         else:
-            console.print(f"{len(report.errors)} violations in {report.plans} plans{warned}")
+            console.print(f"{cliopts.plural(len(report.errors), 'violation')} in {cliopts.plural(report.plans, 'plan')}"
+                          f"{warned}")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -311,13 +317,14 @@ def compare(
         console.print_json(model_json(outcome.result))
         return
     r = outcome.result
-    columns = [Column(TABLE_HEADER[i], no_wrap=True, overflow="ellipsis", max_width=18 if i == 1 else None)
+    rows = table_rows(r)
+    columns = [Column(TABLE_HEADER[i], min_width=max(len(row[i]) for row in rows) if i == 1 else None)
                for i in STDOUT_COLUMNS]
     table = Table(*columns, box=box.SIMPLE_HEAD, title=f"{r.profile} {r.dataset} {r.gpus} GPUs "
                   f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations, {r.objective} objective")
-    for row in table_rows(r):
+    for row in rows:
         table.add_row(*(row[i] for i in STDOUT_COLUMNS))
-    (console if console.is_terminal else Console(width=120)).print(table)  # not 80 columns in logs: 9 columns
+    cliopts.print_table(table, piped_width=120)  # not 80 columns in logs: 9 columns
     line = wlb_line(r)
     if line:
         console.print(line)

@@ -278,9 +278,20 @@ def check_summary(summary: Summary, plans: dict[int, Plan], file: str) -> list[V
     return out
 
 
+def _same_run(plan: Plan, views: Views, file: str) -> None:
+    """UserError for a plan made for another profile, or for a job size the profile cannot lay out: every
+    check after that would fail for the same reason, so validating stops at the first such file."""
+    if plan.profile != views.profile.name:
+        raise UserError(f"{file}: field profile: the plan is for profile {plan.profile!r}, not {views.profile.name!r} "
+                        f"(pass --profile {plan.profile})")
+    cluster = views.of(plan.gpus)
+    if isinstance(cluster, UserError):
+        raise UserError(f"{file}: field gpus: {plan.gpus}: {cluster}")
+
+
 def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None = None) -> ValidationReport:
     """Validate one plan file, or a run folder (its plans in either form, and summary.json/strategies.json if
-    present)."""
+    present). A plan for another profile or job size is a UserError (`_same_run`), not a violation per file."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file or folder")
@@ -296,6 +307,7 @@ def validate_path(path: str | Path, profile: Profile, gpus_per_node: int | None 
     for f in files:
         plan = read_plan(f)
         name = str(f)
+        _same_run(plan, views, name)
         report.plans += 1
         report.pipelines += len(plan.pipelines)
         report.micro_batches += sum(len(p.micro_batches) for p in plan.pipelines)

@@ -3,6 +3,7 @@ and the compared methods all see them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,10 +39,29 @@ class Batch:
     @classmethod
     def of_lengths(cls, lengths: Sequence[int] | np.ndarray, iteration: int = 0) -> Batch:
         """A batch of plain sequence lengths, numbered 0..n-1 (what a data loader hands `Planner.plan`)."""
-        arr = np.asarray(lengths, dtype=np.int64)
-        if arr.ndim != 1 or arr.size == 0 or arr.min() < 1:
-            raise UserError(f"plan: lengths must be a non-empty 1-D list of positive integers (got shape {arr.shape})")
+        arr = _lengths(lengths)
         return cls(iteration=iteration, ids=np.arange(arr.size, dtype=np.int64), lengths=arr)
+
+
+def _lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Sequence lengths as int64, or UserError naming the first value that is not a positive integer (100.5
+    is refused, not rounded: a length is a count of tokens)."""
+    what = "plan: lengths must be a non-empty 1-D list of positive integers"
+    try:
+        arr = np.asarray(lengths)
+    except ValueError:  # ragged nesting
+        arr = np.asarray(lengths, dtype=object)
+    if arr.ndim != 1 or arr.size == 0:
+        raise UserError(f"{what} (got {lengths!r})" if arr.size <= 8 else f"{what} (got an array of shape {arr.shape})")
+    if not (arr.dtype.kind in "iuf" and bool(np.all(np.isfinite(arr) & (arr >= 1) & (arr == np.floor(arr))))):
+        i, x = next((i, x) for i, x in enumerate(arr.tolist()) if not _positive_integer(x))
+        raise UserError(f"{what}: lengths[{i}] is {x!r}")
+    return arr.astype(np.int64)
+
+
+def _positive_integer(x: object) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 1
+            and int(x) == x)
 
 
 def as_batch(batch: Batch | Sequence[int] | np.ndarray, iteration: int = 0) -> Batch:

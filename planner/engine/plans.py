@@ -74,5 +74,6 @@ def infeasible_error(batch: Batch, candidates: Iterable[ResolvedCandidate]) -> U
     best = max(c.max_len for c in candidates)
     return UserError(
         f"iteration {batch.iteration}: no candidate can hold a sequence of length {longest} "
-        f"(the largest MaxLen is {best}); lower --context-len or add a scheme with a larger max_len"
+        f"(the largest MaxLen is {best}); truncate sequences to at most {best} tokens (a shorter context length) or add a "
+        f"scheme with a larger max_len"
     )
