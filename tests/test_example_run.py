@@ -40,9 +40,8 @@ def test_the_committed_example_run_is_what_the_planner_plans_today(tmp_path):
     out = tmp_path / "example"
     res = subprocess.run([HYDRAPLAN, "pack", *example_args(), "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    lock = ".hydraplan.lock"  # pack's --out lock: left by `make example` too, never committed
-    committed = sorted(p.name for p in EXAMPLE.iterdir() if p.name != lock)
-    assert committed == sorted(p.name for p in out.iterdir() if p.name != lock)
+    committed = sorted(p.name for p in EXAMPLE.iterdir())
+    assert committed == sorted(p.name for p in out.iterdir())  # pack removed its --out lock (.hydraplan.lock)
     assert {"strategies.json", "summary.json", "iter_000000.json"} <= set(committed)
     for name in committed:
         fresh, kept = (json.loads((d / name).read_text()) for d in (out, EXAMPLE))

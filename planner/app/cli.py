@@ -43,4 +43,25 @@ cliopts.reflow_help(app, profiles_app, dataset_app)
 
 
 def main() -> None:
-    cliopts.run(app)
+    cliopts.run(_invoke)
+
+
+def _invoke() -> None:
+    """The app outside typer's standalone mode, so a usage error (an unknown flag, `--tokens-per-iter 1e9`) is one
+    line and exit 2, as every other user mistake, not a boxed panel; `-h`, `--version` and exit codes as before."""
+    import sys
+
+    click = sys.modules[typer.BadParameter.__module__]  # click.exceptions, or typer's own copy of it
+    try:
+        code = app(standalone_mode=False)
+    except click.NoArgsIsHelpError as e:  # typer has printed the help already
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        ctx = getattr(e, "ctx", None)
+        command = ctx.command_path.removeprefix(ctx.find_root().info_name or "").strip() if ctx is not None else ""
+        hint = f" (hydraplan {command} -h)".replace("  ", " ") if isinstance(e, click.UsageError) else ""
+        print(f"hydraplan: {command + ': ' if command else ''}{' '.join(e.format_message().split())}{hint}",
+              file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -52,7 +52,13 @@ def parse_model(cls: type[M], data: Any, source: str) -> M:
 
 
 def load_model(cls: type[M], path: str | Path) -> M:
-    return parse_model(cls, read_json(path), str(path))
+    """A file as its model; a file format with a `schema` tag must carry it (a model built in Python gets it
+    by default, a file without one is refused, as docs/formats.md says)."""
+    data = read_json(path)
+    tag = cls.model_fields.get("schema_")
+    if tag is not None and isinstance(data, dict) and "schema" not in data:
+        raise UserError(f"{path}: field schema: missing (this file must start with {{\"schema\": \"{tag.default}\", ...}})")
+    return parse_model(cls, data, str(path))
 
 
 def model_json(model: BaseModel) -> str:
