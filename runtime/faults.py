@@ -1,17 +1,19 @@
 """Failures in one line: an error inside training names the rank, host, iteration and plan file, and the whole
 job goes down within seconds, not at the collective timeout.
 
-A rank that fails prints one line, sets a key in the job's TCP store and exits with status 1; every rank
-polls that key on a daemon thread (`Watchdog`) and exits with status 1 without a word when it appears, so a
-rank blocked in an NCCL collective that will never complete leaves too. A rank whose own collective fails
-because a peer is gone (gloo: "Connection closed by peer") finds the key and leaves quietly as well, so the
-job prints the one line of the rank that failed first. Under torchrun, the launcher also stops the other
-workers as soon as one exits with an error (and prints its own summary).
+A rank that fails counts itself in the job's TCP store; the first to do so (an atomic add, so ranks that fail
+at the same moment, as on a bad batch every rank reads, elect one) prints one line, sets a key in the store
+and exits with status 1, the others exit with status 1 without a word. Every rank polls that key on a daemon
+thread (`Watchdog`) and exits quietly when it appears, so a rank blocked in an NCCL collective that will never
+complete leaves too. A rank whose own collective fails because a peer is gone (gloo: "Connection closed by
+peer") fails after that peer counted itself, so it leaves quietly as well: the job prints the one line of the
+rank that failed first. Under torchrun, the launcher also stops the other workers as soon as one exits with
+an error (and prints its own summary).
 
 Fault injection, to prove it (tests, drills on a new cluster): HYDRAPLAN_INJECT_FAULT=KIND@RANK:ITERATION
-makes rank RANK fail at the start of plan iteration ITERATION with KIND oom (torch.OutOfMemoryError, as an
-allocation would), comm (torch.distributed.DistBackendError, as a broken NCCL communicator would) or data
-(a bad-data error, as a token id beyond the vocabulary would).
+makes rank RANK (`*`: every rank at once) fail at the start of plan iteration ITERATION with KIND oom
+(torch.OutOfMemoryError, as an allocation would), comm (torch.distributed.DistBackendError, as a broken NCCL
+communicator would) or data (a bad-data error, as a token id beyond the vocabulary would).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ KINDS = ("oom", "comm", "data")
 POLL_S = 1.0  # how often every rank looks for another rank's failure
 LINGER_S = 2.5  # how long a failing rank that hosts the store keeps it up, so the others read the key first
 KEY = "hydraplan/run_plan/failed"
+COUNT = "hydraplan/run_plan/failures"
 
 
 class DataError(ValueError):
@@ -44,17 +47,18 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    rank: int
+    rank: int | None  # None: every rank
     iteration: int
 
 
 def parse(text: str) -> Fault:
-    """KIND@RANK:ITERATION, or UserError naming the variable and value."""
+    """KIND@RANK:ITERATION (RANK `*`: every rank), or UserError naming the variable and value."""
     kind, _, rest = text.partition("@")
     rank, _, iteration = rest.partition(":")
-    if kind not in KINDS or not rank.isdigit() or not iteration.isdigit():
-        raise UserError(f"{ENV}: {text!r} is not KIND@RANK:ITERATION with KIND one of {', '.join(KINDS)}")
-    return Fault(kind, int(rank), int(iteration))
+    if kind not in KINDS or not (rank.isdigit() or rank == "*") or not iteration.isdigit():
+        raise UserError(f"{ENV}: {text!r} is not KIND@RANK:ITERATION with KIND one of {', '.join(KINDS)} and RANK a "
+                        "number or *")
+    return Fault(kind, None if rank == "*" else int(rank), int(iteration))
 
 
 def configured() -> Fault | None:
@@ -65,9 +69,9 @@ def configured() -> Fault | None:
 def inject(rank: int, iteration: int) -> None:
     """Raise the configured fault if it is this rank's at this iteration."""
     f = configured()
-    if f is None or (f.rank, f.iteration) != (rank, iteration):
+    if f is None or f.rank not in (None, rank) or f.iteration != iteration:
         return
-    why = f"injected by {ENV}={f.kind}@{f.rank}:{f.iteration}"
+    why = f"injected by {ENV}={f.kind}@{'*' if f.rank is None else f.rank}:{f.iteration}"
     if f.kind == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB ({why})")
     if f.kind == "comm":
@@ -125,29 +129,25 @@ class Watchdog:
         """Training is over on this rank: stop watching (the rank hosting the store may leave first)."""
         self._stop.set()
 
-    def failed_elsewhere(self, wait_s: float = 2 * POLL_S) -> bool:
-        """Whether another rank has reported a failure (waiting up to wait_s for its key)."""
+    def first(self) -> bool:
+        """Whether this rank is the first of the job to fail (it prints the job's one line); always, alone."""
         if self.store is None:
-            return False
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                if self.store.check([KEY]):
-                    return True
-            except Exception:
-                return True  # its host is gone: that rank failed
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
+            return True
+        try:
+            return self.store.add(COUNT, 1) == 1
+        except Exception:
+            return False  # the store is gone: the rank or launcher hosting it failed first
 
     def handle(self, e: BaseException, iteration: int | None, source: str | None) -> None:
-        """An error reached the top of training on this rank: if another rank failed first (this one's collective
-        broke because that rank is gone), leave quietly; else this rank is the one that failed: print the one line
-        and, in a job of several ranks, tell every rank and leave with status 1 (a single process returns, and
-        its caller exits with 1)."""
-        if self.failed_elsewhere():
-            self._leave()
-        line = describe(e, self.rank, iteration, source, self.program)
+        """An error reached the top of training on this rank: `fail` with its one line."""
+        self.fail(describe(e, self.rank, iteration, source, self.program))
+
+    def fail(self, line: str, code: int = 1) -> None:
+        """This rank cannot go on: if another rank failed first (or at the same moment and counted first), leave
+        quietly; else print `line` and, in a job of several ranks, tell every rank and leave with `code` (a single
+        process returns, and its caller exits)."""
+        if not self.first():
+            self._leave(code)
         print(line, file=sys.stderr, flush=True)
         if self.store is None:
             return
@@ -155,14 +155,14 @@ class Watchdog:
             self.store.set(KEY, line)
         except Exception:
             pass
-        self._leave()
+        self._leave(code)
 
-    def _leave(self) -> NoReturn:
-        """Exit with status 1; the rank hosting the store (rank 0, unless torchrun's agent hosts it) first keeps
+    def _leave(self, code: int = 1) -> NoReturn:
+        """Exit with status `code`; the rank hosting the store (rank 0, unless torchrun's agent hosts it) first keeps
         it up a moment, so the ranks still polling read the failure instead of a broken connection."""
         if self.store is not None and self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             time.sleep(LINGER_S)
-        _exit(1)
+        _exit(code)
 
 
 def _exit(code: int) -> NoReturn:

@@ -68,7 +68,7 @@ from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, lnk_terms, scheme
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, ModelInfo, Plan, PlanPipeline
 from hydraplan.runtime import device as devices
-from hydraplan.runtime import lnk, lnk_streams
+from hydraplan.runtime import faults, lnk, lnk_streams
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.device import DTYPES, Device
@@ -77,7 +77,7 @@ from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_confi
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.recompute import MODES
-from hydraplan.runtime.replay import Replayer
+from hydraplan.runtime.replay import Replayer, StepStats
 
 STATE_BYTES_PER_PARAM = 12  # fp32 master weight + AdamW exp_avg + exp_avg_sq, sharded over all N GPUs
 MEMORY_REFITS = 3  # lengths measured beyond MEMORY_LENGTHS, each at the MaxLen of the fit before
@@ -303,24 +303,30 @@ def iteration_phases(replayer: Replayer, plan: Plan, clock: str) -> Phases:
     dist.barrier()
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, replayer.last_actions)
-    per = [0.0] * len(plan.pipelines)
+    return phases_of(stats, got, len(plan.pipelines), clock)
+
+
+def phases_of(stats: StepStats, got: list, pipelines: int, clock: str) -> Phases:
+    """`iteration_phases` from the step's statistics and every rank's Replayer.last_actions (None on a rank in
+    no pipeline). A pipeline without a micro-batch this iteration (idle: none of its ranks ran an action)
+    propagated for 0 s on either clock."""
+    actions = [[g[1:] for g in got if g is not None and g[0] == j] for j in range(pipelines)]
+    idle = [not any(secs for _, _, secs in stages) for stages in actions]
     if clock == "cpu":
-        for j in range(len(plan.pipelines)):
-            stages = [g[1:] for g in got if g is not None and g[0] == j]
-            per[j] = critical_path(stages) if stages else 0.0
-        prop = max(per)
+        per = [0.0 if idle[j] else critical_path(actions[j]) for j in range(pipelines)]
+        prop = max(per, default=0.0)
         whole = prop + stats.exposed_s + stats.step_s
     else:  # wall: pipelines run at once, only the slowest is seen
         prop = stats.propagate_s
-        per = [prop] * len(plan.pipelines)
+        per = [0.0 if idle[j] else prop for j in range(pipelines)]
         whole = stats.iteration_s
     return Phases(stats.pull_s, prop, stats.push_s, stats.step_s, stats.exposed_s, stats.peer_wait_s, whole, per,
                   stats.pull_wait_s)
 
 
-def check_plans(cfg: ModelConfig, args: argparse.Namespace, dev: Device) -> dict | None:
+def check_plans(cfg: ModelConfig, args: argparse.Namespace, dev: Device, at: list | None = None) -> dict | None:
     """Phase seconds of whole iterations of every plan (median of `repeats` after `warmup`, each phase on
-    its own; every repeat is a real training step)."""
+    its own; every repeat is a real training step). `at` is kept at the plan being replayed: [iteration, file]."""
     from hydraplan.runtime.plans import check_plan, load_plans
     from hydraplan.runtime.seq1f1b import check_splits
 
@@ -329,6 +335,8 @@ def check_plans(cfg: ModelConfig, args: argparse.Namespace, dev: Device) -> dict
     replayer.record_actions = True
     out = []
     for source, plan in load_plans(args.check, None):
+        if at is not None:
+            at[:] = [plan.iteration, source]
         check_plan(plan, source, world, cfg)
         check_splits(plan, source)
         runs = [iteration_phases(replayer, plan, args.clock) for _ in range(args.warmup + args.repeats)][args.warmup:]
@@ -383,10 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     dev = devices.pick()
     devices.init_distributed(dev, timedelta(seconds=args.timeout_s))
     args.dtype = args.dtype or devices.default_dtype(dev)
+    watchdog = faults.Watchdog(dist.get_rank(), "profile")  # one line for the job, whichever ranks fail
+    at: list = [None, None]  # the plan iteration and file --check replays
     try:
         cfg = get_config(args.model)
         if args.check:
-            result = check_plans(cfg, args, dev)
+            result = check_plans(cfg, args, dev, at)
         elif args.network:
             result = measure_network(cfg, [_pair(x) for x in args.network], args, dev)
         else:
@@ -395,9 +405,13 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(result, indent=1))
         return 0
     except UserError as e:
-        print(f"profile: {e}", file=sys.stderr, flush=True)
+        watchdog.fail(f"profile: {e}", 2)  # several ranks: never returns
         return 2
+    except Exception as e:
+        watchdog.handle(e, *at)
+        return 1
     finally:
+        watchdog.stop()
         dist.destroy_process_group()
 
 

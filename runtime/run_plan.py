@@ -44,6 +44,7 @@ if __name__ == "__main__":
 
 import argparse
 import gc
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -73,7 +74,8 @@ from hydraplan.store.profiles import load_profile
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        print(f"run_plan: {message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank parses the same arguments: one line for the job
+            print(f"run_plan: {message}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -328,6 +330,12 @@ def _agree(error: str | None) -> str | None:
     return next((e for e in errors if e), None)
 
 
+def _say_once(error: str) -> None:
+    """An error every rank has (they agreed on it): rank 0 prints its one line, the others exit quietly."""
+    if dist.get_rank() == 0:
+        print(f"run_plan: {error}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dev = device.pick()
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         except UserError as e:
             error = str(e)
         if (first := _agree(error)) is not None:
-            print(f"run_plan: {first}", file=sys.stderr, flush=True)
+            _say_once(first)
             return 2
         sources = {plan.iteration: source for source, plan in plans}
         only = [plan for _, plan in plans]
@@ -379,7 +387,7 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     except UserError as e:
         error = str(e)
     if (first := _agree(error)) is not None:
-        print(f"run_plan: {first}", file=sys.stderr, flush=True)
+        _say_once(first)
         return 2
     start = 0 if done is None else done + 1
     stop = min(config.iterations, args.stop_at) if args.stop_at is not None else config.iterations
@@ -391,8 +399,8 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     try:
         code = train(cfg, data, feed, groups, args, dev, weights, done,
                      lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving, alike=(UserError,))
-    except UserError as e:
-        print(f"run_plan: {e}", file=sys.stderr, flush=True)
+    except UserError as e:  # every rank refuses the same plan at the same point
+        _say_once(str(e))
         feed.close(abort=True)
         return 2
     feed.close()

@@ -270,7 +270,9 @@ def run_in_process(stages: Sequence[Seq1F1BStage], before: Callable[[int, Action
     next stage is cloned, as a receive buffer would be. `before(stage, action)` is called before each
     action. Raises RuntimeError if no stage can advance."""
     P = len(stages)
-    sched = schedule_seq1f1b(P, len(stages[0].views), len(stages[0].views[0]) if stages[0].views else 1)
+    if not stages[0].views:  # no micro-batch: nothing to run
+        return
+    sched = schedule_seq1f1b(P, len(stages[0].views), len(stages[0].views[0]))
     sent: dict[tuple[str, int, int, int], torch.Tensor | None] = {}
     ptr = [0] * P
     while any(ptr[r] < len(sched.stages[r]) for r in range(P)):
@@ -336,8 +338,10 @@ def run_seq1f1b(module: StageModule, mbs: Sequence[PackedBatch], splits: Sequenc
     shape handshake and empty splits are skipped by all stages alike; messages go in `p2p_batches`.
     `before_last_backward` is called right before the stage's last backward action (runtime/grads.py).
     """
-    K = len(splits[0]) - 1
     stage = Seq1F1BStage(module, mbs, splits, loss_scale, cp)
+    if not mbs:  # an idle pipeline (no sequence this iteration): every stage of it has no action and no message
+        return torch.zeros((), dtype=torch.float64, device=comm.device), stage
+    K = len(splits[0]) - 1
     actions = schedule_seq1f1b(comm.pp, len(mbs), K).stages[comm.stage]
     batches = p2p_batches(actions, comm.stage, comm.pp, K, stage.tokens)
     rank = {comm.stage - 1: comm.prev, comm.stage + 1: comm.next}

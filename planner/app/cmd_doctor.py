@@ -30,7 +30,7 @@ def doctor(
     failure. Without GPUs it runs the same on CPU with gloo."""
     import json
 
-    from hydraplan.app.measure import launch_runtime
+    from hydraplan.app.measure import failure_line, launch_runtime
 
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda (got {device!r})")
@@ -50,10 +50,9 @@ def doctor(
     report = res.result or {"environment": {}, "checks": []}
     done = {c["check"] for c in report["checks"]}
     if res.returncode != 0:  # the job ended early: the check that was running failed, with the job's one line
-        lines = [x for x in res.stderr.splitlines() if x.startswith("doctor: ")] or res.stderr.strip().splitlines()[-1:]
         missing = next((c for c in todo if c not in done), "runtime job")
         report["checks"].append({"check": missing, "passed": False,
-                                 "detail": lines[0] if lines else f"the runtime job exited {res.returncode}"})
+                                 "detail": failure_line(res.stderr, "doctor") or f"the runtime job exited {res.returncode}"})
     failed = [c["check"] for c in report["checks"] if not c["passed"]]
     if json_out:
         typer.echo(json.dumps({**report, "passed": not failed}, indent=1))

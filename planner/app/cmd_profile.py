@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from hydraplan.app import cliopts
 from hydraplan.app.cliopts import (
@@ -113,7 +112,7 @@ def _check(check: Path, profile_name: str, json_out: bool, runs: Runs) -> None:
     for r in rows:
         table.add_row(str(r.iteration), r.strategy, measure.describe_pipelines(r), f"{r.estimate_s:.4f}",
                       f"{r.measured_s:.4f}", f"{r.err:+.1%}", f"{r.propagation_err:+.1%}", f"{r.sync_err:+.1%}")
-    console.print(table)
+    cliopts.print_table(table)
     console.print(f"whole-iteration error: mean {summary['mean_rel_err']:.1%}, worst {summary['worst_rel_err']:.1%} "
                   f"(iteration {summary['worst_iteration']}) over {len(rows)} iterations; mean share of the measured "
                   f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
@@ -186,7 +185,7 @@ def _measure(out: Path, schemes: list[str] | None, modes: list[str] | None, gpus
         packed = "-" if f.packed_worst_rel_err is None else f"{f.packed_worst_rel_err:.1%}"
         table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",
                       f"{f.r2:.4f}", f"{f.worst_rel_err:.1%}", packed)
-    (console if console.is_terminal else Console(width=120)).print(table)  # 9 columns: not 80 in logs
+    cliopts.print_table(table, piped_width=120)  # 9 columns: not 80 in logs
     net = prof.network
     console.print(f"LNK pull/push: {net.intra_node_GBps:.3g} GB/s per rank within the node (inter-node set equal: one "
                   f"node measured); model.params {prof.model.params:,}")

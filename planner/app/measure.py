@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,13 +59,40 @@ def launch_runtime(module: str, args: Sequence[str], ranks: int, device: str, ti
 
 
 def run_runtime(args: Sequence[str], ranks: int, device: str, timeout_s: float) -> dict:
-    """Run runtime/profile.py (`launch_runtime`) and return the JSON it writes. Its one-line errors become UserError."""
+    """Run runtime/profile.py (`launch_runtime`) and return the JSON it writes. Its failure becomes a UserError
+    with the failing rank's own line (`failure_line`)."""
     res = launch_runtime(MODULE, args, ranks, device, timeout_s)
     if res.returncode != 0 or res.result is None:
-        lines = [x for x in res.stderr.splitlines() if x.startswith("profile: ")]
-        why = lines[0].removeprefix("profile: ") if lines else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
-        raise UserError(f"runtime/profile.py {' '.join(args)}: {why}")
+        why = failure_line(res.stderr, "profile") or f"exit {res.returncode} without a word"
+        raise UserError(f"runtime/profile.py {' '.join(args)}: {why.removeprefix('profile: ')}")
     return res.result
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?(?:rank)?\d+\]:\s?")
+
+
+def failure_line(stderr: str, program: str) -> str | None:
+    """The one line that says why a runtime job failed: the line the runtime printed (`PROGRAM: ...`, once per
+    job, runtime/faults.py); else the exception that ended the first rank with a traceback (a crash the
+    runtime did not catch), with its rank; else the end of torchrun's summary (which rank, which exit code or
+    signal); None for no output at all."""
+    lines = stderr.splitlines()
+    said = next((x for x in lines if x.startswith(f"{program}: ")), None)
+    if said is not None:
+        return said
+    for i, x in enumerate(lines):
+        if _RANK_PREFIX.sub("", x).startswith("Traceback (most recent call last)"):
+            rank = re.match(r"^\[(?:default)?(?:rank)?(\d+)\]", x)
+            tail = [_RANK_PREFIX.sub("", y) for y in lines[i + 1:]]
+            error = next((y for y in tail if y and not y[0].isspace()), None)
+            if error is not None and "ChildFailedError" not in error:  # not torchrun's own
+                return f"{'rank ' + rank.group(1) + ': ' if rank else ''}{error}"
+    summary = re.findall(r"^\s*rank\s*:\s*(\d+).*?^\s*exitcode\s*:\s*(.*?)$", stderr, re.M | re.S)
+    if summary:
+        rank, code = summary[0]
+        return f"rank {rank} exited with exit code {' '.join(code.split())}"
+    rest = [x.strip() for x in lines if x.strip()]
+    return rest[-1] if rest else None
 
 
 def _free_port() -> int:
