@@ -103,10 +103,11 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def print_table(table: Table, piped_width: int = 160) -> None:
-    """Print a table without cutting a cell: a column too narrow for a value folds it onto the next line
-    instead of ending it with an ellipsis (a plan file's path, a strategy), and a column with a min_width
-    keeps values of that width whole while the others wrap. Where stdout is not a terminal (a log, a pipe)
-    rich would assume 80 columns; the table gets `piped_width` there."""
+    """Print a table without cutting a cell: columns wrap at spaces (a strategy between its schemes), and a
+    word wider than its column (a plan file's path, a scheme on a narrow terminal) folds onto the next line
+    instead of ending in an ellipsis. (A column's min_width would not help: rich keeps it even when the table
+    then overflows the terminal, and the console crops the last columns.) Where stdout is not a terminal (a
+    log, a pipe) rich would assume 80 columns; the table gets `piped_width` there."""
     for column in table.columns:
         column.no_wrap, column.overflow = False, "fold"
     (console if console.is_terminal else Console(width=piped_width)).print(table)

@@ -63,7 +63,7 @@ def propose(
     labels = [strategy_label(c) for c in strategies.candidates]
     table = Table(title=f"{cluster.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
     table.add_column("name")
-    table.add_column("strategy", min_width=max(map(len, labels)))
+    table.add_column("strategy")
     for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
         table.add_column(header, justify="right" if header != "from" else "left")
     for c, label in zip(strategies.candidates, labels, strict=True):
@@ -318,8 +318,7 @@ def compare(
         return
     r = outcome.result
     rows = table_rows(r)
-    columns = [Column(TABLE_HEADER[i], min_width=max(len(row[i]) for row in rows) if i == 1 else None)
-               for i in STDOUT_COLUMNS]
+    columns = [Column(TABLE_HEADER[i]) for i in STDOUT_COLUMNS]
     table = Table(*columns, box=box.SIMPLE_HEAD, title=f"{r.profile} {r.dataset} {r.gpus} GPUs "
                   f"{r.tokens_per_iter} tokens/iter context {r.context_len}, {r.iterations} iterations, {r.objective} objective")
     for row in rows:

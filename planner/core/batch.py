@@ -54,7 +54,8 @@ def _lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0:
         raise UserError(f"{what} (got {lengths!r})" if arr.size <= 8 else f"{what} (got an array of shape {arr.shape})")
     if not (arr.dtype.kind in "iuf" and bool(np.all(np.isfinite(arr) & (arr >= 1) & (arr == np.floor(arr))))):
-        i, x = next((i, x) for i, x in enumerate(arr.tolist()) if not _positive_integer(x))
+        values = arr.tolist() if isinstance(lengths, np.ndarray) else list(lengths)  # as given, not as numpy cast them
+        i, x = next((i, x) for i, x in enumerate(values) if not _positive_integer(x))
         raise UserError(f"{what}: lengths[{i}] is {x!r}")
     return arr.astype(np.int64)
 
