@@ -113,8 +113,9 @@ def _check(check: Path, profile_name: str, json_out: bool, runs: Runs) -> None:
         table.add_row(str(r.iteration), r.strategy, measure.describe_pipelines(r), f"{r.estimate_s:.4f}",
                       f"{r.measured_s:.4f}", f"{r.err:+.1%}", f"{r.propagation_err:+.1%}", f"{r.sync_err:+.1%}")
     cliopts.print_table(table)
+    over = cliopts.plural(len(rows), "iteration")
     console.print(f"whole-iteration error: mean {summary['mean_rel_err']:.1%}, worst {summary['worst_rel_err']:.1%} "
-                  f"(iteration {summary['worst_iteration']}) over {len(rows)} iterations; mean share of the measured "
+                  f"(iteration {summary['worst_iteration']}) over {over}; mean share of the measured "
                   f"iteration: propagation {summary['mean_propagation_err']:+.1%}, sync {summary['mean_sync_err']:+.1%}")
 
 
