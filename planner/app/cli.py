@@ -59,9 +59,9 @@ def _invoke() -> None:
     except click.ClickException as e:
         ctx = getattr(e, "ctx", None)
         command = ctx.command_path.removeprefix(ctx.find_root().info_name or "").strip() if ctx is not None else ""
-        hint = f" (hydraplan {command} -h)".replace("  ", " ") if isinstance(e, click.UsageError) else ""
-        print(f"hydraplan: {command + ': ' if command else ''}{' '.join(e.format_message().split())}{hint}",
-              file=sys.stderr, flush=True)
+        where = f"{command}: " if command else ""
+        hint = f" ({' '.join(['hydraplan', *command.split(), '-h'])})" if isinstance(e, click.UsageError) else ""
+        print(f"hydraplan: {where}{' '.join(e.format_message().split())}{hint}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
     if isinstance(code, int) and code:
         sys.exit(code)
