@@ -69,7 +69,7 @@ def test_no_static_and_candidates_only_use_the_file_as_given(inputs):
     assert [c.name for c in placed.candidates] == ["mixed", "pp2"]
     # one forced candidate: every plan uses it, even where the static layout would be faster
     only = inputs["tmp"] / "only.json"
-    only.write_text(Strategies(candidates=[placed.candidates[1]]).model_dump_json())
+    only.write_text(Strategies(candidates=[placed.candidates[1]]).model_dump_json(by_alias=True))
     r = hp(*pack_args(inputs, out, "--strategies", only, "--no-static", "--candidates-only"))
     assert r.returncode == 0, r.stderr
     summary = Summary.model_validate_json((out / "summary.json").read_text())
