@@ -4,11 +4,14 @@ that fails shows the failing rank's own line (hydraplan.app.measure.failure_line
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import make_plan
 
 from hydraplan.app.measure import Runs, check_plans, failure_line
+from hydraplan.core.errors import UserError
 from hydraplan.runtime.model import CONFIGS, StageModule
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
 from hydraplan.runtime.profile import phases_of
@@ -58,14 +61,21 @@ def test_both_clocks_give_an_idle_pipeline_zero_seconds(pp):
 
 
 @pytest.mark.slow
-def test_profile_check_replays_a_run_with_an_idle_pipeline(tmp_path):
+def test_profile_check_replays_a_run_with_an_idle_pipeline(tmp_path, monkeypatch):
     """The issue's case: two data-parallel pipelines, a batch that fills only the first (issue 37: an IndexError
-    on the idle rank, the job ending in SIGABRT); replayed on 2 ranks with the cpu clock."""
+    on the idle rank, the job ending in SIGABRT); replayed on 2 ranks with the cpu clock. Then the same replay
+    with rank 1 failing: the error names that rank's own line, not torchrun's summary."""
     plan = make_plan(0, "dp", [(1, 1, [0], [[40, 10]]), (1, 1, [1], [])], gpus=2)
     write_model(tmp_path / "iter_000000.json", plan)
-    (row,) = check_plans(str(tmp_path), load_profile("cpu-tiny"), Runs(clock="cpu", warmup=0, repeats=1), timeout_s=240)
+    runs = Runs(clock="cpu", warmup=0, repeats=1)
+    (row,) = check_plans(str(tmp_path), load_profile("cpu-tiny"), runs, timeout_s=240)
     (busy, idle) = row.pipelines
     assert busy[2] > 0 and idle == ("<1,1,1>", 0.0, 0.0)
+    monkeypatch.setenv("HYDRAPLAN_INJECT_FAULT", "oom@1:0")
+    with pytest.raises(UserError) as e:
+        check_plans(str(tmp_path), load_profile("cpu-tiny"), runs, timeout_s=240)
+    assert re.search(r"--check .*: rank 1 on .*, iteration 0 \(.*iter_000000\.json\): out of memory: CUDA out of memory",
+                     str(e.value)) and "\n" not in str(e.value)
 
 
 TORCHRUN_ABORT = """[rank1]: Traceback (most recent call last):
