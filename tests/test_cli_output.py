@@ -183,3 +183,17 @@ def test_the_api_does_not_tell_a_python_caller_about_cli_flags():
                                         r"\d+ tokens") as e:
         planner.plan([10_000_000])
     assert "--" not in str(e.value)
+
+
+def test_validate_stops_at_a_plan_for_a_job_size_the_profile_cannot_lay_out(tmp_path):
+    from hydraplan.app.validate import validate_path
+    from hydraplan.store.profiles import load_profile
+
+    for i in range(2):
+        plan = json.loads((EXAMPLE / f"iter_{i:06d}.json").read_text())
+        plan["gpus"] = 1
+        (tmp_path / f"iter_{i:06d}.json").write_text(json.dumps(plan))
+    tiny = load_profile("cpu-tiny")
+    no_single = tiny.model_copy(update={"schemes": [s for s in tiny.schemes if s.gpus >= 2]})
+    with pytest.raises(UserError, match=r"^\S+/iter_000000\.json: field gpus: 1: profile cpu-tiny: no scheme fits in 1 GPU"):
+        validate_path(tmp_path, no_single)
