@@ -41,30 +41,63 @@ class WorkerError(RuntimeError):
 @dataclass
 class _Worker:
     process: BaseProcess
-    tasks: Connection  # parent -> worker: (k, batch), or EOF to stop
+    tasks: Connection  # parent -> worker: the solver, then (k, batch); EOF to stop
     results: Connection  # worker -> parent: (k, ok, result or (exception, traceback text))
     busy: list[int] = field(default_factory=list)
 
 
-def solve_in_order(solver: Solver, batches: Iterable[Any], workers: int, window: int) -> Iterator[Any]:
-    """`solver.solve` of every batch, in input order, `workers` processes solving up to `window` ahead.
-    `solver` is pickled once into each worker; spawn, not forkserver: workers are our own children (so they
-    can die with us) and no forkserver socket folder is left in /tmp when we are killed."""
-    pool: list[_Worker] = []
-    try:
-        for _ in range(workers):
-            pool.append(_start_worker(solver))
-        yield from _in_order(pool, iter(batches), window)
-    except BaseException:  # interrupted or failed: running solves are not needed, stop them now
-        for w in pool:
-            w.process.kill()
-        raise
-    finally:
-        for w in pool:
+class WorkerPool:
+    """`workers` planning processes, started at once, so that their imports overlap whatever the caller does
+    before it has a solver (pack: the dataset, the proposal, the static baseline). Spawn, not forkserver:
+    workers are our own children (so they can die with us) and no forkserver socket folder is left in /tmp
+    when we are killed. On an exception they are killed; otherwise they stop once their tasks are done."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self.workers.append(_start_worker())
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(kill=kind is not None)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def close(self, kill: bool = False) -> None:
+        for w in self.workers:
+            if kill:  # interrupted or failed: running solves are not needed
+                w.process.kill()
             w.tasks.close()  # an idle worker stops at the end of its task stream
-        for w in pool:
+        for w in self.workers:
             w.process.join()
             w.results.close()
+        self.workers = []
+
+    def solve_in_order(self, solver: Solver, batches: Iterable[Any], window: int) -> Iterator[Any]:
+        """`solver.solve` of every batch, in input order, up to `window` ahead; `solver` is pickled once into
+        each worker. Once per pool: it is closed afterwards."""
+        try:
+            for w in self.workers:
+                w.tasks.send(solver)
+            yield from _in_order(self.workers, iter(batches), window)
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self.close()
+
+
+def solve_in_order(solver: Solver, batches: Iterable[Any], workers: int, window: int) -> Iterator[Any]:
+    """`WorkerPool.solve_in_order` on a pool of `workers` started now."""
+    with WorkerPool(workers) as pool:
+        yield from pool.solve_in_order(solver, batches, window)
 
 
 def _in_order(pool: list[_Worker], batches: Iterator[Any], window: int) -> Iterator[Any]:
@@ -120,7 +153,7 @@ def _collect(pool: list[_Worker], done: dict[int, Any]) -> None:
             raise WorkerError(f"a planning worker (pid {w.process.pid}) died with exit code {w.process.exitcode}")
 
 
-def _start_worker(solver: Solver) -> _Worker:
+def _start_worker() -> _Worker:
     """Spawned with SIGINT blocked, a mask the child keeps: the terminal's Ctrl-C reaches every process of the
     group, and only the parent acts on it (a signal arriving meanwhile waits for the parent's unblock). The
     resource tracker, which spawn starts on first use, is started first: starting, it unblocks SIGINT."""
@@ -128,7 +161,7 @@ def _start_worker(solver: Solver) -> _Worker:
     ctx = get_context("spawn")
     task_read, task_write = ctx.Pipe(duplex=False)
     result_read, result_write = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_worker_main, args=(solver, task_read, result_write, os.getpid()),
+    process = ctx.Process(target=_worker_main, args=(task_read, result_write, os.getpid()),
                           name="hydraplan-planner", daemon=True)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -140,12 +173,16 @@ def _start_worker(solver: Solver) -> _Worker:
     return _Worker(process, task_write, result_read)
 
 
-def _worker_main(solver: Solver, tasks: Connection, results: Connection, parent: int) -> None:
-    """Plan each batch received, in order. A thread keeps receiving while the main thread plans and sends, so
-    parent and worker never both wait to write to each other."""
+def _worker_main(tasks: Connection, results: Connection, parent: int) -> None:
+    """Receive the solver, then plan each batch received, in order. A thread keeps receiving while the main
+    thread plans and sends, so parent and worker never both wait to write to each other."""
     _die_with(parent)
-    importlib.import_module("hydraplan.solve.dispatch")  # the first iteration's solver_s is then not import time
-    importlib.import_module("hydraplan.solve.packing")
+    for module in ("hydraplan.solve.dispatch", "hydraplan.solve.packing", "hydraplan.solve.ffd"):
+        importlib.import_module(module)  # while the parent prepares; the first solver_s is then not import time
+    try:
+        solver: Solver = tasks.recv()
+    except (EOFError, OSError):  # closed before planning anything
+        return
     plan_heap()
     inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
 
