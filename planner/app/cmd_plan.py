@@ -134,7 +134,6 @@ def pack(
                    static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
                    refine=not no_refine, bound=bound)
     progress = PackBar(out)
-    cliopts.on_interrupt(f"the plans written so far stay in {out}; run the same command with --resume to continue")
     with progress.bar, cliopts.Heartbeat(progress.line):
         summary = run_pack(config, progress)
     if json_out:
@@ -152,6 +151,7 @@ class PackBar:
         self.out = out
         self.done: int | None = None
         self.total: int | None = None
+        self._hint()
         self.bar = Progress(TextColumn("pack"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                             TextColumn("mean estimate {task.fields[mean]}"), TimeRemainingColumn(), console=err_console,
                             disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
@@ -160,6 +160,7 @@ class PackBar:
         self.task = self.bar.add_task("pack", total=total, completed=done, rate="", mean="-")
         self.t0, self.n, self.sum = self.bar.get_time(), 0, 0.0
         self.done, self.total = done, total
+        self._hint()
 
     def advance(self, it: IterationSummary) -> None:
         self.n += 1
@@ -167,6 +168,13 @@ class PackBar:
         self.sum += it.iteration_s if it.iteration_s is not None else it.estimate_s
         rate = self.n / max(self.bar.get_time() - self.t0, 1e-9)
         self.bar.update(self.task, advance=1, rate=f"{rate:.2f} it/s", mean=f"{self.sum / self.n:.3f} s")
+        self._hint()
+
+    def _hint(self) -> None:
+        """What the interrupted-run line adds: the plans on disk and how to continue."""
+        written = "" if self.total is None else f"{self.done} of {self.total} iterations planned; "
+        cliopts.on_interrupt(f"{written}the plans written stay in {self.out}; run the same command with --resume "
+                             "to continue")
 
     def line(self) -> str:
         if self.total is None:

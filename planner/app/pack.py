@@ -11,7 +11,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import closing
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -20,16 +20,17 @@ from hydraplan.core.batch import Batch
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import IterationSummary, OutlierDelay, PackArgs, Summary
 from hydraplan.engine.groups import GroupLedger
-from hydraplan.engine.planner import Planner
-from hydraplan.engine.pool import planning_heap, settle_heap
+from hydraplan.engine.pool import WorkerPool, planning_heap, settle_heap
 from hydraplan.engine.strategies import strategies_digest
-from hydraplan.methods.run import PlanRun
-from hydraplan.methods.static import StaticBaseline
 from hydraplan.store.fileio import load_model, model_json, write_model
 from hydraplan.store.planfile import read_plan, write_plan
 from hydraplan.store.profiles import load_profile
 from hydraplan.store.run import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
 from hydraplan.store.runlock import locked_folder
+
+if TYPE_CHECKING:
+    from hydraplan.engine.planner import Planner
+    from hydraplan.methods.static import StaticBaseline
 
 
 class PackProgress(Protocol):
@@ -39,12 +40,16 @@ class PackProgress(Protocol):
 
 def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summary:
     """Plan `config.iterations` sampled batches into config.out. The folder is locked for the run
-    (store/runlock.py): a second run on it fails at once instead of mixing plans."""
-    with locked_folder(config.out):
-        return _run_pack_locked(config, progress)
+    (store/runlock.py): a second run on it fails at once instead of mixing plans. The planning workers start
+    first, so that their start-up overlaps the run's preparation."""
+    workers = config.workers or os.cpu_count() or 1
+    with locked_folder(config.out), WorkerPool(workers if workers > 1 else 0) as pool:
+        return _run_pack_locked(config, progress, pool if pool.size else None)
 
 
-def _run_pack_locked(config: PackConfig, progress: PackProgress | None) -> Summary:
+def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: WorkerPool | None) -> Summary:
+    from hydraplan.methods.run import PlanRun  # the solvers load here, while the workers start
+
     profile = load_profile(config.profile)
     args = config.args(hashlib.sha256(model_json(profile).encode()).hexdigest())
     resumed = _resume_state(config, args)
@@ -70,12 +75,12 @@ def _run_pack_locked(config: PackConfig, progress: PackProgress | None) -> Summa
     write_model(config.out / STRATEGIES_FILE, planner.strategies)
     if progress is not None:
         progress.start(len(done), config.iterations)
-    _plan_all(config, planner, run.batches(len(done)), summary, run.baseline, progress)
+    _plan_all(config, planner, run.batches(len(done)), summary, run.baseline, progress, pool)
     return summary
 
 
 def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], summary: Summary,
-              baseline: StaticBaseline | None, progress: PackProgress | None) -> None:
+              baseline: StaticBaseline | None, progress: PackProgress | None, pool: WorkerPool | None) -> None:
     """Plan the batches in order, writing each plan and (now and then) the summary; the summary is written
     last whatever stops the run, so it records every plan written."""
     groups = GroupLedger(planner.scheme_keys, config.gpus)
@@ -84,9 +89,8 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
         summary.synthesized_iterations += groups.record(read_plan(plan_path(config.out, it.iteration, config.format)))
     summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
     writer = SummaryWriter(config.out, summary)
-    workers = config.workers or os.cpu_count() or 1
     try:
-        with planning_heap(), closing(planner.plan_stream(batches, workers=workers)) as stream:
+        with planning_heap(), closing(planner.plan_stream(batches, pool=pool)) as stream:
             for result in stream:
                 summary.synthesized_iterations += groups.record(result.plan)
                 summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside

@@ -38,7 +38,7 @@ from hydraplan.engine.candidate import (
     solver_path,
 )
 from hydraplan.engine.plans import IterationResult, build_plan, infeasible_error, solver_seed, with_sync
-from hydraplan.engine.pool import solve_in_order
+from hydraplan.engine.pool import WorkerPool, solve_in_order
 from hydraplan.engine.settings import PlanSettings
 from hydraplan.engine.strategies import resolve_strategies
 from hydraplan.solve.cad import best_cad
@@ -306,13 +306,18 @@ class Planner:
         return self.solve(batch, iteration).plan
 
     def plan_stream(self, batches: Iterable[Batch | Sequence[int] | np.ndarray], *, workers: int = 1,
-                    lookahead: int | None = None, start: int = 0) -> Iterator[IterationResult]:
+                    lookahead: int | None = None, start: int = 0, pool: WorkerPool | None = None
+                    ) -> Iterator[IterationResult]:
         """Plan batches in order, `workers` processes solving up to `lookahead` batches ahead.
 
         `batches` is consumed lazily (a data loader can keep feeding it); plain length arrays are numbered
-        from `start`. Results come back in input order whatever the worker count.
+        from `start`. Results come back in input order whatever the worker count. `pool`: processes started
+        earlier (engine.pool.WorkerPool), used instead of `workers` new ones.
         """
         items = (self.check_feasible(as_batch(b, start + k)) for k, b in enumerate(batches))
+        if pool is not None:
+            yield from pool.solve_in_order(self, items, lookahead or 2 * pool.size)
+            return
         if workers <= 1:
             yield from map(self.solve, items)
             return

@@ -1,21 +1,31 @@
-"""Planning iterations in worker processes that die with their parent, results in input order."""
+"""Planning iterations in worker processes that die with their parent, results in input order.
+
+A small pool of our own rather than concurrent.futures: Ctrl-C must stop it at any moment without a
+worker traceback, a hang or a leaked semaphore. Workers are spawned with SIGINT blocked (so they never
+see the terminal's Ctrl-C, not even while importing), talk to the parent over plain pipes (no locks or
+semaphores to leak), and on any exception in the parent they are killed and reaped before it propagates.
+"""
 
 from __future__ import annotations
 
 import gc
 import importlib
 import os
+import queue
 import signal
 import sys
 import threading
-from collections import deque
+import traceback
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
-from multiprocessing import get_context
+from dataclasses import dataclass, field
+from multiprocessing import get_context, resource_tracker
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 PR_SET_PDEATHSIG = 1
+PER_WORKER = 2  # batches sent ahead to one worker: it starts the next as soon as it sends a result
 
 
 class Solver(Protocol):
@@ -24,29 +34,180 @@ class Solver(Protocol):
     def solve(self, batch: Any) -> Any: ...
 
 
-_WORKER: Solver | None = None
+class WorkerError(RuntimeError):
+    """A worker's exception that could not be sent as itself, or the traceback behind one that was."""
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    tasks: Connection  # parent -> worker: the solver, then (k, batch); EOF to stop
+    results: Connection  # worker -> parent: (k, ok, result or (exception, traceback text))
+    busy: list[int] = field(default_factory=list)
+
+
+class WorkerPool:
+    """`workers` planning processes, started at once, so that their imports overlap whatever the caller does
+    before it has a solver (pack: the dataset, the proposal, the static baseline). Spawn, not forkserver:
+    workers are our own children (so they can die with us) and no forkserver socket folder is left in /tmp
+    when we are killed. On an exception they are killed; otherwise they stop once their tasks are done."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self.workers.append(_start_worker())
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(kill=kind is not None)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def close(self, kill: bool = False) -> None:
+        for w in self.workers:
+            if kill:  # interrupted or failed: running solves are not needed
+                w.process.kill()
+            w.tasks.close()  # an idle worker stops at the end of its task stream
+        for w in self.workers:
+            w.process.join()
+            w.results.close()
+        self.workers = []
+
+    def solve_in_order(self, solver: Solver, batches: Iterable[Any], window: int) -> Iterator[Any]:
+        """`solver.solve` of every batch, in input order, up to `window` ahead; `solver` is pickled once into
+        each worker. Once per pool: it is closed afterwards."""
+        try:
+            for w in self.workers:
+                w.tasks.send(solver)
+            yield from _in_order(self.workers, iter(batches), window)
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self.close()
 
 
 def solve_in_order(solver: Solver, batches: Iterable[Any], workers: int, window: int) -> Iterator[Any]:
-    """`solver.solve` of every batch, in input order, `workers` processes solving up to `window` ahead.
-    `solver` is pickled once into each worker; spawn, not forkserver: workers are our own children (so they
-    can die with us) and no forkserver socket folder is left in /tmp when we are killed."""
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
-                               initializer=_init_worker, initargs=(solver, os.getpid()))
-    pending: deque[Future[Any]] = deque()
+    """`WorkerPool.solve_in_order` on a pool of `workers` started now."""
+    with WorkerPool(workers) as pool:
+        yield from pool.solve_in_order(solver, batches, window)
+
+
+def _in_order(pool: list[_Worker], batches: Iterator[Any], window: int) -> Iterator[Any]:
+    done: dict[int, Any] = {}
+    sent = given = 0
+    more = True
+    while True:
+        while more and sent - given < window:
+            w = min(pool, key=lambda w: len(w.busy))
+            if len(w.busy) >= PER_WORKER:
+                break
+            batch = next(batches, _END)
+            if batch is _END:
+                more = False
+                break
+            w.tasks.send((sent, batch))
+            w.busy.append(sent)
+            sent += 1
+        if given in done:
+            yield done.pop(given)
+            given += 1
+            continue
+        if not more and given == sent:
+            return
+        _collect(pool, done)
+
+
+_END = object()
+
+
+def _collect(pool: list[_Worker], done: dict[int, Any]) -> None:
+    """Wait for results; a worker's exception raised here, a worker's death too."""
+    by_conn = {id(w.results): w for w in pool}
+    by_sentinel = {w.process.sentinel: w for w in pool}
+    ready = wait([w.results for w in pool] + list(by_sentinel))
+    for r in ready:
+        if isinstance(r, Connection):
+            w = by_conn[id(r)]
+            try:
+                k, ok, value = r.recv()
+            except EOFError:
+                continue  # it died: its sentinel says how
+            w.busy.remove(k)
+            if not ok:
+                exc, text = value
+                raise exc from WorkerError(text)
+            done[k] = value
+    for r in ready:
+        if not isinstance(r, Connection):
+            w = by_sentinel[r]
+            if w.results.poll():  # its last results are still in the pipe: read them first
+                return
+            raise WorkerError(f"a planning worker (pid {w.process.pid}) died with exit code {w.process.exitcode}")
+
+
+def _start_worker() -> _Worker:
+    """Spawned with SIGINT blocked, a mask the child keeps: the terminal's Ctrl-C reaches every process of the
+    group, and only the parent acts on it (a signal arriving meanwhile waits for the parent's unblock). The
+    resource tracker, which spawn starts on first use, is started first: starting, it unblocks SIGINT."""
+    resource_tracker.ensure_running()
+    ctx = get_context("spawn")
+    task_read, task_write = ctx.Pipe(duplex=False)
+    result_read, result_write = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_worker_main, args=(task_read, result_write, os.getpid()),
+                          name="hydraplan-planner", daemon=True)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for b in batches:
-            pending.append(pool.submit(_solve_in_worker, b))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    except BaseException:  # interrupted or failed: running solves are not needed, stop them now
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()
-        raise
+        process.start()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    task_read.close()
+    result_write.close()
+    return _Worker(process, task_write, result_read)
+
+
+def _worker_main(tasks: Connection, results: Connection, parent: int) -> None:
+    """Receive the solver, then plan each batch received, in order. A thread keeps receiving while the main
+    thread plans and sends, so parent and worker never both wait to write to each other."""
+    _die_with(parent)
+    for module in ("hydraplan.solve.dispatch", "hydraplan.solve.packing", "hydraplan.solve.ffd"):
+        importlib.import_module(module)  # while the parent prepares; the first solver_s is then not import time
+    try:
+        solver: Solver = tasks.recv()
+    except (EOFError, OSError):  # closed before planning anything
+        return
+    plan_heap()
+    inbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+
+    def receive() -> None:
+        try:
+            while True:
+                inbox.put(tasks.recv())
+        except (EOFError, OSError):
+            inbox.put(None)
+
+    threading.Thread(target=receive, name="hydraplan-inbox", daemon=True).start()
+    while (task := inbox.get()) is not None:
+        k, batch = task
+        try:
+            reply = (k, True, solver.solve(batch))
+        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
+            reply = (k, False, (e, traceback.format_exc()))
+        finally:
+            del task, batch
+            settle_heap()
+        try:
+            results.send(reply)
+        except Exception:  # noqa: BLE001 - the exception itself does not pickle
+            results.send((k, False, (WorkerError(traceback.format_exc()), "")))
+        del reply
 
 
 def _die_with(parent: int) -> None:
@@ -68,19 +229,6 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="hydraplan-parent-watch", daemon=True).start()
-
-
-def _init_worker(solver: Solver, parent: int) -> None:
-    """Die with the parent; leave Ctrl-C to it (it stops the pool and prints one line, so workers print no
-    KeyboardInterrupt tracebacks); keep the solver, and import the solvers now so the first iteration's
-    solver_s is not import time; the heap collected once per plan."""
-    global _WORKER
-    _die_with(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    importlib.import_module("hydraplan.solve.dispatch")
-    importlib.import_module("hydraplan.solve.packing")
-    _WORKER = solver
-    plan_heap()
 
 
 def settle_heap() -> None:
@@ -110,11 +258,3 @@ def planning_heap() -> Iterator[None]:
         gc.unfreeze()
         if enabled:
             gc.enable()
-
-
-def _solve_in_worker(batch: Any) -> Any:
-    assert _WORKER is not None
-    try:
-        return _WORKER.solve(batch)
-    finally:
-        settle_heap()

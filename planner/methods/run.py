@@ -14,23 +14,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 
-from hydraplan.core.batch import Batch
 from hydraplan.core.cluster import Cluster, Objective, default_synthesize
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Profile, Strategies
-from hydraplan.engine.planner import Planner
 from hydraplan.engine.settings import DispatchMethod, PlanSettings
-from hydraplan.engine.strategies import resolve_strategies, warn_placement, with_static_candidate
-from hydraplan.methods.static import StaticBaseline, static_baseline
-from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay
-from hydraplan.solve.proposal import propose
 from hydraplan.solve.seqsplit import parse_seq1f1b
-from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
-from hydraplan.store.fileio import load_model
+
+if TYPE_CHECKING:  # imported where used: a config (app/config.py) does not load the solvers
+    from hydraplan.core.batch import Batch
+    from hydraplan.engine.planner import Planner
+    from hydraplan.methods.static import StaticBaseline
+    from hydraplan.solve.delay import DelayRule
+    from hydraplan.store.datasets import Dataset
 
 C = TypeVar("C", bound=BaseModel)
 POSITIVE = {"context_len": "a positive number of tokens"}
@@ -116,6 +115,12 @@ class PlanRun:
     def prepare(cls, config: RunConfig, profile: Profile, strategies_file: Path | None = None) -> PlanRun:
         """Everything before the first plan. The candidates: --strategies, else `strategies_file` (a resumed pack
         run's own strategies.json), else proposed."""
+        from hydraplan.engine.planner import Planner
+        from hydraplan.engine.strategies import warn_placement, with_static_candidate
+        from hydraplan.methods.static import static_baseline
+        from hydraplan.solve.delay import hydraplan_rule
+        from hydraplan.store.datasets import load_dataset
+
         cluster = Cluster.of(profile, config.gpus, config.objective)
         dataset = load_dataset(config.dataset, config.context_len)
         context_len = config.context_len or int(dataset.lengths.max())
@@ -132,11 +137,15 @@ class PlanRun:
         """The batches of iterations [start, iterations). Under an outlier delay rule the queue is a function of
         the whole stream, so it is replayed from iteration 0 (sampling is cheap): a resumed run plans exactly
         what an uninterrupted one would."""
+        from hydraplan.solve.delay import outlier_delay
+
         if self.rule is None:
             return self._sampled(start)
         return islice(outlier_delay(self._sampled(0), self.rule, self.config.iterations), start, None)
 
     def _sampled(self, start: int) -> Iterator[Batch]:
+        from hydraplan.store.datasets import sample_iterations
+
         c = self.config
         for first in range(start, c.iterations, SAMPLE_CHUNK):
             n = min(SAMPLE_CHUNK, c.iterations - first)
@@ -145,6 +154,10 @@ class PlanRun:
 
 def _strategies(config: RunConfig, cluster: Cluster, dataset: Dataset, source: Path | None) -> Strategies:
     """The strategies file resolved, else the proposal's candidates."""
+    from hydraplan.engine.strategies import resolve_strategies
+    from hydraplan.solve.proposal import propose
+    from hydraplan.store.fileio import load_model
+
     if source is not None:
         return resolve_strategies(load_model(Strategies, source), cluster, context_len=config.context_len,
                                   source=str(source))

@@ -19,8 +19,6 @@ from functools import lru_cache
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.solve.dispatch import Infeasible
-from hydraplan.solve.ffd import first_fit_bins
 
 _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units in CP-SAT
 _TOL = 1e-12
@@ -275,6 +273,8 @@ def _pack_sorted(key: bytes, M: int, a: float, b: float, c: float, pp: int,
                  time_limit_s: float, rel_gap: float, seed: int, only_v: int) -> tuple | None:
     """pack() on lengths sorted longest first, cached: candidates often hand a pipeline the same
     sequences (one long sequence alone, say)."""
+    from hydraplan.solve.ffd import first_fit_bins  # compiled: loaded here, so importing this module stays cheap
+
     l = np.frombuffer(key, dtype=np.int64)
     w = (a * l.astype(np.float64) + b) * l
     ffd = first_fit_bins(l, M)
@@ -305,6 +305,8 @@ def _result(lengths: np.ndarray, out: tuple | None) -> PackResult | None:
 def _prepare(lengths: np.ndarray, scheme: Scheme) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and int(lengths.max()) > scheme.max_len:
+        from hydraplan.solve.dispatch import Infeasible
+
         raise Infeasible(int(lengths.max()), scheme.max_len)
     return lengths
 

@@ -19,10 +19,12 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
+import pandas  # noqa: F401 - imported here, not by pyarrow's first array: its Cython import swallows Ctrl-C
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
+import pyarrow.pandas_compat  # noqa: F401 - the same (pyarrow imports it with pandas)
 import pyarrow.parquet as pq
 
 from hydraplan.core.batch import Batch
