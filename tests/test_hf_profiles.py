@@ -183,3 +183,45 @@ def test_qwen2_config_reads_its_biases_and_mistral_is_llama():
                                          "num_local_experts": None}, "m")
     assert not mistral.qkv_bias and mistral.rope_type == "default" and mistral.theta == 10000.0
     assert FRAMEWORK.fragmentation == FRAG
+
+
+# --------------------------------------------------------------------------------- the usual flow on them
+def test_the_readme_command(tmp_path, monkeypatch):
+    """README's "Your own model": the command as written, on a config.json of one's own."""
+    (tmp_path / "config.json").write_bytes(LLAMA8.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    r = run(*"profiles generate --hf-config config.json --gpu h200 --out my-model.json".split())
+    assert r.exit_code == 0 and r.output == "wrote my-model.json\n"
+    mine, bundled = load_profile("my-model.json"), load_profile("h200-llama3.1-8b")
+    assert mine.name == "h200-config" and mine.schemes == bundled.schemes
+
+
+@pytest.mark.parametrize("name", ["h100-llama3.1-8b", "h100-llama3.1-70b"])
+def test_pack_validate_and_compare_on_the_generated_profiles(tmp_path, name):
+    """64 GPUs, 32K context, one 200K-token batch of prolong: the plans validate (every constraint and estimate
+    recomputed from the profile), pack is no slower than Megatron on the same batch (its layout is a candidate),
+    and compare's methods train exactly the sampled batch within each scheme's MaxLen."""
+    import numpy as np
+
+    from hydraplan.app.config import PackConfig
+    from hydraplan.app.pack import run_pack
+    from hydraplan.app.validate import validate_path
+    from hydraplan.methods import compare as cp
+
+    summary = run_pack(PackConfig(profile=name, dataset="builtin:prolong", gpus=64, tokens_per_iter=200_000,
+                                  iterations=1, out=tmp_path / "run", workers=1, context_len=32768))
+    report = validate_path(tmp_path / "run", load_profile(name))
+    assert report.ok and report.plans == 1 and report.micro_batches > 0
+    (it,) = summary.iterations
+    assert summary.mean_iteration_s <= it.baselines_iteration_s["megatron"] * (1 + 1e-9)
+    outcome = cp.run_compare(cp.CompareConfig(profile=name, dataset="builtin:prolong", gpus=64, tokens_per_iter=200_000,
+                                              iterations=1, context_len=32768,
+                                              methods=("megatron", "wlb-llm")))  # hydraplan's: pack above
+    (batch,) = outcome.batches
+    for method, run_ in outcome.runs.items():
+        (plan,) = run_.plans
+        mbs = [mb for ph in plan.phases for p in ph.pipelines for mb in p.micro_batches]
+        assert sorted(plan.lengths[np.concatenate(mbs)].tolist()) == sorted(batch.tolist()), method
+        for ph in plan.phases:
+            for p in ph.pipelines:
+                assert all(int(plan.lengths[mb].sum()) <= p.scheme.max_len for mb in p.micro_batches), method
