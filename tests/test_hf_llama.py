@@ -10,6 +10,7 @@ modules' own formulas in fp64, the only change to the model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from helpers import free_port, make_plan
 
 from hydraplan.core.errors import UserError
+from hydraplan.core.hfconfig import model_spec, parse_hf_config
 from hydraplan.runtime import hf
 from hydraplan.runtime.batches import IGNORE, TokenData, micro_batch_seqs
 from hydraplan.runtime.lnk import owner_ranges
@@ -108,6 +110,32 @@ def test_config_json_becomes_the_model(saved):
     assert cfg == ModelConfig(f"hf:{folder.name}", vocab=128, hidden=32, layers=4, heads=4, kv_heads=2, ffn=64,
                               rope_theta=10000.0, norm_eps=1e-5, qkv_bias=folder.name.startswith("qwen2"))
     assert not tied
+    # the runtime's parameters are transformers', and the analytic cost model counts the same (biases included)
+    _, model = saved
+    runtime = sum(s.numel for s in param_specs(cfg))
+    assert runtime == sum(p.numel() for p in model.parameters())
+    spec = model_spec(parse_hf_config(json.loads((folder / "config.json").read_text()), "c"), "k", "k", "s")
+    assert spec.params == runtime
+
+
+def test_run_plan_and_profile_take_the_model_from_a_config_json(saved, tmp_path, monkeypatch, capsys):
+    """run_plan --hf-config FILE: seeded weights for the config's model (GQA, Qwen2's biases), equal to the
+    single-process reference; profile's --model takes a config.json path and checks layouts against its K/V heads."""
+    from hydraplan.app.cmd_profile import _schemes_to_measure
+    from hydraplan.runtime.run_plan import main
+    from hydraplan.store.fileio import write_model
+
+    folder, _ = saved
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plan = make_plan(0, "S", [(1, 1, [0], [[5, 9], [4]])], gpus=1)
+    write_model(tmp_path / "plan.json", plan)
+    config = str(folder / "config.json")
+    assert main([str(tmp_path / "plan.json"), "--hf-config", config, "--dtype", "fp64", "--verify"]) == 0
+    assert float(capsys.readouterr().out.split("max_abs_param_diff=")[1].split()[0]) <= 1e-12
+    assert _schemes_to_measure(["2,1"], ["none"], config, 4) == [(2, 1, 1, "none")]
+    with pytest.raises(UserError, match="tp=4 does not divide the model's kv_heads=2"):
+        _schemes_to_measure(["4,1"], ["none"], config, 4)
 
 
 def test_one_rank_logits_loss_and_gradients(saved):
@@ -162,8 +190,6 @@ def test_each_owner_reads_its_range_of_sharded_safetensors(tmp_path, world):
     ({"vocab_size": None}, "field vocab_size"),
 ])
 def test_unsupported_configs_are_refused_in_one_line(tmp_path, edit, message):
-    import json
-
     base = {"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4}
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in (base | edit).items() if v is not None}))
