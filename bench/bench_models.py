@@ -29,7 +29,8 @@ PROFILES = ("h100-llama2-7b", "h100-llama3.1-8b", "h100-llama3.1-70b")
 SETTINGS = {"64_32k": {"gpus": 64, "context_len": 32768, "tokens_per_iter": 1 << 20, "iterations": 2},
             "512_128k": {"gpus": 512, "context_len": 131072, "tokens_per_iter": 1 << 22, "iterations": 1}}
 METHODS = ("megatron", "wlb-nodelay", "flexsp", "hydraplan")
-SMOKE = {"64_32k": {"gpus": 64, "context_len": 16384, "tokens_per_iter": 1 << 17, "iterations": 1}}
+SMOKE = {"64_32k": {"gpus": 64, "context_len": 16384, "tokens_per_iter": 1 << 17, "iterations": 1},
+         "512_128k": {"gpus": 64, "context_len": 32768, "tokens_per_iter": 1 << 17, "iterations": 1}}
 
 
 def terms() -> list[dict]:
