@@ -326,6 +326,8 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, worst_fit: float) 
     if (gpu.key, model.key) in HYDRAULIS_MAX_LEN:
         notes["max_len_vs_hydraulis"] = _hydraulis_note(gpu, model, fw)
     notes.update(memory_notes(fw))
+    if model.kv_dim != model.hidden:
+        notes["memory.kv"] = notes["memory.kv"].replace("4*hidden/tp", f"4*kv_dim/tp, kv_dim = {model.kv_dim},")
     return notes
 
 

@@ -51,7 +51,7 @@ def hf_profile(config: str | Path, gpu: str, name: str | None = None) -> Profile
     source = (f"{path.name} ({', '.join(cfg.architectures or [cfg.model_type])}): {cfg.num_hidden_layers} layers, hidden "
               f"{cfg.hidden_size}, FFN {cfg.intermediate_size}, {cfg.num_attention_heads} heads, {kv} K/V heads, vocab "
               f"{cfg.vocab_size:,}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings, "
-              f"{'QKV bias' if cfg.qkv_bias else 'no bias'}, RoPE base {cfg.theta:g}"
+              f"{'QKV bias' if cfg.qkv_bias else 'no bias'}, RoPE base {cfg.theta:,.0f}"
               + (f" ({cfg.rope_type} scaling: no cost term)" if cfg.rope_type != "default" else ""))
     spec = model_spec(cfg, path.stem, path.stem, source)
     return analytic_profile(GPUS[gpu], spec, name=name)
