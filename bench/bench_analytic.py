@@ -1,4 +1,4 @@
-"""The bundled analytic profiles (hydraplan.core.analytic) as shipped: schemes per profile and their MaxLen range
+"""The bundled analytic LLaMA-2 profiles (hydraplan.core.analytic) as shipped: schemes per profile and their MaxLen range
 at the reference job size, and the A800 LLaMA-2 7B profile against Hydraulis' fitted coefficients and published
 MaxLen: the time coefficients a, b, c as ratios ours / theirs; MaxLen of the shipped profile (sequence
 parallelism and fp32 gradient accumulators, as the runtime) without recomputation against Hydraulis', and with
@@ -8,6 +8,7 @@ selective and full recomputation. Model arithmetic only, no timing. Writes bench
 from __future__ import annotations
 
 from bench.run import Run
+from hydraplan.core.hardware import MODELS
 from hydraplan.store.profiles import bundled_profiles, load_profile
 from tests.helpers import HYDRAULIS_MAX_LEN, HYDRAULIS_TIME
 
@@ -18,7 +19,7 @@ def main(run: Run) -> None:
     profiles = [load_profile(p.stem) for p in bundled_profiles()]
     analytic = {p.name: {"schemes": len(p.schemes), "max_len_min": min(s.max_len for s in p.schemes),
                          "max_len_max": max(s.max_len for s in p.schemes), "reference_gpus": p.reference_gpus}
-                for p in profiles if p.source == "analytic"}
+                for p in profiles if p.source == "analytic" and p.model.name in MODELS}  # LLaMA-2's: bench_models has the rest
     ours = load_profile(PROFILE)
     rows = []
     for key in sorted(HYDRAULIS_TIME.keys() | HYDRAULIS_MAX_LEN.keys(), key=lambda k: k[0]):

@@ -1,9 +1,10 @@
-"""Hugging Face Llama checkpoints (config.json + safetensors) in the runtime's canonical layout.
+"""Hugging Face Llama, Mistral and Qwen2 checkpoints (config.json + safetensors) in the runtime's canonical layout.
 
 Names and layouts (runtime/model.py stores the row-parallel weights input-major, so two are transposed):
     model.embed_tokens.weight                       embed.weight
     model.layers.i.input_layernorm.weight           layers.i.attn_norm.weight
     model.layers.i.self_attn.{q,k,v}_proj.weight    layers.i.attn.{wq,wk,wv}
+    model.layers.i.self_attn.{q,k,v}_proj.bias      layers.i.attn.{bq,bk,bv}   (Qwen2)
     model.layers.i.self_attn.o_proj.weight          layers.i.attn.wo      = o_proj.T
     model.layers.i.post_attention_layernorm.weight  layers.i.mlp_norm.weight
     model.layers.i.mlp.{gate,up}_proj.weight        layers.i.mlp.{w_gate,w_up}
@@ -26,13 +27,18 @@ import numpy as np
 import torch
 
 from hydraplan.core.errors import UserError
-from hydraplan.runtime.model import ModelConfig, ParamSpec, param_specs
+from hydraplan.core.hfconfig import parse_hf_config
+from hydraplan.runtime.model import ModelConfig, ParamSpec, get_config, param_specs
+from hydraplan.store.fileio import read_json
 
 _LAYER = {
     "attn_norm.weight": ("input_layernorm.weight", False),
     "attn.wq": ("self_attn.q_proj.weight", False),
     "attn.wk": ("self_attn.k_proj.weight", False),
     "attn.wv": ("self_attn.v_proj.weight", False),
+    "attn.bq": ("self_attn.q_proj.bias", False),
+    "attn.bk": ("self_attn.k_proj.bias", False),
+    "attn.bv": ("self_attn.v_proj.bias", False),
     "attn.wo": ("self_attn.o_proj.weight", True),
     "mlp_norm.weight": ("post_attention_layernorm.weight", False),
     "mlp.w_gate": ("mlp.gate_proj.weight", False),
@@ -55,36 +61,34 @@ def hf_name(name: str, tied: bool) -> tuple[str, bool]:
 
 
 def read_config(folder: str | Path) -> tuple[ModelConfig, bool]:
-    """The model of a Hugging Face Llama folder's config.json, and whether its embeddings are tied.
-    UserError (one line) for what the runtime's decoder does not implement."""
+    """The model of a Hugging Face folder's config.json, and whether its embeddings are tied."""
     path = Path(folder) / "config.json"
-    src = f"--init-from: {path}"
+    return config_from_file(path, f"--init-from: {path}", f"hf:{Path(folder).name}")
+
+
+def model_config(model: str) -> ModelConfig:
+    """A runtime model config by name (runtime/model.py CONFIGS), or the model of a config.json given by its path."""
+    if model.endswith(".json"):
+        return config_from_file(model, f"--hf-config {model}", f"hf:{Path(model).stem}")[0]
+    return get_config(model)
+
+
+def config_from_file(path: str | Path, src: str, name: str) -> tuple[ModelConfig, bool]:
+    """The runtime's model of a config.json (Llama, Mistral or Qwen2: hydraplan.core.hfconfig, the config the
+    analytic profiles read), and whether its embeddings are tied. UserError (one line, `src` and the field) for
+    what the decoder does not implement, the analytic model's refusals and RoPE scaling."""
     try:
-        c = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{src}: no such file") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{src}: cannot read: {e}") from None
-    if c.get("model_type") != "llama":
-        raise UserError(f"{src}: field model_type: {c.get('model_type')!r} is not 'llama'")
-    for field, want in (("hidden_act", "silu"), ("rope_scaling", None), ("attention_bias", False), ("mlp_bias", False)):
-        if c.get(field, want) != want:
-            raise UserError(f"{src}: field {field}: {c[field]!r} is not supported (the runtime implements {want!r})")
-    rope = c.get("rope_parameters") or {}  # transformers >= 5; older configs: rope_theta and rope_scaling
-    if rope.get("rope_type", "default") != "default":
-        raise UserError(f"{src}: field rope_parameters.rope_type: {rope['rope_type']!r} is not supported "
-                        "(the runtime implements 'default')")
-    try:
-        heads = int(c["num_attention_heads"])
-        cfg = ModelConfig(name=f"hf:{Path(folder).name}", vocab=int(c["vocab_size"]), hidden=int(c["hidden_size"]),
-                          layers=int(c["num_hidden_layers"]), heads=heads, kv_heads=int(c.get("num_key_value_heads") or heads),
-                          ffn=int(c["intermediate_size"]), rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-                          norm_eps=float(c.get("rms_norm_eps", 1e-6)))
-    except KeyError as e:
-        raise UserError(f"{src}: field {e.args[0]}: missing") from None
-    if c.get("head_dim") not in (None, cfg.head_dim):
-        raise UserError(f"{src}: field head_dim: {c['head_dim']} differs from hidden_size/num_attention_heads={cfg.head_dim}")
-    return cfg, bool(c.get("tie_word_embeddings", False))
+        data = read_json(path)
+    except UserError as e:
+        raise UserError(f"{src}: {str(e).removeprefix(f'{path}: ')}") from None
+    c = parse_hf_config(data, src)
+    if c.rope_type != "default":
+        field = "rope_parameters.rope_type" if c.rope_parameters else "rope_scaling"
+        raise UserError(f"{src}: field {field}: {c.rope_type!r} is not supported (the runtime implements 'default')")
+    cfg = ModelConfig(name=name, vocab=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers,
+                      heads=c.num_attention_heads, kv_heads=c.kv_heads, ffn=c.intermediate_size, rope_theta=c.theta,
+                      norm_eps=c.rms_norm_eps, qkv_bias=c.qkv_bias)
+    return cfg, c.tie_word_embeddings
 
 
 class Checkpoint:

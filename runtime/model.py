@@ -53,6 +53,7 @@ class ModelConfig:
     ffn: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    qkv_bias: bool = False  # biases on the Q, K, V projections (Qwen2)
 
     @property
     def head_dim(self) -> int:
@@ -95,7 +96,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     sharded: bool  # split along dim 0 across TP ranks; else replicated
     layer: int  # -1: embedding, 0..L-1: decoder layer, L: final norm and head
-    init: Literal["normal", "ones"]
+    init: Literal["normal", "ones", "zeros"]
 
     @property
     def numel(self) -> int:
@@ -117,6 +118,11 @@ def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
             ParamSpec(p + "attn.wq", (cfg.heads * D, H), True, i, "normal"),
             ParamSpec(p + "attn.wk", (cfg.kv_heads * D, H), True, i, "normal"),
             ParamSpec(p + "attn.wv", (cfg.kv_heads * D, H), True, i, "normal"),
+        ]
+        if cfg.qkv_bias:  # column-parallel like their weights: TP rank t adds its heads' slice
+            specs += [ParamSpec(p + f"attn.b{x}", (n * D,), True, i, "zeros")
+                      for x, n in (("q", cfg.heads), ("k", cfg.kv_heads), ("v", cfg.kv_heads))]
+        specs += [
             ParamSpec(p + "attn.wo", (cfg.heads * D, H), True, i, "normal"),
             ParamSpec(p + "mlp_norm.weight", (H,), False, i, "ones"),
             ParamSpec(p + "mlp.w_gate", (cfg.ffn, H), True, i, "normal"),
@@ -153,8 +159,8 @@ def init_range(spec: ParamSpec, index: int, seed: int, lo: int, hi: int, dtype: 
     """Elements [lo, hi) of parameter `index`'s flattened canonical initial value. An optimizer owner
     generates only its shard (plus at most two partial chunks), not the whole model; every owner, the
     single-process reference and any world size see the same values."""
-    if spec.init == "ones":
-        return torch.ones(hi - lo, dtype=dtype)
+    if spec.init in ("ones", "zeros"):
+        return (torch.ones if spec.init == "ones" else torch.zeros)(hi - lo, dtype=dtype)
     parts = []
     for c in range(lo // INIT_CHUNK, -(-hi // INIT_CHUNK)):
         start, end = c * INIT_CHUNK, min((c + 1) * INIT_CHUNK, spec.numel)
@@ -236,6 +242,11 @@ class Attention(nn.Module):
         self.wk = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
         self.wv = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
         self.wo = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, cfg.hidden, **kw))
+        self.bias = cfg.qkv_bias
+        if cfg.qkv_bias:
+            self.bq = nn.Parameter(torch.empty(cfg.heads * cfg.head_dim // tp.size, **kw))
+            self.bk = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, **kw))
+            self.bv = nn.Parameter(torch.empty(cfg.kv_heads * cfg.head_dim // tp.size, **kw))
 
     def forward(self, x, cos, sin, mb: PackedBatch):
         q, k, v = self.qkv(x, cos, sin, mb.num_tokens)
@@ -246,8 +257,12 @@ class Attention(nn.Module):
         return self.out(o)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
-        """Post-RoPE queries, keys and values [n, heads/tp, head_dim] of the n tokens whose SP rows are x."""
-        q, k, v = (y.unflatten(-1, (-1, self.head_dim)) for y in gather_linear(x, n, self.tp, self.wq, self.wk, self.wv))
+        """Post-RoPE queries, keys [n, heads/tp or kv_heads/tp, head_dim] and values of the n tokens whose SP rows
+        are x (grouped-query attention: each K/V head serves heads/kv_heads query heads, attention.py)."""
+        q, k, v = gather_linear(x, n, self.tp, self.wq, self.wk, self.wv)
+        if self.bias:
+            q, k, v = q + self.bq, k + self.bk, v + self.bv
+        q, k, v = (y.unflatten(-1, (-1, self.head_dim)) for y in (q, k, v))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def core(self, fn, q: torch.Tensor, *args, windows: Windows) -> torch.Tensor:

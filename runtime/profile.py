@@ -68,12 +68,12 @@ from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, lnk_terms, scheme
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, ModelInfo, Plan, PlanPipeline
 from hydraplan.runtime import device as devices
-from hydraplan.runtime import faults, lnk, lnk_streams
+from hydraplan.runtime import faults, hf, lnk, lnk_streams
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.device import DTYPES, Device
 from hydraplan.runtime.memstats import map_large_allocations
-from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, get_config, init_full, load_full, param_specs
+from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.plans import rank_roles
 from hydraplan.runtime.recompute import MODES
@@ -93,7 +93,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--check", default=None, help="plan folder (or file) to replay as whole iterations")
     ap.add_argument("--network", action="append", default=None, metavar="TP,PP",
                     help="time LNK pull/push of a homogeneous <TP,PP> layout over all ranks (repeat for several)")
-    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--model", default="tiny", help="a runtime model config, or a Hugging Face config.json (its path)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="wall", help="see the module docstring")
     ap.add_argument("--capacity-bytes", type=float, default=2**30, help="usable memory per device for MaxLen")
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = faults.Watchdog(dist.get_rank(), "profile")  # one line for the job, whichever ranks fail
     at: list = [None, None]  # the plan iteration and file --check replays
     try:
-        cfg = get_config(args.model)
+        cfg = hf.model_config(args.model)
         if args.check:
             result = check_plans(cfg, args, dev, at)
         elif args.network:

@@ -22,7 +22,8 @@ The loss is the token mean over the whole global batch, so the result equals sin
 the same batch; `--verify` checks exactly that against runtime/reference.py.
 Without torchrun it runs as a single process. CUDA (NCCL, bf16 by default, TF32 allowed) is used when present,
 else CPU (gloo, fp32 by default); every time and byte it reports is read through runtime/device.py.
---init-from loads a local Hugging Face Llama checkpoint (runtime/hf.py: each owner reads only its shard);
+--init-from loads a local Hugging Face Llama, Mistral or Qwen2 checkpoint (runtime/hf.py: each owner reads only its
+shard); --hf-config FILE takes the model from a config.json alone (seeded initial weights);
 --save / --resume write and read the sharded masters, AdamW states and step (runtime/checkpoint.py).
 --memory prints each rank's peak bytes per step (the C heap on CPU, the CUDA caching allocator on GPU) next
 to the memory model of the plan's profile for the rank's scheme, stage and largest micro-batch.
@@ -89,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help=f"model config: {', '.join(CONFIGS)} (default tiny)")
     ap.add_argument("--init-from", default=None, metavar="DIR",
                     help="start from a local Hugging Face Llama checkpoint (config.json + safetensors); sets the model")
+    ap.add_argument("--hf-config", default=None, metavar="FILE",
+                    help="the model of a Hugging Face config.json (Llama, Mistral, Qwen2), seeded initial weights")
     ap.add_argument("--save", default=None, metavar="DIR",
                     help="after the last iteration, save the sharded masters and AdamW states")
     ap.add_argument("--resume", default=None, metavar="DIR",
@@ -227,10 +230,13 @@ def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]
     """The model config and, with --init-from (unless resuming), the checkpoint to read weights from."""
     if args.verify and args.resume:
         raise UserError("--verify and --resume: give one (the reference would start from the initial weights)")
+    given = [f for f, v in (("--model", args.model), ("--init-from", args.init_from), ("--hf-config", args.hf_config)) if v]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)}: give one (--init-from and --hf-config take the model from a config.json)")
+    if args.hf_config is not None:
+        return hf.config_from_file(args.hf_config, f"--hf-config {args.hf_config}", f"hf:{Path(args.hf_config).stem}")[0], None
     if args.init_from is None:
         return get_config(args.model or "tiny"), None
-    if args.model is not None:
-        raise UserError("--model and --init-from: give one (--init-from takes the model from DIR/config.json)")
     if args.resume:
         return hf.read_config(args.init_from)[0], None
     ckpt = hf.Checkpoint(args.init_from)

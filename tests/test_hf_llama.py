@@ -1,6 +1,7 @@
-"""The runtime against Hugging Face transformers' LlamaForCausalLM holding the same weights (fp64, packed
-documents with per-document position_ids, use_cache=False): logits, loss and every gradient within 1e-10,
-on one rank and through the replay path on four ranks with TP and PP. The weights travel the way a user's
+"""The runtime against Hugging Face transformers' LlamaForCausalLM and Qwen2ForCausalLM (grouped-query attention,
+Qwen2's QKV biases) holding the same weights (fp64, packed documents with per-document position_ids,
+use_cache=False): logits, loss and every gradient within 1e-10, on one rank and through the replay path on four
+ranks with TP, PP and CP. The weights travel the way a user's
 would: save_pretrained (config.json + safetensors), then runtime/hf.py's loader.
 
 transformers computes its RoPE cos/sin tables (LlamaRotaryEmbedding) and its RMSNorm statistics (LlamaRMSNorm)
@@ -9,6 +10,7 @@ modules' own formulas in fp64, the only change to the model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from helpers import free_port, make_plan
 
 from hydraplan.core.errors import UserError
+from hydraplan.core.hfconfig import model_spec, parse_hf_config
 from hydraplan.runtime import hf
 from hydraplan.runtime.batches import IGNORE, TokenData, micro_batch_seqs
 from hydraplan.runtime.lnk import owner_ranges
@@ -30,13 +33,17 @@ DT = torch.float64
 DOCS = [5, 9, 1, 3]
 
 
-def hf_model(folder: Path, tied: bool = False, shard: str | None = None):
-    """A tiny Llama with grouped-query attention and non-trivial norm weights, saved to `folder`."""
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                                   max_position_embeddings=256, tie_word_embeddings=tied)
+ARCHS = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
+
+
+def hf_model(folder: Path, tied: bool = False, shard: str | None = None, arch: str = "llama"):
+    """A tiny Llama (or Qwen2: QKV biases) with grouped-query attention, non-trivial norm weights and biases,
+    saved to `folder`."""
+    config_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
+    cfg = config_cls(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=tied)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(DT)
+    model = model_cls(cfg).to(DT)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.randn_like(p) * (0.1 if name.endswith("norm.weight") else 0.05) + name.endswith("norm.weight"))
@@ -47,7 +54,8 @@ def hf_model(folder: Path, tied: bool = False, shard: str | None = None):
 def fp64_hf(model):
     """HF's default RoPE (cos/sin of positions x 1/theta^(2i/D)) and RMSNorm (x / sqrt(mean(x^2) + eps) * w)
     evaluated in the model's dtype instead of fp32."""
-    theta, dim = model.config.rope_parameters["rope_theta"], model.config.head_dim
+    cfg = model.config
+    theta, dim = cfg.rope_parameters["rope_theta"], cfg.hidden_size // cfg.num_attention_heads
 
     def rope(x, position_ids):
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=DT) / dim))
@@ -60,15 +68,15 @@ def fp64_hf(model):
 
     model.model.rotary_emb.forward = rope
     for m in model.modules():
-        if type(m).__name__ == "LlamaRMSNorm":
+        if type(m).__name__.endswith("RMSNorm"):
             m.forward = rms(m)
     return model
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama")
-    return folder, hf_model(folder)
+@pytest.fixture(scope="module", params=list(ARCHS))
+def saved(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return folder, hf_model(folder, arch=request.param)
 
 
 def runtime_logits(mod: StageModule, mb) -> torch.Tensor:
@@ -100,8 +108,34 @@ def test_config_json_becomes_the_model(saved):
     folder, _ = saved
     cfg, tied = hf.read_config(folder)
     assert cfg == ModelConfig(f"hf:{folder.name}", vocab=128, hidden=32, layers=4, heads=4, kv_heads=2, ffn=64,
-                              rope_theta=10000.0, norm_eps=1e-5)
+                              rope_theta=10000.0, norm_eps=1e-5, qkv_bias=folder.name.startswith("qwen2"))
     assert not tied
+    # the runtime's parameters are transformers', and the analytic cost model counts the same (biases included)
+    _, model = saved
+    runtime = sum(s.numel for s in param_specs(cfg))
+    assert runtime == sum(p.numel() for p in model.parameters())
+    spec = model_spec(parse_hf_config(json.loads((folder / "config.json").read_text()), "c"), "k", "k", "s")
+    assert spec.params == runtime
+
+
+def test_run_plan_and_profile_take_the_model_from_a_config_json(saved, tmp_path, monkeypatch, capsys):
+    """run_plan --hf-config FILE: seeded weights for the config's model (GQA, Qwen2's biases), equal to the
+    single-process reference; profile's --model takes a config.json path and checks layouts against its K/V heads."""
+    from hydraplan.app.cmd_profile import _schemes_to_measure
+    from hydraplan.runtime.run_plan import main
+    from hydraplan.store.fileio import write_model
+
+    folder, _ = saved
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    plan = make_plan(0, "S", [(1, 1, [0], [[5, 9], [4]])], gpus=1)
+    write_model(tmp_path / "plan.json", plan)
+    config = str(folder / "config.json")
+    assert main([str(tmp_path / "plan.json"), "--hf-config", config, "--dtype", "fp64", "--verify"]) == 0
+    assert float(capsys.readouterr().out.split("max_abs_param_diff=")[1].split()[0]) <= 1e-12
+    assert _schemes_to_measure(["2,1"], ["none"], config, 4) == [(2, 1, 1, "none")]
+    with pytest.raises(UserError, match="tp=4 does not divide the model's kv_heads=2"):
+        _schemes_to_measure(["4,1"], ["none"], config, 4)
 
 
 def test_one_rank_logits_loss_and_gradients(saved):
@@ -146,15 +180,16 @@ def test_each_owner_reads_its_range_of_sharded_safetensors(tmp_path, world):
 
 
 @pytest.mark.parametrize("edit,message", [
-    ({"model_type": "mistral"}, "field model_type: 'mistral'"),
+    ({"model_type": "gpt2"}, "field model_type: 'gpt2'"),
+    ({"num_local_experts": 8}, "field num_local_experts: 8: mixture-of-experts"),
+    ({"model_type": "mistral", "sliding_window": 4096}, "field sliding_window: 4096: sliding-window"),
+    ({"num_key_value_heads": 3}, "field num_key_value_heads: 3 does not divide"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type: 'llama3' is not supported"),
     ({"hidden_act": "gelu"}, "field hidden_act: 'gelu' is not supported"),
     ({"attention_bias": True}, "field attention_bias: True"),
     ({"vocab_size": None}, "field vocab_size"),
 ])
 def test_unsupported_configs_are_refused_in_one_line(tmp_path, edit, message):
-    import json
-
     base = {"model_type": "llama", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4}
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in (base | edit).items() if v is not None}))
@@ -165,13 +200,17 @@ def test_unsupported_configs_are_refused_in_one_line(tmp_path, edit, message):
 
 # ------------------------------------------------------------------------- four ranks, TP and PP
 def plans_tp_pp():
-    """<2,1> next to <1,2> on permuted ranks: TP and PP cut the HF tensors differently, pipelines sum at the owners.
+    """<2,1> next to <1,2> on permuted ranks: TP and PP cut the HF tensors differently, pipelines sum at the owners;
+    then <2,1,2>, TP and CP in one pipeline: each TP rank's K/V head (kv_heads 2 over tp 2) gathered over the CP ring.
     (<2,2> in one pipeline is the same code path; kept out to keep this 4-process test short.)"""
-    return [make_plan(0, "mix", [(2, 1, [3, 1], [[4, 8], [2, 2, 5]]), (1, 2, [2, 0], [[9, 3], [6], [1, 4]])])]
+    from hydraplan.runtime.plans import build_plan
+
+    return [make_plan(0, "mix", [(2, 1, [3, 1], [[4, 8], [2, 2, 5]]), (1, 2, [2, 0], [[9, 3], [6], [1, 4]])]),
+            build_plan(1, "tp-cp", 4, [(2, 1, 2, [1, 3, 0, 2], [[9, 5], [7, 3, 4]])], first_id=20)]
 
 
 @pytest.mark.slow
-def test_four_ranks_with_tp_and_pp_match_transformers(saved, tmp_path):
+def test_four_ranks_with_tp_pp_and_cp_match_transformers(saved, tmp_path):
     """The replay path (Replayer.step: pull, 1F1B with TP/PP, push) on 4 gloo ranks from the HF weights;
     the workers (tests/hf_replay_worker.py, which never imports transformers) save the loss and the owners'
     summed gradients, compared here with transformers' on the same micro-batches."""

@@ -261,17 +261,36 @@ def _bytes(n: float) -> str:
 
 
 def profiles_generate(
-    out_dir: Path | None = typer.Option(None, "--out", "--out-dir", help="folder to write into (default: the bundled "
-                                        "profiles/)"),
+    out: Path | None = typer.Option(None, "--out", "--out-dir", help="the folder to write the bundled profiles into "
+                                    "(default: profiles/); with --hf-config, the profile file to write"),
+    hf_config: Path | None = typer.Option(None, "--hf-config", help="a Hugging Face config.json (LlamaForCausalLM, "
+                                          "MistralForCausalLM, Qwen2ForCausalLM): write its analytic profile"),
+    gpu: str | None = typer.Option(None, "--gpu", help="with --hf-config: h100 | h200 | a100 | a800"),
+    name: str | None = typer.Option(None, "--name", help="with --hf-config: the profile's name (default GPU-STEM of "
+                                    "the config file)"),
     json_out: bool = json_option("print the written paths as a JSON list"),
 ) -> None:
-    """Rewrite the analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B) from planner/core/hardware.py; deterministic."""
+    """Rewrite the bundled analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B; H100, H200 x data/models/*.json) from
+    planner/core/hardware.py, or with --hf-config write one model's analytic profile on one GPU; deterministic."""
     import json
 
+    from hydraplan.store.fileio import write_model
     from hydraplan.store.paths import PROFILES_DIR
-    from hydraplan.store.profiles import write_analytic_profiles
+    from hydraplan.store.profiles import hf_profile, write_analytic_profiles
 
-    paths = write_analytic_profiles(cliopts.out_folder(out_dir or PROFILES_DIR))
+    if hf_config is None:
+        if gpu is not None or name is not None:
+            raise UserError("--gpu and --name go with --hf-config")
+        paths = write_analytic_profiles(cliopts.out_folder(out or PROFILES_DIR))
+    else:
+        if gpu is None or out is None:
+            raise UserError("--hf-config needs --gpu (h100, h200, a100, a800) and --out FILE")
+        if out.is_dir():
+            raise UserError(f"--out {out}: is a folder; with --hf-config give the profile file to write")
+        profile = hf_profile(hf_config, gpu, name)
+        cliopts.out_folder(out.parent)
+        write_model(out, profile)
+        paths = [out]
     if json_out:
         typer.echo(json.dumps([str(p) for p in paths], indent=1))
         return

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 def profile_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the runtime measures"),
     model: str = typer.Option("tiny", "--model", help="runtime model config: tiny, llama2-7b, llama2-13b, llama2-32b"),
+    hf_config: Path | None = typer.Option(None, "--hf-config", help="measure the model of a Hugging Face config.json "
+                                          "(Llama, Mistral, Qwen2) instead of --model"),
     schemes: list[str] | None = typer.Option(None, "--schemes", help="a scheme TP,PP, TP,PP,CP or TP,PP,CP,MODE to "
                                              "measure; repeat for several (default: every power-of-two tp*pp <= --gpus "
                                              "the model allows, cp=1)"),
@@ -77,6 +79,12 @@ def profile_cmd(
         raise UserError(f"--warmup must be >= 0, --repeats and --launches >= 1 (got {warmup}, {repeats} and {launches})")
     from hydraplan.app.measure import Runs
 
+    if hf_config is not None:
+        if model != "tiny":
+            raise UserError("--model and --hf-config: give one")
+        if hf_config.suffix != ".json":
+            raise UserError(f"--hf-config {hf_config}: expected a config.json file")
+        model = str(hf_config.resolve())  # the runtime's --model takes a config.json path too
     runs = Runs(model=model, device=device, clock=clock, dtype=dtype, warmup=warmup, repeats=repeats, launches=launches)
     if check is not None:
         if profile_name is None:
@@ -123,12 +131,13 @@ def _schemes_to_measure(schemes: list[str] | None, modes: list[str] | None, mode
                         gpus: int) -> list[tuple[int, int, int, str]]:
     """The schemes to measure, each scheme given without a mode once per mode of --recompute."""
     from hydraplan.core.schema import RECOMPUTE_MODES
-    from hydraplan.runtime.model import check_layout, get_config
+    from hydraplan.runtime.hf import model_config
+    from hydraplan.runtime.model import check_layout
 
     bad = [m for m in modes or () if m not in RECOMPUTE_MODES]
     if bad:
         raise UserError(f"--recompute: {bad[0]!r} is not one of {', '.join(RECOMPUTE_MODES)}")
-    cfg = get_config(model)
+    cfg = model_config(model)
     pow2 = [1 << i for i in range(gpus.bit_length())]
     layouts = _parse_schemes(schemes) if schemes else sorted(
         ((t, p, 1, None) for t in pow2 for p in pow2 if t * p <= gpus and check_layout(cfg, t, p) is None),

@@ -136,9 +136,9 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
     varies against another's, which a median within one process cannot see."""
     model, device, clock, dtype = runs.model, runs.device, runs.clock, runs.dtype
     warmup, repeats, launches = runs.warmup, runs.repeats, runs.launches
-    from hydraplan.runtime.model import get_config
+    from hydraplan.runtime.hf import model_config
 
-    cfg = get_config(model)
+    cfg = model_config(model)
     out, fits = [], []
     if progress is not None:
         progress("LNK pull/push")
@@ -171,7 +171,8 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
     profile = Profile(
         name=name, gpu=GPUInfo(name=gpu, memory_gib=capacity_bytes / 2**30, gpus_per_node=gpus_per_node),
         model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
-                        params=model_params(model)),
+                        params=model_params(model), kv_heads=cfg.kv_heads if cfg.kv_heads != cfg.heads else None,
+                        qkv_bias=cfg.qkv_bias or None),
         schemes=out, reference_gpus=gpus_per_node, source="measured", network=network,
         notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: replayed training steps (run_plan's), 1F1B "
                        f"latency of pp identical micro-batches / (2*pp - 1), median of {repeats} runs after {warmup} "
@@ -201,9 +202,10 @@ def _memory_source(device: str) -> str:
 
 def model_params(model: str) -> int:
     """Phi of a runtime model config: what LNK pulls and pushes."""
-    from hydraplan.runtime.model import get_config, param_specs
+    from hydraplan.runtime.hf import model_config
+    from hydraplan.runtime.model import param_specs
 
-    return sum(s.numel for s in param_specs(get_config(model)))
+    return sum(s.numel for s in param_specs(model_config(model)))
 
 
 NETWORK_REPEATS = 15

@@ -11,7 +11,16 @@ import numpy as np
 from hydraplan.core.cluster import max_len_from_memory
 from hydraplan.core.cost import UTIL_THRESHOLD, util_len
 from hydraplan.core.fit import fit_time_coeffs
-from hydraplan.core.hardware import FRAMEWORK, GPUS, HYDRAULIS_MAX_LEN, MODELS, FrameworkSpec, GPUSpec, ModelSpec
+from hydraplan.core.hardware import (
+    FRAMEWORK,
+    GPUS,
+    HYDRAULIS_MAX_LEN,
+    LLAMA2_GPUS,
+    MODELS,
+    FrameworkSpec,
+    GPUSpec,
+    ModelSpec,
+)
 from hydraplan.core.memory import LNK_SOURCE, lnk_terms
 from hydraplan.core.schema import (
     RECOMPUTE_MODES,
@@ -46,6 +55,12 @@ def _gemm_efficiency(gpu: GPUSpec, weights_per_gpu: float, fw: FrameworkSpec) ->
     return gpu.gemm_efficiency * weights_per_gpu / (weights_per_gpu + fw.weight_half)
 
 
+def _gqa(model: ModelSpec, per_h: int, kv_share: int) -> int:
+    """Bytes per token per layer per_h*h of which kv_share*h are K (and V) tensors, with those kv_dim wide under
+    grouped-query attention: per_h*h - kv_share*(h - kv_dim) (= per_h*h without GQA)."""
+    return per_h * model.hidden - kv_share * (model.hidden - model.kv_dim)
+
+
 def _link(gpu: GPUSpec, fw: FrameworkSpec, crosses_nodes: bool) -> tuple[float, float]:
     """(achieved bytes/s per GPU, per-message latency) of NVLink inside a node or IB across nodes."""
     if crosses_nodes:
@@ -67,7 +82,8 @@ def _closed_form(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, reco
     gemm_per_token = gemm_layers * (1 + full / 3) + gemm_head  # full: each layer's forward GEMMs once more
     a = (7.0 + 2.0 * full) * h * layers / (tp * cp) / (peak * gpu.attention_efficiency)  # fwd 2 + bwd 5 (+ fwd 2)
     hbm = gpu.hbm_gb_s * 1e9 * fw.memory_efficiency
-    elementwise = layers * (fw.elementwise_h * h + fw.elementwise_f * f) * (1 + full * fw.forward_share)
+    # rotary on Q and K: 8 bytes per element each (framework.elementwise), K kv_dim wide
+    elementwise = layers * (_gqa(model, fw.elementwise_h, 8) + fw.elementwise_f * f) * (1 + full * fw.forward_share)
     elementwise += layers * 6 * f * (recompute == "selective")  # the SwiGLU product recomputed: read g, u, write p
     b = gemm_per_token / cp + (elementwise + 16 * vocab) / (tp * cp) / hbm
     kernels = fw.kernels_per_layer * layers * (1 + full * fw.forward_share) + 2 * layers * (recompute == "selective")
@@ -90,12 +106,13 @@ def _closed_form(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, reco
 def _ring_exposed(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec,
                   lengths: np.ndarray) -> np.ndarray:
     """Seconds of the CP ring's K/V transfers that the attention of one sequence of each length does not hide:
-    per layer and pass, max(0, ring - attention*(cp-1)/cp) (a step's transfer runs during the step before)."""
-    h, layers = model.hidden, model.layers // pp
+    per layer and pass, max(0, ring - attention*(cp-1)/cp) (a step's transfer runs during the step before). The
+    ring carries K and V, kv_dim wide each; attention's FLOPs follow the query heads (hidden)."""
+    h, kv, layers = model.hidden, model.kv_dim, model.layers // pp
     bw, _ = _link(gpu, fw, tp * cp > gpu.gpus_per_node)
     l = np.asarray(lengths, dtype=np.float64)
     attn_per_unit = h * l * l / (tp * cp) / (gpu.peak_tflops * 1e12 * gpu.attention_efficiency) * (cp - 1) / cp
-    ring_per_h = (cp - 1) / (cp * tp) * h * l / bw
+    ring_per_h = (cp - 1) / (cp * tp) * kv * l / bw
     fwd = np.maximum(0.0, 4 * ring_per_h - 2 * attn_per_unit)
     bwd = np.maximum(0.0, 8 * ring_per_h - 5 * attn_per_unit)
     return layers * ((1 + (recompute == "full")) * fwd + bwd)
@@ -158,7 +175,7 @@ def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str 
 def _stage_params(model: ModelSpec, pp: int) -> int:
     """Parameters of the worst stage: its decoder layers plus the embedding or the LM head and final norm."""
     h, vocab = model.hidden, model.vocab
-    embeddings = 2 * vocab * h + h if pp == 1 else vocab * h + h
+    embeddings = model.embedding_params + h if pp == 1 else vocab * h + h  # tied: a copy on each end stage
     return (model.layers // pp) * model.layer_params + embeddings
 
 
@@ -171,21 +188,22 @@ def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: st
     stage (a safe upper bound that keeps MaxLen linear in memory)."""
     h, f, vocab = model.hidden, model.ffn, model.vocab
     layers = model.layers // pp
-    kept = {"none": fw.act_h * h + fw.act_f * f, "selective": fw.act_h * h + fw.act_f_selective * f,
+    act_h = _gqa(model, fw.act_h, 4)  # K and V: 2 bytes x kv_dim each, kept for the backward
+    kept = {"none": act_h + fw.act_f * f, "selective": act_h + fw.act_f_selective * f,
             "full": fw.act_h_full * h}[recompute] / (tp * cp)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = model.layers * kept + (logits if pp == 1 else 0.0)
     last = layers * kept + logits
     return {"activations": max(first, last) * fw.fragmentation,
-            "backward_layer": (fw.act_h * h + fw.act_f * f) / (tp * cp) * fw.fragmentation,
+            "backward_layer": (act_h + fw.act_f * f) / (tp * cp) * fw.fragmentation,
             "sp_unsplit": fw.act_h_unsplit * h / cp * fw.fragmentation}
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int, fw: FrameworkSpec = FRAMEWORK) -> float:
-    """K and V (bf16, one per head of the TP shard) of one packed token over the layers the first stage holds in
-    flight under 1F1B (all of them): what a CP rank's gathered key windows and a Seq1F1B split's window copy
-    keep on top of the activations."""
-    return model.layers * 2 * 2 * model.hidden / tp * fw.fragmentation
+    """K and V (bf16, kv_dim wide: the TP shard's K/V heads) of one packed token over the layers the first stage
+    holds in flight under 1F1B (all of them): what a CP rank's gathered key windows and a Seq1F1B split's window
+    copy keep on top of the activations. Grouped-query attention shrinks it by heads/kv_heads."""
+    return model.layers * 2 * 2 * model.kv_dim / tp * fw.fragmentation
 
 
 def _communicator_bytes(tp: int, pp: int, cp: int, gpus_per_node: int, fw: FrameworkSpec) -> float:
@@ -198,8 +216,13 @@ def _communicator_bytes(tp: int, pp: int, cp: int, gpus_per_node: int, fw: Frame
 
 
 def model_info(model: ModelSpec) -> ModelInfo:
+    """The profile's model block; the GQA, tying, bias and RoPE fields only where they differ from LLaMA-2's
+    (absent means multi-head, untied, no bias, base 10000), so LLaMA-2 profiles keep their bytes."""
+    extra = {"kv_heads": model.kv_heads if model.kv_heads not in (None, model.heads) else None,
+             "tied_embeddings": model.tied or None, "qkv_bias": model.qkv_bias or None,
+             "rope_theta": model.rope_theta if model.rope_theta != 10000.0 else None}
     return ModelInfo(name=model.key, layers=model.layers, hidden=model.hidden, ffn=model.ffn, heads=model.heads,
-                     vocab=model.vocab, params=model.params)
+                     vocab=model.vocab, params=model.params, **{k: v for k, v in extra.items() if v is not None})
 
 
 def capacity_bytes(gpu: GPUSpec, fw: FrameworkSpec = FRAMEWORK) -> float:
@@ -214,18 +237,20 @@ def _sig(x: float, digits: int = 6) -> float:
 
 
 def scheme_space(model: ModelSpec) -> list[tuple[int, int, int, str]]:
-    """<TP,PP,CP,recompute> candidates: TP dividing the heads, PP dividing the layers; at most 64 GPUs up to CP 8,
+    """<TP,PP,CP,recompute> candidates: TP dividing the heads and the K/V heads (the runtime splits both over TP
+    ranks and does not replicate K/V heads), PP dividing the layers; at most 64 GPUs up to CP 8,
     and CP 16-64 (context parallelism across nodes) with pp = 1 on up to 512 GPUs; each recomputation mode."""
     return [(tp, pp, cp, mode)
-            for tp in TP_DEGREES if model.heads % tp == 0
+            for tp in TP_DEGREES if model.heads % tp == 0 and (model.kv_heads or model.heads) % tp == 0
             for pp in range(1, MAX_PP + 1) if model.layers % pp == 0
             for cp in CP_DEGREES
             if (tp * pp * cp <= MAX_SCHEME_GPUS if cp <= WIDE_CP else pp == 1 and tp * cp <= MAX_WIDE_GPUS)
             for mode in RECOMPUTE_MODES]
 
 
-def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWORK) -> Profile:
-    """The bundled profile of one GPU and model: every scheme that holds MIN_MAX_LEN at REFERENCE_GPUS."""
+def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWORK, name: str | None = None) -> Profile:
+    """The analytic profile of one GPU and model (named GPU-MODEL unless `name`): every scheme that holds
+    MIN_MAX_LEN at REFERENCE_GPUS."""
     capacity = capacity_bytes(gpu, fw)
     schemes, worst_fit = [], 0.0
     for tp, pp, cp, mode in scheme_space(model):
@@ -242,7 +267,7 @@ def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWO
         schemes.append(Scheme(tp=tp, pp=pp, cp=cp, recompute=mode, max_len=max_len, util_len=util_len(time, max_len),
                               time=time, memory=memory))
     return Profile(
-        name=f"{gpu.key}-{model.key}",
+        name=name or f"{gpu.key}-{model.key}",
         gpu=GPUInfo(name=gpu.name, memory_gib=gpu.memory_gib, gpus_per_node=gpu.gpus_per_node,
                     peak_tflops=gpu.peak_tflops),
         model=model_info(model),
@@ -286,16 +311,33 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, worst_fit: float) 
         "network": f"LNK pull/push per GPU per direction at {fw.link_efficiency:g} of nominal: NVLink "
                    f"{gpu.nvlink_bytes_s / 1e9:g} GB/s inside a node, {gpu.ib_bytes_s / 1e9:g} GB/s across nodes (one NIC "
                    "per GPU); see gpu.ib",
-        "params": f"model.params = {model.params:,}: layers x (4h^2 + 3hf + 2h) + untied embedding and LM head + final norm",
+        "params": _params_note(model),
         "capacity": f"{gpu.memory_gib:g} GiB x {1 - fw.margin_fraction:g} - {fw.reserved_gib:g} GiB = "
                     f"{capacity_bytes(gpu, fw) / 2**30:.1f} GiB usable per GPU (memory.capacity_bytes)",
     }
     notes.update({f"gpu.{k}": v for k, v in gpu.sources})
     notes.update({f"framework.{k}": v for k, v in fw.sources})
+    if model.kv_dim != model.hidden:
+        notes["gqa"] = (f"grouped-query attention: {model.kv_heads} K/V heads for {model.heads} query heads, K and V "
+                        f"{model.kv_dim} wide (kv_dim) instead of {model.hidden}: the K/V weights, the K and V kept "
+                        "for the backward (2 bytes x kv_dim each in framework.activations' 6h of Q/K/V), rotary on K, "
+                        "memory.kv and memory.cp_kv and the CP ring's transfers use kv_dim; attention FLOPs (a) follow "
+                        "the query heads and are unchanged; TP must divide the K/V heads")
     if (gpu.key, model.key) in HYDRAULIS_MAX_LEN:
         notes["max_len_vs_hydraulis"] = _hydraulis_note(gpu, model, fw)
     notes.update(memory_notes(fw))
+    if model.kv_dim != model.hidden:
+        notes["memory.kv"] = notes["memory.kv"].replace("4*hidden/tp", f"4*kv_dim/tp, kv_dim = {model.kv_dim},")
     return notes
+
+
+def _params_note(model: ModelSpec) -> str:
+    if model.kv_dim == model.hidden and not model.tied and not model.qkv_bias:
+        return f"model.params = {model.params:,}: layers x (4h^2 + 3hf + 2h) + untied embedding and LM head + final norm"
+    bias = " + QKV biases (h + 2 kv_dim)" if model.qkv_bias else ""
+    embedding = "tied embedding and LM head (one vocab x h matrix)" if model.tied else "untied embedding and LM head"
+    return (f"model.params = {model.params:,}: layers x (2h^2 + 2h kv_dim + 3hf + 2h{bias}) + {embedding} + final norm "
+            f"(kv_dim = {model.kv_dim})")
 
 
 def _hydraulis_note(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec) -> str:
@@ -355,4 +397,5 @@ def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
 
 
 def analytic_profiles() -> list[Profile]:
-    return [analytic_profile(g, m) for g in GPUS.values() for m in MODELS.values()]
+    """The bundled LLaMA-2 profiles (the HF-config ones: hydraplan.store.profiles)."""
+    return [analytic_profile(GPUS[g], m) for g in LLAMA2_GPUS for m in MODELS.values()]

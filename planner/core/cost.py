@@ -64,17 +64,27 @@ def pipeline_time(scheme: Scheme, micro_batches: Iterable[Iterable[int]]) -> flo
 
 
 # ------------------------------------------------------------------------------- FLOPs and utilization
+def attention_weights(model: ModelInfo) -> int:
+    """Q, K, V and O weights of one decoder layer: 4h^2, or 2h^2 + 2h*kv_dim with grouped-query attention
+    (model.kv_heads K/V heads of hidden/heads each)."""
+    h = model.hidden
+    if model.kv_heads is None or model.heads is None:
+        return 4 * h * h
+    return 2 * h * h + 2 * h * (h // model.heads * model.kv_heads)
+
+
 def model_flops(model: ModelInfo, lengths: np.ndarray | Sequence[int] | int) -> np.ndarray:
     """Training FLOPs (forward + backward = 3x forward) per sequence, vectorized.
 
     6 FLOPs per GEMM weight per token (decoder layers with SwiGLU, and the LM head; the embedding lookup
-    and norms do no GEMM work) plus causal attention, 3 * 2*2*h*l^2/2 per layer. A model without `ffn`
+    and norms do no GEMM work) plus causal attention, 3 * 2*2*h*l^2/2 per layer (grouped-query attention shrinks
+    the K/V weights, not the attention FLOPs, which follow the query heads). A model without `ffn`
     is taken as LLaMA-shaped (ffn = 8h/3, 12h^2 GEMM weights per layer); without `vocab`, 32000.
     """
     h = model.hidden
     ffn = model.ffn if model.ffn is not None else 8 * h / 3
     vocab = model.vocab if model.vocab is not None else 32000
-    weights = model.layers * (4 * h * h + 3 * h * ffn) + vocab * h
+    weights = model.layers * (attention_weights(model) + 3 * h * ffn) + vocab * h
     l = np.asarray(lengths, dtype=np.float64)
     return 6.0 * weights * l + 6.0 * model.layers * h * l * l
 

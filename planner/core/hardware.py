@@ -39,6 +39,9 @@ class GPUSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A LLaMA-style decoder. The fields after `source` default to LLaMA-2's multi-head attention (kv_heads =
+    heads), untied embeddings, no QKV bias and RoPE base 10000, so the LLaMA-2 profiles' numbers are unchanged."""
+
     key: str
     name: str
     layers: int
@@ -47,20 +50,36 @@ class ModelSpec:
     heads: int
     vocab: int
     source: str
+    kv_heads: int | None = None  # grouped-query attention: K/V heads shared by heads/kv_heads query heads each
+    tied: bool = False  # the LM head reuses the input embedding
+    qkv_bias: bool = False  # biases on the Q, K and V projections (Qwen2)
+    rope_theta: float = 10000.0
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V) per token: hidden * kv_heads / heads (= hidden without GQA)."""
+        return self.hidden // self.heads * (self.kv_heads or self.heads)
 
     @property
     def layer_matmul_params(self) -> int:
-        """Weights of one decoder layer's GEMMs: Q, K, V, O (4h^2, MHA) and SwiGLU gate/up/down (3hf)."""
-        return 4 * self.hidden**2 + 3 * self.hidden * self.ffn
+        """Weights of one decoder layer's GEMMs: Q and O (2h^2), K and V (2h*kv_dim; 4h^2 in all without GQA) and
+        SwiGLU gate/up/down (3hf)."""
+        return 2 * self.hidden**2 + 2 * self.hidden * self.kv_dim + 3 * self.hidden * self.ffn
 
     @property
     def layer_params(self) -> int:
-        return self.layer_matmul_params + 2 * self.hidden  # + two RMSNorm weights
+        bias = self.hidden + 2 * self.kv_dim if self.qkv_bias else 0
+        return self.layer_matmul_params + bias + 2 * self.hidden  # + two RMSNorm weights
+
+    @property
+    def embedding_params(self) -> int:
+        """The input embedding and the LM head: one vocab x hidden matrix if tied, else two."""
+        return (1 if self.tied else 2) * self.vocab * self.hidden
 
     @property
     def params(self) -> int:
-        """All parameters: layers, untied input embedding and LM head, final norm."""
-        return self.layers * self.layer_params + 2 * self.vocab * self.hidden + self.hidden
+        """All parameters: layers, embedding and LM head, final norm."""
+        return self.layers * self.layer_params + self.embedding_params + self.hidden
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,38 @@ A800 = GPUSpec(
     ),
 )
 
+H200 = GPUSpec(
+    key="h200", name="H200-SXM-141GB", memory_gib=140, peak_tflops=989.4, hbm_gb_s=4800, nvlink_gb_s=900,
+    ib_gb_s_per_node=400, gpus_per_node=8, gemm_efficiency=0.60, gemm_m_half=384, attention_efficiency=0.40,
+    sources=(
+        ("peak_tflops", "989.4 dense BF16 TFLOP/s (the H100's Hopper GH100 compute), 141 GB HBM3e at 4.8 TB/s, NVLink "
+                        "900 GB/s (NVIDIA H200 SXM datasheet); memory_gib 140: the device exposes about 140 GiB of the "
+                        "141 GB (nvidia-smi reports 143,771 MiB)"),
+        ("ib", "DGX H200: 8x ConnectX-7 400 Gb/s NDR, one per GPU = 400 GB/s per node, 50 GB/s per GPU per direction "
+               "(NVIDIA DGX H200 datasheet), as DGX H100"),
+        ("gemm_efficiency", "0.60 of peak, as H100: the same SMs and clocks; the faster HBM helps memory-bound kernels "
+                            "(hbm_gb_s), not the compute-bound GEMMs (estimate)"),
+        ("gemm_m_half", "384 tokens, as H100 (same SM count; estimate)"),
+        ("attention_efficiency", "0.40 of peak, as H100 (FlashAttention on Hopper; Shah et al. 2024, FlashAttention-3)"),
+    ),
+)
+
+A100 = GPUSpec(
+    key="a100", name="A100-SXM-80GB", memory_gib=80, peak_tflops=312.0, hbm_gb_s=2039, nvlink_gb_s=600,
+    ib_gb_s_per_node=200, gpus_per_node=8, gemm_efficiency=0.70, gemm_m_half=256, attention_efficiency=0.60,
+    sources=(
+        ("peak_tflops", "312 dense BF16 TFLOP/s, 80 GB HBM2e at 2.039 TB/s, NVLink 600 GB/s (NVIDIA A100 80GB SXM "
+                        "datasheet)"),
+        ("ib", "DGX A100: 8x ConnectX-6 200 Gb/s HDR for the compute fabric, one per GPU = 200 GB/s per node, 25 GB/s "
+               "per GPU per direction (NVIDIA DGX A100 user guide)"),
+        ("gemm_efficiency", "0.70 of peak, as A800 (the same GA100 silicon; A800 differs only in NVLink): Megatron-LM "
+                            "reaches 52% end-to-end MFU on A100 (Narayanan et al. SC'21)"),
+        ("gemm_m_half", "256 tokens, as A800 (estimate)"),
+        ("attention_efficiency", "0.60 of peak for FlashAttention-2 fwd+bwd, causal, head dim 128: 50-73% of A100 "
+                                 "peak (Dao 2023, FlashAttention-2)"),
+    ),
+)
+
 FRAMEWORK = FrameworkSpec(
     weight_half=8e6, link_efficiency=0.8, memory_efficiency=0.8, kernels_per_layer=70, kernels_head=20,
     launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h=16, act_f=6, act_f_selective=4, act_h_full=2,
@@ -186,7 +237,9 @@ FRAMEWORK = FrameworkSpec(
     ),
 )
 
-GPUS: dict[str, GPUSpec] = {g.key: g for g in (H100, A800)}
+GPUS: dict[str, GPUSpec] = {g.key: g for g in (H100, H200, A100, A800)}
+LLAMA2_GPUS = ("h100", "a800")
+"""The GPUs the bundled LLaMA-2 profiles are generated for."""
 
 HYDRAULIS_MAX_LEN: dict[tuple[str, str], dict[int, int]] = {("a800", "llama2-7b"): {2: 22_000, 4: 46_000, 8: 85_000,
                                                                                     16: 138_000}}

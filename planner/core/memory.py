@@ -136,8 +136,9 @@ def layer_groups(model: ModelInfo) -> tuple[int, int, int] | None:
     if model.params is None or model.vocab is None:
         return None
     embedding = model.vocab * model.hidden
-    head = embedding + model.hidden
-    return embedding, (model.params - embedding - head) // model.layers, head
+    head = embedding + model.hidden  # tied: the last stage holds a copy of the embedding as its head
+    counted = head if not model.tied_embeddings else model.hidden  # what params counts besides the embedding
+    return embedding, (model.params - embedding - counted) // model.layers, head
 
 
 def lnk_terms(model: ModelInfo, tp: int, pp: int, stage: int | None, value_bytes: int) -> list[MemoryTerm]:

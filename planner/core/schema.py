@@ -110,6 +110,10 @@ class ModelInfo(_Model):
     heads: PositiveInt | None = None
     vocab: PositiveInt | None = None
     params: PositiveInt | None = Field(None, description="parameter count Phi (LNK pull/push bytes, end-to-end estimate)")
+    kv_heads: PositiveInt | None = Field(None, description="K/V heads (grouped-query attention); absent: as many as heads")
+    tied_embeddings: bool | None = Field(None, description="LM head tied to the input embedding; absent: untied")
+    qkv_bias: bool | None = Field(None, description="biases on the Q, K, V projections; absent: none")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base; absent: 10000")
 
 
 class Network(_Model):

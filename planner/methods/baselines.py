@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.cost import micro_batch_times, pipeline_time_from_mb, seq_cost
+from hydraplan.core.cost import attention_weights, micro_batch_times, pipeline_time_from_mb, seq_cost
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import ModelInfo, Scheme
 from hydraplan.core.sync import exposed_pull_s, exposed_push_s
@@ -215,12 +215,13 @@ class SwitchModel:
 
 
 def model_param_bytes(model: ModelInfo) -> float:
-    """bf16 bytes of a LLaMA-style model: attention 4h^2 and SwiGLU 3*h*ffn per layer, input and output
-    embeddings; ffn = 8h/3 and vocab = 32000 when the profile does not say."""
+    """bf16 bytes of a LLaMA-style model: attention 4h^2 (less with grouped-query attention) and SwiGLU 3*h*ffn
+    per layer, input and output embeddings (one if tied); ffn = 8h/3 and vocab = 32000 when the profile does not say."""
     h = model.hidden
     ffn = model.ffn if model.ffn is not None else 8 * h / 3
     vocab = model.vocab if model.vocab is not None else 32000
-    return BF16_BYTES * (model.layers * (4 * h * h + 3 * h * ffn) + 2 * vocab * h)
+    embeddings = 1 if model.tied_embeddings else 2
+    return BF16_BYTES * (model.layers * (attention_weights(model) + 3 * h * ffn) + embeddings * vocab * h)
 
 
 def switch_overhead(schemes: Sequence[Scheme], switch: SwitchModel) -> float:

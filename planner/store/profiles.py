@@ -5,11 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydraplan.core.analytic import analytic_profiles
+from hydraplan.core.analytic import analytic_profile, analytic_profiles
 from hydraplan.core.errors import UserError
+from hydraplan.core.hardware import GPUS
+from hydraplan.core.hfconfig import HFConfig, model_spec, parse_hf_config
 from hydraplan.core.schema import Profile
-from hydraplan.store.fileio import load_model, write_model
-from hydraplan.store.paths import PROFILES_DIR
+from hydraplan.store.fileio import load_model, read_json, write_model
+from hydraplan.store.paths import DATA_DIR, PROFILES_DIR
+
+HF_CONFIGS_DIR = DATA_DIR / "models"
+"""The bundled Hugging Face configs (data/models/*.json, sources in its README.md)."""
+HF_BUNDLED_GPUS = ("h100", "h200")
+"""The GPUs the bundled HF-config profiles are generated for (profile GPU-STEM of data/models/STEM.json)."""
 
 
 def bundled_profiles() -> list[Path]:
@@ -28,10 +35,37 @@ def load_profile(name_or_path: str) -> Profile:
     raise UserError(f"unknown profile {name_or_path!r}: not a file, and not a bundled profile ({names})")
 
 
+def read_hf_config(path: str | Path) -> HFConfig:
+    """A Hugging Face config.json, checked (hydraplan.core.hfconfig.parse_hf_config: one-line errors)."""
+    return parse_hf_config(read_json(path), f"--hf-config {path}")
+
+
+def hf_profile(config: str | Path, gpu: str, name: str | None = None) -> Profile:
+    """The analytic profile of a Hugging Face config on `gpu` (a key of hardware.GPUS), named GPU-STEM of the
+    config file unless `name`."""
+    if gpu not in GPUS:
+        raise UserError(f"--gpu: {gpu!r} is not one of {', '.join(GPUS)}")
+    path = Path(config)
+    cfg = read_hf_config(path)
+    kv = cfg.kv_heads
+    source = (f"{path.name} ({', '.join(cfg.architectures or [cfg.model_type])}): {cfg.num_hidden_layers} layers, hidden "
+              f"{cfg.hidden_size}, FFN {cfg.intermediate_size}, {cfg.num_attention_heads} heads, {kv} K/V heads, vocab "
+              f"{cfg.vocab_size:,}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings, "
+              f"{'QKV bias' if cfg.qkv_bias else 'no bias'}, RoPE base {cfg.theta:,.0f}"
+              + (f" ({cfg.rope_type} scaling: no cost term)" if cfg.rope_type != "default" else ""))
+    spec = model_spec(cfg, path.stem, path.stem, source)
+    return analytic_profile(GPUS[gpu], spec, name=name)
+
+
+def bundled_hf_profiles() -> list[Profile]:
+    return [hf_profile(path, gpu) for path in sorted(HF_CONFIGS_DIR.glob("*.json")) for gpu in HF_BUNDLED_GPUS]
+
+
 def write_analytic_profiles(out_dir: Path = PROFILES_DIR) -> list[Path]:
-    """Regenerate the bundled analytic profiles (deterministic: same bytes every run)."""
+    """Regenerate the bundled analytic profiles, LLaMA-2's and those of the bundled HF configs (deterministic:
+    same bytes every run)."""
     paths = []
-    for profile in analytic_profiles():
+    for profile in analytic_profiles() + bundled_hf_profiles():
         path = Path(out_dir) / f"{profile.name}.json"
         write_model(path, profile)
         paths.append(path)
