@@ -214,6 +214,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+class _RMSNorm(torch.autograd.Function):
+    """x * rstd(x) * w keeping only x (the caller's tensor, in the compute dtype) and rstd (fp32 for bf16/fp16,
+    one per token) for the backward: autograd through the formula would also keep an fp32 copy of x and the
+    normalized tensor, 4x the memory model's 2h bytes per token and norm (hydraplan.core.hardware activations)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float):
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (xf * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w, rstd = ctx.saved_tensors
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xhat = xf * rstd
+        dw = (dy.to(xhat.dtype) * xhat.to(x.dtype).to(xhat.dtype)).flatten(0, -2).sum(0).to(w.dtype)
+        dxhat = dy.to(xhat.dtype) * w.to(xhat.dtype)
+        dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), dw, None
+
+
 class RMSNorm(nn.Module):
     """On SP rows under TP: its replicated weight's gradient is summed over the TP ranks' tokens."""
 
@@ -223,9 +246,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, **kw))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        w = sum_grad_over_tp(self.weight, self.tp)
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
+        return _RMSNorm.apply(x, sum_grad_over_tp(self.weight, self.tp), self.eps)
 
 
 class Attention(nn.Module):

@@ -9,7 +9,7 @@ from rich.table import Table
 from hydraplan.app.cliopts import console, json_option, positive
 from hydraplan.core.errors import UserError
 
-CHECKS = ("attention", "collectives", "replay", "memory")
+CHECKS = ("attention", "collectives", "replay", "memory", "activations")
 MODULE = "hydraplan.runtime.doctor"
 
 
@@ -26,7 +26,8 @@ def doctor(
     backend; check every available attention backend against SDPA (plain, GQA, bottom-right windows, forward
     and backward); smoke-test the collectives the runtime uses (uneven all_to_all, batch_isend_irecv, new
     groups); replay small plans (plain, TP+PP, CP, Seq1F1B, CAD) in the device's dtype against the fp64
-    reference; compare each rank's measured peak memory with the memory model. One table, exit 1 on any
+    reference; compare each rank's measured peak memory with the memory model, and what one LLaMA-2 7B layer keeps
+    for its backward with the model's per-token term. One table, exit 1 on any
     failure. Without GPUs it runs the same on CPU with gloo."""
     import json
 

@@ -162,6 +162,14 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return (model.layers // pp) * model.layer_params + embeddings
 
 
+def layer_kept_bytes(model: ModelSpec, tp: int, cp: int, recompute: str, fw: FrameworkSpec = FRAMEWORK) -> float:
+    """Bytes per packed token one decoder layer keeps for its backward on one rank (framework.activations; what
+    runtime/saved.py measures)."""
+    h, f = model.hidden, model.ffn
+    return {"none": fw.act_h * h + fw.act_f * f, "selective": fw.act_h * h + fw.act_f_selective * f,
+            "full": fw.act_h_full * h}[recompute] / (tp * cp)
+
+
 def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec) -> dict[str, float]:
     """Activation bytes per packed token of the worst stage, x fragmentation: `activations`, what the micro-batches
     in flight keep for their backward (1F1B keeps pp micro-batches on the first stage: layers/pp * pp = all layers;
@@ -171,8 +179,7 @@ def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: st
     stage (a safe upper bound that keeps MaxLen linear in memory)."""
     h, f, vocab = model.hidden, model.ffn, model.vocab
     layers = model.layers // pp
-    kept = {"none": fw.act_h * h + fw.act_f * f, "selective": fw.act_h * h + fw.act_f_selective * f,
-            "full": fw.act_h_full * h}[recompute] / (tp * cp)
+    kept = layer_kept_bytes(model, tp, cp, recompute, fw)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = model.layers * kept + (logits if pp == 1 else 0.0)
     last = layers * kept + logits
