@@ -98,6 +98,7 @@ class _InFlight:
     work: dist.Work
     send: torch.Tensor  # kept alive until the exchange completes
     recv: torch.Tensor
+    thread: int = field(default_factory=threading.get_ident)  # the poster's, whose stream allocated the buffers
 
 
 class _Direction:
@@ -164,6 +165,12 @@ class _Direction:
         if record:  # the waiting thread is the compute thread (no overlap): its wait is exposed
             self.clock.waits.append((self.kind, fl.g, t, self.dev.stamp()))
         self.clock.completed(self.kind, fl.g)
+        if fl.thread != threading.get_ident():
+            # posted from another thread (push: by the backward), so allocated on the compute stream; this stream
+            # reads recv and drops both, so the allocator must not hand them to the compute stream before it is done
+            for t in (fl.send, fl.recv):
+                if t.numel():
+                    self.dev.record_stream(t)
         start = time.perf_counter()
         self._complete(fl)
         self._marker[fl.g] = self.dev.event()
