@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from hydraplan.core.schema import GPUInfo, Plan, Profile, Scheme, TimeCoeffs
 from hydraplan.runtime import attention, device, faults, saved
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import warm_up
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import get_config
 from hydraplan.runtime.plans import build_plan, rank_model_bytes
@@ -314,10 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     timeout = timedelta(seconds=args.timeout_s)
     dev = device.pick()
     device.init_distributed(dev, timeout)
+    warm_s = warm_up([None], dev.torch)  # the default group's communicator, before any check (runtime/groups.py)
     watchdog = faults.Watchdog(dist.get_rank(), "doctor")
     dtype_name = device.default_dtype(dev)
     todo = set(args.checks.split(","))
-    report = {"environment": environment(dev, dtype_name), "checks": []}
+    report = {"environment": environment(dev, dtype_name) | {"warm_up_s": round(warm_s, 3)}, "checks": []}
     steps = [("attention", lambda: check_attention(dev, device.DTYPES[dtype_name]), True),
              ("collectives", lambda: check_collectives(dev, timeout), False),
              ("replay", lambda: check_replays(dev, dtype_name, timeout), False),

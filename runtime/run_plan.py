@@ -58,7 +58,7 @@ from hydraplan.methods.run import PlanRun
 from hydraplan.runtime import checkpoint, device, faults, hf, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
-from hydraplan.runtime.groups import RankSet, plan_groups
+from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
@@ -215,10 +215,13 @@ def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
     t0 = time.perf_counter()
     replayer.groups.create(sets)
     dist.barrier()
+    made = time.perf_counter() - t0
+    used = [None, replayer.pull_pg, replayer.push_pg, *replayer.groups.ordered()]
+    seconds = warm_up(used, replayer.device)  # before iteration 0, every rank alike
     if dist.get_rank() == 0:
         per_rank = int(groups_per_rank(sets, dist.get_world_size()).max(initial=0))
         print(f"groups: {len(sets)} process groups made before the first iteration ({per_rank} per rank at most) "
-              f"in {time.perf_counter() - t0:.2f}s", flush=True)
+              f"in {made:.2f}s; rank 0's {len(used)} communicators warmed up in {seconds:.2f}s", flush=True)
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
@@ -151,6 +152,27 @@ def test_single_process_replay_verifies(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     diffs = [float(x) for x in re.findall(r"verify: iteration \d+ max_abs_param_diff=(\S+)", out)]
     assert len(diffs) == 2 and max(diffs) <= 1e-12
+
+
+def test_every_communicator_is_warmed_up_before_the_first_iteration(tmp_path, monkeypatch, capsys):
+    """One collective on the default group and on LNK's pull and push groups before the first step (the TP, CP and
+    CAD groups join them with more ranks: runtime/groups.py), and the groups line says so before iteration 0."""
+    from hydraplan.runtime.replay import Replayer
+
+    _no_torchrun_env(monkeypatch)
+    write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5, 3]])], gpus=1))
+    events, made = [], []
+    all_reduce, step, init = dist.all_reduce, Replayer.step, Replayer.__init__
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, group=None, **kw: events.append(("all_reduce", group))
+                        or all_reduce(t, *a, group=group, **kw))
+    monkeypatch.setattr(Replayer, "step", lambda self, plan: events.append(("step", None)) or step(self, plan))
+    monkeypatch.setattr(Replayer, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
+    assert main([str(tmp_path), "--dtype", "fp64"]) == 0
+    first = events.index(("step", None))
+    assert events[:first] == [("all_reduce", g) for g in (None, made[0].pull_pg, made[0].push_pg)]
+    out = capsys.readouterr().out
+    assert re.search(r"^groups: .*; rank 0's 3 communicators warmed up in \d+\.\d+s$", out, re.M)
+    assert out.index("communicators warmed up") < out.index("iteration 0 ")
 
 
 @pytest.mark.parametrize("args,message", [

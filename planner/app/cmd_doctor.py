@@ -70,7 +70,7 @@ def _print(report: dict) -> None:
     if env:
         table.add_row("environment", "info", f"torch {env['torch']}, CUDA {env['cuda'] or '-'}, NCCL {env['nccl'] or '-'}; "
                       f"{env['ranks']} {env['backend']} ranks on {env['device']}, {env['dtype']}; attention "
-                      f"{env['attention']}")
+                      f"{env['attention']}; communicators warmed up in {env['warm_up_s']:.2f}s")
     for c in report["checks"]:
         table.add_row(c["check"], "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]", c["detail"])
     console.print(table)
