@@ -62,7 +62,7 @@ from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
-from hydraplan.runtime.optim import master_dtype
+from hydraplan.runtime.optim import DECAY_STYLES, Schedule, master_dtype
 from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
@@ -101,7 +101,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
                          "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2; runtime/verify.py)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the peak, with a schedule)")
+    ap.add_argument("--lr-warmup-iters", type=int, default=0, help="iterations of linear warmup to --lr")
+    ap.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="constant",
+                    help="after the warmup: constant, or linear / cosine decay to --min-lr")
+    ap.add_argument("--lr-decay-iters", type=int, default=None,
+                    help="iteration at which the decay reaches --min-lr (default: the run's last iteration + 1)")
+    ap.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
+    ap.add_argument("--clip-grad", type=float, default=1.0,
+                    help="clip the global gradient L2 norm to this (0: no clipping)")
     ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
                     help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
@@ -154,7 +162,10 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
         map_large_allocations()
     replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, dev, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
+    replayer.master.schedule = args.schedule
     verifier = Verifier(replayer, cfg, data, args.init_seed, args.lr, dtype) if args.verify else None
+    if verifier is not None and verifier.reference is not None:
+        verifier.reference.schedule = args.schedule
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -184,7 +195,8 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             print(f"iteration {plan.iteration} strategy {plan.strategy} {describe(plan)} tokens={data.labeled_tokens(plan)} "
                   f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
                   f"push {st.push_s:.3f}s, step {st.step_s:.3f}s; sync exposed {st.exposed_s:.3f}s, "
-                  f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
+                  f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)"
+                  + _optimizer_note(replayer), flush=True)
         if plan.cad is not None:
             _print_cad_balance(plan, replayer.cad_attention_s if replayer.last_role_cad else [])
         if verifier is not None:
@@ -208,6 +220,13 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             print(f"verify: FAILED, {verifier.what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _optimizer_note(replayer: Replayer) -> str:
+    """The step's learning rate and, when clipping, the global gradient norm before it."""
+    master = replayer.master
+    norm = f" grad_norm={master.last_grad_norm:.4g}" if master.last_grad_norm is not None else ""
+    return f" lr={master.schedule.lr_at(master.steps - 1):.4g}{norm}"
 
 
 def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
@@ -323,6 +342,19 @@ def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, args: arg
             raise UserError(why)
 
 
+def _schedule(args: argparse.Namespace, iterations: int) -> Schedule:
+    """The learning-rate schedule and clipping of the flags; the decay ends at the run's end by default."""
+    decay = args.lr_decay_iters if args.lr_decay_iters is not None else iterations
+    for flag, value in (("--lr-warmup-iters", args.lr_warmup_iters), ("--min-lr", args.min_lr),
+                        ("--clip-grad", args.clip_grad)):
+        if value < 0:
+            raise UserError(f"{flag}: {value} is negative")
+    if args.lr_decay_style != "constant" and decay <= args.lr_warmup_iters:
+        raise UserError(f"--lr-decay-iters: {decay} must exceed --lr-warmup-iters {args.lr_warmup_iters} "
+                        f"for a {args.lr_decay_style} decay")
+    return Schedule(args.lr, args.lr_warmup_iters, args.lr_decay_style, args.min_lr, decay, args.clip_grad)
+
+
 def _agree(error: str | None) -> str | None:
     """Every rank must agree before the first collective of training, or one would wait forever: the first
     rank's error, if any rank has one."""
@@ -346,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
             plans, done = _replayed(args, cfg, data, dev)
+            args.schedule = _schedule(args, max((p.iteration for _, p in plans), default=0) + 1)
         except UserError as e:
             error = str(e)
         if (first := _agree(error)) is not None:
@@ -367,6 +400,7 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     try:
         faults.configured()
         config = online.run_config(args, world)
+        args.schedule = _schedule(args, config.iterations)
         cfg, weights = _model(args)
         data = _token_data(args.dataset, cfg, planning=True)
         done = None

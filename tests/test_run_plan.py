@@ -332,6 +332,38 @@ def test_seq1f1b_with_context_parallelism_trains_exactly_like_one_process(tmp_pa
 
 
 @pytest.mark.slow
+def test_clipping_schedule_and_decay_groups_train_exactly_like_torch_in_one_process(tmp_path):
+    """Global-norm clipping over the owners' shards, warmup then cosine decay, and no weight decay on the norm
+    weights, over 6 iterations that change strategy (TP+SP, PP, CP, Seq1F1B, idle ranks), against the reference's
+    torch AdamW parameter groups and clip_grad_norm_ (fp64); the clip binds on every iteration."""
+    plans = [
+        make_plan(0, "A", [(2, 1, [0, 1], [[9, 5], [12]]), (1, 1, [2], [[7, 3, 4]]), (1, 1, [3], [[6], [8]])]),
+        make_plan(1, "B", [(1, 2, [0, 1], [[9, 5], [12], [3, 3]]), (1, 2, [2, 3], [[7, 3, 4], [6]])], first_id=100),
+        with_cp(make_plan(2, "C", [(1, 2, [1, 0, 3, 2], [[9, 14, 4], [17], [3, 8]])], first_id=200), 0, 2),
+        make_plan(3, "D", [(4, 1, [0, 1, 2, 3], [[9, 5, 2], [12], [6]])], first_id=300),
+        make_plan(4, "E", [(1, 4, [0, 1, 2, 3], [[5], [3, 3], [8], [2], [6]])], first_id=400),
+        make_plan(5, "F", [(2, 1, [3, 1], [[6, 6]])], first_id=500),  # ranks 0 and 2 idle: they only own shards
+    ]
+    for mb, b in zip(plans[2].pipelines[0].micro_batches, [[0, 12, 27], [0, 3, 17], [0, 6, 11]], strict=True):
+        mb.splits = b  # Seq1F1B with CP
+    for mb, b in zip(plans[4].pipelines[0].micro_batches, [[0, 2, 5], [0, 3, 6], [0, 4, 8], [0, 1, 2], [0, 3, 6]], strict=True):
+        mb.splits = b  # Seq1F1B at pp 4
+    for p in plans:
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify", "--tolerance", "1e-12", "--lr", "1e-2",
+                    "--clip-grad", "0.05", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--min-lr", "1e-3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+    assert len(diffs) == 6 and max(diffs) <= 1e-12
+    steps = re.findall(r"^iteration \d+ .* lr=(\S+) grad_norm=(\S+)$", res.stdout, re.M)
+    lrs, norms = [float(a) for a, _ in steps], [float(b) for _, b in steps]
+    # warmup 1/2, 2/2, then cosine from 1e-2 to 1e-3 over steps 2..5 (r = 0, 1/4, 2/4, 3/4)
+    cos = [1e-3 + 0.5 * (1 + np.cos(np.pi * r)) * 9e-3 for r in (0, 0.25, 0.5, 0.75)]
+    assert lrs == pytest.approx([5e-3, 1e-2, *cos], rel=1e-3)
+    assert len(norms) == 6 and min(norms) > 0.05
+
+
+@pytest.mark.slow
 def test_recomputation_with_sequence_parallelism_trains_exactly_like_one_process(tmp_path):
     """Selective and full recomputation on 4 ranks in fp64 under TP 2 and 4 (sequence parallel, token counts
     that do not divide by TP), PP, CP and Seq1F1B, next to pipelines that do not recompute, with pull and push
