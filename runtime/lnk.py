@@ -16,13 +16,16 @@ other); computing them as intersections also covers numels and degrees that do n
 pull: owners send pieces (cast to the compute dtype first, the paper's "To" before LNK), local pieces are
   copied, the rest go through one all_to_all_single with per-peer splits (gloo and NCCL both support
   uneven splits, unlike all_gather).
-push: TP rank t contributes chunk t of each of its stage's gradients (of the identical full gradient for
-  a replicated parameter, so every element is contributed once per pipeline), pieces go to the owners,
-  which sum the contributions of all pipelines. The CP ranks of a stage hold the same slices, each with
-  the partial gradient of its own tokens: to LNK they are replicas like other pipelines (the same Role),
-  each contributes its chunk and the owners' sum covers them too. So every owner shard still takes one
-  update from the sum of all contributions. For a homogeneous strategy pull is an all-gather and push
-  a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the owner shards shape the pieces.
+push: TP rank t contributes chunk t of each of its stage's TP-sharded gradients and the whole of its
+  gradient of a replicated parameter (a norm weight, which each TP rank applied to its own tokens' SP rows:
+  a partial gradient), pieces go to the owners, which sum the contributions of all pipelines and TP ranks.
+  So the TP ranks' partial norm gradients meet once per iteration, in the owners' sum, and no collective
+  runs for them in the backward (Megatron all-reduces them once per iteration too). The CP ranks of a
+  stage hold the same slices, each with the partial gradient of its own tokens: to LNK they are replicas
+  like other pipelines (the same Role), each contributes its part and the owners' sum covers them too. So
+  every owner shard still takes one update from the sum of all contributions. For a homogeneous strategy
+  pull is an all-gather and push a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the
+  owner shards shape the pieces.
 
 The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; running the
 exchanges, a bounded number of layer groups at a time, is runtime/lnk_streams.py.
@@ -58,10 +61,9 @@ def owner_ranges(numels: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray
     return r * numels[None, :] // world, (r + 1) * numels[None, :] // world
 
 
-def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None],
-                whole_replicated: bool) -> tuple[np.ndarray, np.ndarray]:
-    """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing). With `whole_replicated`
-    a replicated parameter counts whole (what pull delivers), else as its TP chunk (what push sends)."""
+def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None]) -> tuple[np.ndarray, np.ndarray]:
+    """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing): its TP chunk of a sharded
+    parameter, a replicated one whole (what pull delivers, and push sends back)."""
     lo = np.zeros((len(roles), len(numels)), dtype=np.int64)
     hi = np.zeros_like(lo)
     for r, role in enumerate(roles):
@@ -69,7 +71,7 @@ def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | 
             continue
         p = np.asarray(role.params, dtype=np.int64)
         n = numels[p]
-        chunk = ~(whole_replicated & ~sharded[p])
+        chunk = sharded[p]
         lo[r, p] = np.where(chunk, role.tp_rank * n // role.tp, 0)
         hi[r, p] = np.where(chunk, (role.tp_rank + 1) * n // role.tp, n)
     return lo, hi
@@ -280,11 +282,10 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
     owners = owner_ranges(numels, world)
-    needs = role_ranges(numels, sharded, roles, whole_replicated=True)
-    contribs = role_ranges(numels, sharded, roles, whole_replicated=False)
+    needs = role_ranges(numels, sharded, roles)
     owned = FlatLayout.of(owners[0][rank], owners[1][rank])
     local = FlatLayout.of(needs[0][rank], needs[1][rank])
-    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(contribs, owners, rank)
+    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(needs, owners, rank)
     return LinkPlan(
         rank=rank, world=world, owned=owned, local=local, pull=pull_ex, push=push_ex, group_params=group_params,
         pull_groups=tuple(compile_exchange(pull_ex, owned, local, list(group_params), world, accumulate=False)),
