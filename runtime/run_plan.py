@@ -55,7 +55,7 @@ import torch.distributed as dist
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan, scheme_label
 from hydraplan.methods.run import PlanRun
-from hydraplan.runtime import checkpoint, device, faults, hf, online
+from hydraplan.runtime import checkpoint, device, faults, hf, liveness, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
@@ -75,6 +75,9 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"run_plan: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+REPORT_WAIT_S = 10.0  # how long a rank that is not the first to report waits for the first one's line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -118,6 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="collective timeout: a stuck peer fails the job instead of hanging it")
+    ap.add_argument("--liveness-s", type=float, default=liveness.DEFAULT_S,
+                    help="a rank whose heartbeat stops this long is named in one line and the job ends (0: off)")
     online.add_arguments(ap)
     return ap.parse_args(argv)
 
@@ -135,15 +140,27 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
     trained. A failure inside ends the job in one line (runtime/faults.py), except errors of the types `alike`,
     which every rank raises at the same point (a plan they all refuse) and which go to the caller."""
     watchdog = faults.Watchdog(dist.get_rank())
+    heartbeat = liveness.Heartbeat(dist.get_rank(), dist.get_world_size(), args.liveness_s)
     at: list = [None, None]  # the plan iteration and source being trained
+
+    def finished(plan: Plan) -> None:
+        heartbeat.finished(plan.iteration)
+        if trained is not None:
+            trained(plan)
+
     try:
-        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, trained, at)
+        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, finished, at)
     except alike:
+        heartbeat.stop()
         watchdog.stop()
         raise
     except Exception as e:
+        heartbeat.stop()
+        if not heartbeat.first_to_report():  # another rank reports (its line sets the job's failure key)
+            watchdog.failed_elsewhere(wait_s=REPORT_WAIT_S)
         watchdog.handle(e, at[0], at[1])  # several ranks: never returns
         code = 1
+    heartbeat.stop()
     watchdog.stop()
     return code
 
