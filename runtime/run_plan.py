@@ -44,9 +44,10 @@ if __name__ == "__main__":
 
 import argparse
 import gc
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 
 import torch
@@ -194,7 +195,11 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             verifier.reference.load(hf_weights.full(torch.float64))
     _make_groups(replayer, groups)
     worst, last = 0.0, (done if done is not None else -1)
-    for plan in plans:
+    ahead = _SetupAhead(replayer, [] if args.memory else plans)  # --memory: no host work of the next plan inside
+    ahead.start(0)
+    for i, plan in enumerate(plans):
+        ahead.join()
+        ahead.start(i + 1)
         at[:] = [plan.iteration, source(plan)]
         last = plan.iteration
         if verifier is not None:
@@ -225,6 +230,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
         if trained is not None:
             trained(plan)
+    ahead.join()
     at[:] = [None, None]
     if args.save:
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
@@ -237,6 +243,36 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             print(f"verify: FAILED, {verifier.what}={worst:.3e} exceeds tolerance {tolerance:g}", file=sys.stderr)
         return 1
     return 0
+
+
+class _SetupAhead:
+    """A replayed plan's LNK plan (Replayer.setup: roles and plan_link, host work that takes 0.2-0.9 s for a new
+    64-GPU strategy and seconds at 1024 GPUs) made on a helper thread while the step before it runs, so a step
+    with a new strategy starts without it. Only for replayed plans (the next one is known); every group the
+    plans use was made before the first iteration (`_make_groups`), so setup makes none (no collective off the
+    main thread)."""
+
+    def __init__(self, replayer: Replayer, plans: Collection[Plan]):
+        self.replayer = replayer
+        self.plans = plans if isinstance(plans, Sequence) else None
+        self._thread: threading.Thread | None = None
+
+    def start(self, i: int) -> None:
+        if self.plans is not None and i < len(self.plans):
+            self._thread = threading.Thread(target=self._run, args=(self.plans[i],), name="hydraplan-setup-ahead",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self, plan: Plan) -> None:
+        try:
+            self.replayer.setup(plan)
+        except Exception:  # the step that needs it sets it up again and reports the error where it belongs
+            pass
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _optimizer_note(replayer: Replayer) -> str:

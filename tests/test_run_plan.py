@@ -175,6 +175,30 @@ def test_every_communicator_is_warmed_up_before_the_first_iteration(tmp_path, mo
     assert out.index("communicators warmed up") < out.index("iteration 0 ")
 
 
+def test_a_new_strategys_lnk_plan_is_made_during_the_step_before(tmp_path, monkeypatch, capsys):
+    """Replayed plans: plan_link for iteration i+1's new strategy runs on the helper thread while step i runs,
+    so the step that needs it finds it made."""
+    import threading
+
+    from hydraplan.runtime import lnk
+    from hydraplan.runtime.replay import Replayer
+
+    _no_torchrun_env(monkeypatch)
+    modes = ["none", "selective", "full"]
+    for i, mode in enumerate(modes):
+        write_model(tmp_path / f"iter_{i:06d}.json",
+                    recomputing(make_plan(i, mode, [(1, 1, [0], [[5, 3]])], gpus=1, first_id=10 * i), mode))
+    events = []
+    plan_link, step = lnk.plan_link, Replayer.step
+    monkeypatch.setattr(lnk, "plan_link", lambda *a, **kw: events.append(("plan_link", threading.current_thread().name))
+                        or plan_link(*a, **kw))
+    monkeypatch.setattr(Replayer, "step", lambda self, plan: events.append(("step", plan.iteration)) or step(self, plan))
+    assert main([str(tmp_path), "--dtype", "fp64"]) == 0
+    links = [k for k, e in enumerate(events) if e[0] == "plan_link"]
+    assert [events[k][1] for k in links] == ["hydraplan-setup-ahead"] * 3  # one per strategy, none on the main thread
+    assert all(links[i] < events.index(("step", i)) for i in range(3))
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "gpt5"], "unknown model 'gpt5'"),
     (["--iterations", "9"], "--iterations: 9 requested"),
