@@ -159,6 +159,12 @@ class Gather:
         ids = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
         return cls(tuple(np.diff(bounds).tolist()), tuple(ids.tolist()), int(sizes.sum()))
 
+    def contiguous_start(self) -> int | None:
+        """Where in the source the output lies as one contiguous run (the gather is a view), or None."""
+        if not self.ids or any(b != a + 1 for a, b in zip(self.ids, self.ids[1:])):
+            return None
+        return sum(self.seg_sizes[:self.ids[0]])
+
     def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if not self.ids:
             return out
@@ -172,7 +178,10 @@ class GroupExchange:
     send buffer (pieces already coalesced per peer, peers in rank order), one all_to_all_single, then
     unpack. `rounds`: pull has one (the received pieces tile the destination range exactly); push has one
     per contribution an owner element receives (each round tiles the owner range, padded from a zero tail
-    of the receive buffer where a segment has fewer contributions) and the rounds are summed."""
+    of the receive buffer where a segment has fewer contributions) and the rounds are summed. `stacked`: when
+    round r is the receive buffer's [start + r*n, start + (r+1)*n) for every r (n the owner range: each peer
+    sends it whole, as in a data-parallel layout), that start: the push sum is then one batched reduction of
+    a [rounds, n] view instead of one gather and add per round."""
 
     src: tuple[int, int]  # [lo, hi) in the source layout
     dst: tuple[int, int]  # [lo, hi) in the destination layout
@@ -181,6 +190,7 @@ class GroupExchange:
     pack: Gather
     rounds: tuple[Gather, ...]
     zero_tail: int
+    stacked: int | None = None
 
     @property
     def recv_total(self) -> int:
@@ -223,6 +233,14 @@ def _rounds(dst_start: np.ndarray, size: np.ndarray, recv_off: np.ndarray, n: in
     return out, zero_tail
 
 
+def _stacked(rounds: list[Gather], n: int) -> int | None:
+    """GroupExchange.stacked of these rounds (None: not one regular [rounds, n] view)."""
+    starts = [r.contiguous_start() for r in rounds]
+    if len(rounds) < 2 or starts[0] is None or any(s != starts[0] + k * n for k, s in enumerate(starts)):
+        return None
+    return starts[0]
+
+
 def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_params: list[np.ndarray], world: int,
                      accumulate: bool) -> list[GroupExchange]:
     """The exchange cut into one GroupExchange per layer group (pure numpy, once per strategy)."""
@@ -247,7 +265,8 @@ def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_param
             if not np.array_equal(np.cumsum(recv_size[order]) - recv_size[order], r_start[mr][order] - d_lo) or total != n:
                 raise ValueError("pull pieces do not tile the destination")
             rounds = [Gather.of(recv_off[order], recv_size[order], total)]
-        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail))
+        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail,
+                                 _stacked(rounds, n) if accumulate and tail == 0 else None))
     return out
 
 

@@ -335,10 +335,15 @@ class PushStream(_Direction):
         return self._post(g, send, recv)
 
     def _complete(self, fl: _InFlight) -> None:
-        """Sum the group's contributions into the owner shard (rounds: one per contribution an element gets)."""
+        """Sum the group's contributions into the owner shard: one batched reduction when they lie stacked in the
+        receive buffer (GroupExchange.stacked), else one gather and add per round of contributions."""
         ge = self.exchanges[fl.g]
         dst = self.out[ge.dst[0]:ge.dst[1]]
-        if ge.rounds and fl.recv.dtype == dst.dtype:
+        if ge.stacked is not None:  # every contribution a whole copy of the range: one batched reduction
+            n = dst.numel()
+            torch.sum(fl.recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n), dim=0,
+                      dtype=dst.dtype, out=dst)
+        elif ge.rounds and fl.recv.dtype == dst.dtype:
             ge.rounds[0](fl.recv, dst)  # out starts at zero: the first round is assigned
             scratch = torch.empty_like(dst) if len(ge.rounds) > 1 else None
             for r in ge.rounds[1:]:

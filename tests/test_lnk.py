@@ -156,6 +156,10 @@ def run_groups(plans: list[lnk.LinkPlan], which: str, sources: list[torch.Tensor
             out = outs[dst][ge.dst[0]:ge.dst[1]]
             for r in ge.rounds:
                 out += r(recv, torch.empty_like(out))
+            if ge.stacked is not None:  # the batched reduction PushStream uses instead equals the rounds' sum
+                n = out.numel()
+                stacked = recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n).sum(0)
+                torch.testing.assert_close(stacked, out, rtol=0, atol=1e-12)
     return outs
 
 
@@ -219,6 +223,11 @@ def test_homogeneous_strategy_pull_is_all_gather_and_push_is_reduce_scatter(worl
         np.testing.assert_array_equal(pl.push.recv.size, shard[pl.push.recv.param])
         np.testing.assert_array_equal(pl.push.recv.lo, r * shard[pl.push.recv.param])
         assert np.bincount(pl.push.recv.param).tolist() == [world // tp, world // tp, world]
+        if tp == 1:  # data parallel: each peer's contribution is the owner range whole, stacked in the buffer
+            assert [ge.stacked for ge in pl.push_groups] == [0]
+        pl = plan_link(numels, sharded, roles, r, (0, 1, 2))
+        if tp == 1:  # per layer group too: one batched reduction each, no round by round sum
+            assert [ge.stacked for ge in pl.push_groups] == [0, 0, 0]
 
 
 def test_communication_volume_bound_of_appendix_b():
