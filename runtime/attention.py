@@ -8,6 +8,10 @@ split (keys cached from earlier splits) and a CP rank's token runs (keys gathere
 ranks) have q_lens <= k_lens.
 
 Backends (`choose_backend`, first that applies; the reason is logged once per device/dtype/head dim):
+- "torch-varlen-fa3": the torch-varlen call below with torch's FlashAttention-3 kernels activated
+  (`torch.nn.attention.activate_flash_attention_impl("FA3")`, which routes torch's flash attention ops to
+  the `flash_attn_interface` package's Hopper kernels); needs compute capability 9.x, torch varlen_attn,
+  the FA3 package importable, fp16/bf16 and head dim a multiple of 8 up to 256;
 - "torch-varlen": torch's `torch.nn.attention.varlen.varlen_attn` (its FlashAttention-2 kernels) with
   separate query and key offsets and window_size=(-1, 0), which torch's flash kernel aligns bottom-right;
   needs CUDA, a torch built with flash attention, compute capability >= 8.0, fp16/bf16, head dim a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import logging
 import math
 import re
@@ -42,6 +47,8 @@ HALF = (torch.float16, torch.bfloat16)
 MIN_CAPABILITY = (8, 0)  # FlashAttention-2 (torch's and flash-attn's): Ampere or newer
 MAX_HEAD_DIM = 256
 FLASH_ATTN_MIN = (2, 1)  # bottom-right causal alignment
+FA3_MAJOR = 9  # FlashAttention-3's kernels are Hopper's (sm90)
+FA3_PACKAGE = "flash_attn_interface"  # what torch's FA3 registration imports (torch/nn/attention/_fa3.py)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Capability:
     compute_capability: tuple[int, int] | None = None
     torch_varlen: bool = False  # torch.nn.attention.varlen importable and torch built with flash attention
     flash_attn: str | None = None  # installed flash-attn version
+    fa3: bool = False  # torch can activate its FA3 impl and the FA3 kernels' package is importable
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,9 @@ def choose_backend(cap: Capability, dtype: torch.dtype, head_dim: int) -> Choice
     if cc < MIN_CAPABILITY:
         return Choice("sdpa-per-document", f"compute capability {cc[0]}.{cc[1]} < {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
                               "(FlashAttention-2 kernels need Ampere or newer)")
+    if cap.torch_varlen and cap.fa3 and cc[0] == FA3_MAJOR:
+        return Choice("torch-varlen-fa3", f"CUDA sm{cc[0]}{cc[1]}, {dtype}, head dim {head_dim}: torch varlen_attn "
+                                          "with torch's FlashAttention-3 kernels (Hopper, bottom-right causal)")
     if cap.torch_varlen:
         return Choice("torch-varlen", f"CUDA sm{cc[0]}{cc[1]}, {dtype}, head dim {head_dim}: torch varlen_attn "
                                       "(FlashAttention-2, bottom-right causal)")
@@ -103,6 +114,26 @@ def _flash_attn_fn():
     return flash_attn_varlen_func
 
 
+def _fa3_offered() -> bool:
+    """torch lists an FA3 impl and its kernels' package is importable (activation itself is `_flash_impl`)."""
+    try:
+        from torch.nn.attention import list_flash_attention_impls
+    except ImportError:
+        return False
+    return "FA3" in list_flash_attention_impls() and importlib.util.find_spec(FA3_PACKAGE) is not None
+
+
+def _flash_impl(fa3: bool) -> None:
+    """Route torch's flash attention ops to FA3 (True) or back to its built-in FA2 kernels; a process-wide
+    switch, flipped only when it changes (`hydraplan doctor` checks both backends one after the other)."""
+    from torch.nn.attention import activate_flash_attention_impl, current_flash_attention_impl, restore_flash_attention_impl
+
+    if fa3 and current_flash_attention_impl() != "FA3":
+        activate_flash_attention_impl("FA3")
+    elif not fa3 and current_flash_attention_impl() is not None:
+        restore_flash_attention_impl()
+
+
 @functools.cache
 def probe(device: torch.device) -> Capability:
     """The real capability of `device` (cached: queried once per process and device)."""
@@ -114,7 +145,7 @@ def probe(device: torch.device) -> Capability:
         flash = None
     return Capability(cuda=True, compute_capability=tuple(torch.cuda.get_device_capability(device)),
                       torch_varlen=_torch_varlen_fn() is not None and torch.backends.cuda.is_flash_attention_available(),
-                      flash_attn=flash)
+                      flash_attn=flash, fa3=_fa3_offered())
 
 
 @functools.cache
@@ -244,6 +275,8 @@ def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> list[s
         (cap.compute_capability or (0, 0)) >= MIN_CAPABILITY)
     if kernels and cap.torch_varlen:
         out.append("torch-varlen")
+    if kernels and cap.torch_varlen and cap.fa3 and (cap.compute_capability or (0, 0))[0] == FA3_MAJOR:
+        out.append("torch-varlen-fa3")
     if kernels and cap.flash_attn is not None and _major_minor(cap.flash_attn) >= FLASH_ATTN_MIN:
         out.append("flash-attn")
     return out
@@ -251,7 +284,8 @@ def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> list[s
 
 def run_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: Windows) -> torch.Tensor:
     """`window_attention` with the given backend instead of the chosen one."""
-    if backend == "torch-varlen":
+    if backend in ("torch-varlen", "torch-varlen-fa3"):
+        _flash_impl(backend == "torch-varlen-fa3")
         return _torch_varlen_call(q, k, v, kernel_args(q, k, w))
     if backend == "flash-attn":
         return _flash_attn_call(q, k, v, kernel_args(q, k, w))

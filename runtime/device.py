@@ -228,9 +228,11 @@ def pick(local_rank: int | None = None) -> Device:
 
 
 def init_distributed(dev: Device, timeout) -> None:
-    """The default process group on `dev`'s backend: under torchrun from its environment, else one process."""
+    """The default process group on `dev`'s backend: under torchrun from its environment, else one process; on
+    CUDA bound to the device (runtime/groups.py)."""
     dev.configure()
+    bound = {"device_id": dev.torch} if dev.kind == "cuda" else {}  # NCCL: communicator now, subgroups split from it
     if "WORLD_SIZE" in os.environ:
-        dist.init_process_group(dev.backend, timeout=timeout)
+        dist.init_process_group(dev.backend, timeout=timeout, **bound)
     else:
-        dist.init_process_group(dev.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(dev.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **bound)

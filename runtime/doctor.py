@@ -17,7 +17,12 @@ on CPU with gloo.
 - memory: each rank's measured peak (runtime/device.py) of steps whose micro-batches fill the scheme's MaxLen
   (every rank <1,1,1>, then <2,2,1>), against the memory model (hydraplan.core.memory): measured / model at most
   MEMORY_SLACK. The model is the measured cpu-tiny profile's on CPU; on CUDA an analytic one of the tiny model
-  (hydraplan.core.analytic) without its NCCL term, which torch's allocator does not see.
+  (hydraplan.core.analytic) without its NCCL term, which torch's allocator does not see;
+- activations: what one decoder layer of the analytic profiles' model (LLaMA-2 7B: hidden, heads, FFN) keeps for
+  its backward per token in bf16, at ACTIVATION_TOKENS tokens, without, with selective and with full
+  recomputation at TP 1 and TP 2 with SP (runtime/saved.py; the cases shared out over the ranks), against the
+  memory model's per-token term: it fails when a layer keeps more than the model charges (beyond the
+  statistics the model leaves out) or less than saved.MIN_SHARE of it.
 """
 
 from __future__ import annotations
@@ -42,19 +47,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hydraplan.core.schema import GPUInfo, Plan, Profile, Scheme, TimeCoeffs
-from hydraplan.runtime import attention, device, faults
+from hydraplan.runtime import attention, device, faults, saved
 from hydraplan.runtime.batches import TokenData
+from hydraplan.runtime.groups import warm_up
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import get_config
 from hydraplan.runtime.plans import build_plan, rank_model_bytes
+from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.verify import TOLERANCE, Verifier
 
-CHECKS = ("attention", "collectives", "replay", "memory")
+CHECKS = ("attention", "collectives", "replay", "memory", "activations")
 ATTENTION_TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative L2 error vs fp64 SDPA
 MEMORY_SLACK = 1.10  # measured / model at most this (the model must not underestimate a rank)
 CUDA_MEMORY_TOKENS = 4096  # the memory check's micro-batch on CUDA, where the tiny model's MaxLen is enormous
 MODEL = "tiny"
+ACTIVATION_TOKENS = 2048  # the activations check's one-document micro-batch
 
 
 # --------------------------------------------------------------------------------------- attention
@@ -252,6 +260,25 @@ def check_memory(dev: device.Device, dtype_name: str, timeout: timedelta) -> str
     return f"peak / model ({profile.name}) at MaxLen: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
 
 
+def check_activations(dev: device.Device) -> str:
+    """Saved bytes per token of one LLaMA-2 7B layer against the memory model, every (mode, TP) case once."""
+    cfg = get_config(saved.PROFILE_MODEL)
+    cases = [(mode, tp) for tp in (1, 2) for mode in MODES]
+    mine = [(mode, tp, saved.saved_bytes_per_token(cfg, mode, tp, ACTIVATION_TOKENS, torch.bfloat16, dev.torch))
+            for mode, tp in cases[dist.get_rank()::dist.get_world_size()]]
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    rows = []
+    for mode, tp, got in sorted((r for part in every for r in part), key=lambda r: (r[1], MODES.index(r[0]))):
+        model = saved.model_bytes_per_token(saved.PROFILE_MODEL, mode, tp)
+        beyond = got - saved.uncharged_bytes_per_token(cfg, tp, mode)
+        rows.append(f"{mode} TP{tp} {got:,.0f}/{model:,.0f}")
+        if not saved.MIN_SHARE * model <= beyond <= model:
+            raise AssertionError(f"{mode} recomputation at TP {tp}: a layer keeps {got:,.0f} bytes per token, the model "
+                                 f"charges {model:,.0f} (+{got - beyond:,.0f} uncharged statistics)")
+    return f"{saved.PROFILE_MODEL} layer, bytes per token kept / modeled: " + ", ".join(rows)
+
+
 # --------------------------------------------------------------------------------------------- run
 def environment(dev: device.Device, dtype_name: str) -> dict:
     cuda = dev.kind == "cuda"
@@ -288,14 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     timeout = timedelta(seconds=args.timeout_s)
     dev = device.pick()
     device.init_distributed(dev, timeout)
+    warm_s = warm_up([None], dev.torch)  # the default group's communicator, before any check (runtime/groups.py)
     watchdog = faults.Watchdog(dist.get_rank(), "doctor")
     dtype_name = device.default_dtype(dev)
     todo = set(args.checks.split(","))
-    report = {"environment": environment(dev, dtype_name), "checks": []}
+    report = {"environment": environment(dev, dtype_name) | {"warm_up_s": round(warm_s, 3)}, "checks": []}
     steps = [("attention", lambda: check_attention(dev, device.DTYPES[dtype_name]), True),
              ("collectives", lambda: check_collectives(dev, timeout), False),
              ("replay", lambda: check_replays(dev, dtype_name, timeout), False),
-             ("memory", lambda: check_memory(dev, dtype_name, timeout), False)]
+             ("memory", lambda: check_memory(dev, dtype_name, timeout), False),
+             ("activations", lambda: check_activations(dev), False)]
     for name, fn, local in steps:
         if name not in todo:
             continue

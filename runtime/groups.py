@@ -5,17 +5,23 @@ global order, and only the members set a communicator up (a non-member's call is
 `use_local_synchronization`, where only members call, is no way out: the name it gives a group hashes how
 many groups the caller already has, so members with different histories wait under different names. So
 the runtime walks the whole family once at start-up (solve/placement.py `family`: a few groups per rank
-and scheme width) and no plan creates a group later; NCCL sets a communicator up at its first collective.
+and scheme width) and no plan creates a group later. NCCL would set a communicator up at its first collective,
+inside the first iteration that uses it while LNK traffic is in flight on others; so the default group is bound to
+the rank's GPU (`init_process_group(device_id=...)`: its communicator made at once, subgroups split from it) and
+`warm_up` runs one collective on every group of the run before the first iteration (on gloo too). Pipeline p2p
+connections are still made at a pair's first send.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import NoReturn
 
+import torch
 import torch.distributed as dist
 
 from hydraplan.core.schema import Plan
@@ -80,6 +86,21 @@ class GroupCache:
     def mine(self) -> int:
         """Groups this rank belongs to."""
         return len(self._groups)
+
+    def ordered(self) -> list[dist.ProcessGroup]:
+        """This rank's groups in the order they were made (one global order)."""
+        return list(self._groups.values())
+
+
+def warm_up(groups: Sequence[dist.ProcessGroup | None], dev: torch.device) -> float:
+    """One all-reduce on each group (None: the default group), in the given order, which must be one global
+    order (then no two ranks wait for each other crosswise); returns the seconds, device work included."""
+    t0 = time.perf_counter()
+    one = torch.ones(1, device=dev)
+    for group in groups:
+        dist.all_reduce(one, group=group)
+    one.cpu()
+    return time.perf_counter() - t0
 
 
 def exit_process(code: int) -> NoReturn:

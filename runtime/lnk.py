@@ -16,13 +16,16 @@ other); computing them as intersections also covers numels and degrees that do n
 pull: owners send pieces (cast to the compute dtype first, the paper's "To" before LNK), local pieces are
   copied, the rest go through one all_to_all_single with per-peer splits (gloo and NCCL both support
   uneven splits, unlike all_gather).
-push: TP rank t contributes chunk t of each of its stage's gradients (of the identical full gradient for
-  a replicated parameter, so every element is contributed once per pipeline), pieces go to the owners,
-  which sum the contributions of all pipelines. The CP ranks of a stage hold the same slices, each with
-  the partial gradient of its own tokens: to LNK they are replicas like other pipelines (the same Role),
-  each contributes its chunk and the owners' sum covers them too. So every owner shard still takes one
-  update from the sum of all contributions. For a homogeneous strategy pull is an all-gather and push
-  a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the owner shards shape the pieces.
+push: TP rank t contributes chunk t of each of its stage's TP-sharded gradients and the whole of its
+  gradient of a replicated parameter (a norm weight, which each TP rank applied to its own tokens' SP rows:
+  a partial gradient), pieces go to the owners, which sum the contributions of all pipelines and TP ranks.
+  So the TP ranks' partial norm gradients meet once per iteration, in the owners' sum, and no collective
+  runs for them in the backward (Megatron all-reduces them once per iteration too). The CP ranks of a
+  stage hold the same slices, each with the partial gradient of its own tokens: to LNK they are replicas
+  like other pipelines (the same Role), each contributes its part and the owners' sum covers them too. So
+  every owner shard still takes one update from the sum of all contributions. For a homogeneous strategy
+  pull is an all-gather and push a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the
+  owner shards shape the pieces.
 
 The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; running the
 exchanges, a bounded number of layer groups at a time, is runtime/lnk_streams.py.
@@ -58,10 +61,9 @@ def owner_ranges(numels: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray
     return r * numels[None, :] // world, (r + 1) * numels[None, :] // world
 
 
-def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None],
-                whole_replicated: bool) -> tuple[np.ndarray, np.ndarray]:
-    """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing). With `whole_replicated`
-    a replicated parameter counts whole (what pull delivers), else as its TP chunk (what push sends)."""
+def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None]) -> tuple[np.ndarray, np.ndarray]:
+    """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing): its TP chunk of a sharded
+    parameter, a replicated one whole (what pull delivers, and push sends back)."""
     lo = np.zeros((len(roles), len(numels)), dtype=np.int64)
     hi = np.zeros_like(lo)
     for r, role in enumerate(roles):
@@ -69,7 +71,7 @@ def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | 
             continue
         p = np.asarray(role.params, dtype=np.int64)
         n = numels[p]
-        chunk = ~(whole_replicated & ~sharded[p])
+        chunk = sharded[p]
         lo[r, p] = np.where(chunk, role.tp_rank * n // role.tp, 0)
         hi[r, p] = np.where(chunk, (role.tp_rank + 1) * n // role.tp, n)
     return lo, hi
@@ -157,6 +159,12 @@ class Gather:
         ids = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
         return cls(tuple(np.diff(bounds).tolist()), tuple(ids.tolist()), int(sizes.sum()))
 
+    def contiguous_start(self) -> int | None:
+        """Where in the source the output lies as one contiguous run (the gather is a view), or None."""
+        if not self.ids or any(b != a + 1 for a, b in zip(self.ids, self.ids[1:])):
+            return None
+        return sum(self.seg_sizes[:self.ids[0]])
+
     def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if not self.ids:
             return out
@@ -170,7 +178,10 @@ class GroupExchange:
     send buffer (pieces already coalesced per peer, peers in rank order), one all_to_all_single, then
     unpack. `rounds`: pull has one (the received pieces tile the destination range exactly); push has one
     per contribution an owner element receives (each round tiles the owner range, padded from a zero tail
-    of the receive buffer where a segment has fewer contributions) and the rounds are summed."""
+    of the receive buffer where a segment has fewer contributions) and the rounds are summed. `stacked`: when
+    round r is the receive buffer's [start + r*n, start + (r+1)*n) for every r (n the owner range: each peer
+    sends it whole, as in a data-parallel layout), that start: the push sum is then one batched reduction of
+    a [rounds, n] view instead of one gather and add per round."""
 
     src: tuple[int, int]  # [lo, hi) in the source layout
     dst: tuple[int, int]  # [lo, hi) in the destination layout
@@ -179,6 +190,7 @@ class GroupExchange:
     pack: Gather
     rounds: tuple[Gather, ...]
     zero_tail: int
+    stacked: int | None = None
 
     @property
     def recv_total(self) -> int:
@@ -221,6 +233,14 @@ def _rounds(dst_start: np.ndarray, size: np.ndarray, recv_off: np.ndarray, n: in
     return out, zero_tail
 
 
+def _stacked(rounds: list[Gather], n: int) -> int | None:
+    """GroupExchange.stacked of these rounds (None: not one regular [rounds, n] view)."""
+    starts = [r.contiguous_start() for r in rounds]
+    if len(rounds) < 2 or starts[0] is None or any(s != starts[0] + k * n for k, s in enumerate(starts)):
+        return None
+    return starts[0]
+
+
 def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_params: list[np.ndarray], world: int,
                      accumulate: bool) -> list[GroupExchange]:
     """The exchange cut into one GroupExchange per layer group (pure numpy, once per strategy)."""
@@ -245,7 +265,8 @@ def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_param
             if not np.array_equal(np.cumsum(recv_size[order]) - recv_size[order], r_start[mr][order] - d_lo) or total != n:
                 raise ValueError("pull pieces do not tile the destination")
             rounds = [Gather.of(recv_off[order], recv_size[order], total)]
-        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail))
+        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail,
+                                 _stacked(rounds, n) if accumulate and tail == 0 else None))
     return out
 
 
@@ -280,11 +301,10 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
     owners = owner_ranges(numels, world)
-    needs = role_ranges(numels, sharded, roles, whole_replicated=True)
-    contribs = role_ranges(numels, sharded, roles, whole_replicated=False)
+    needs = role_ranges(numels, sharded, roles)
     owned = FlatLayout.of(owners[0][rank], owners[1][rank])
     local = FlatLayout.of(needs[0][rank], needs[1][rank])
-    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(contribs, owners, rank)
+    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(needs, owners, rank)
     return LinkPlan(
         rank=rank, world=world, owned=owned, local=local, pull=pull_ex, push=push_ex, group_params=group_params,
         pull_groups=tuple(compile_exchange(pull_ex, owned, local, list(group_params), world, accumulate=False)),

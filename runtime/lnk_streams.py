@@ -98,6 +98,7 @@ class _InFlight:
     work: dist.Work
     send: torch.Tensor  # kept alive until the exchange completes
     recv: torch.Tensor
+    thread: int = field(default_factory=threading.get_ident)  # the poster's, whose stream allocated the buffers
 
 
 class _Direction:
@@ -164,6 +165,12 @@ class _Direction:
         if record:  # the waiting thread is the compute thread (no overlap): its wait is exposed
             self.clock.waits.append((self.kind, fl.g, t, self.dev.stamp()))
         self.clock.completed(self.kind, fl.g)
+        if fl.thread != threading.get_ident():
+            # posted from another thread (push: by the backward), so allocated on the compute stream; this stream
+            # reads recv and drops both, so the allocator must not hand them to the compute stream before it is done
+            for t in (fl.send, fl.recv):
+                if t.numel():
+                    self.dev.record_stream(t)
         start = time.perf_counter()
         self._complete(fl)
         self._marker[fl.g] = self.dev.event()
@@ -328,10 +335,15 @@ class PushStream(_Direction):
         return self._post(g, send, recv)
 
     def _complete(self, fl: _InFlight) -> None:
-        """Sum the group's contributions into the owner shard (rounds: one per contribution an element gets)."""
+        """Sum the group's contributions into the owner shard: one batched reduction when they lie stacked in the
+        receive buffer (GroupExchange.stacked), else one gather and add per round of contributions."""
         ge = self.exchanges[fl.g]
         dst = self.out[ge.dst[0]:ge.dst[1]]
-        if ge.rounds and fl.recv.dtype == dst.dtype:
+        if ge.stacked is not None:  # every contribution a whole copy of the range: one batched reduction
+            n = dst.numel()
+            torch.sum(fl.recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n), dim=0,
+                      dtype=dst.dtype, out=dst)
+        elif ge.rounds and fl.recv.dtype == dst.dtype:
             ge.rounds[0](fl.recv, dst)  # out starts at zero: the first round is assigned
             scratch = torch.empty_like(dst) if len(ge.rounds) > 1 else None
             for r in ge.rounds[1:]:

@@ -9,7 +9,7 @@ output `wo`, MLP `w_down`) are stored input-major, [in, out], and applied as x @
     column-parallel  wq, wk, wv [heads*head_dim, hidden]; w_gate, w_up [ffn, hidden]     y = x @ W.T
     row-parallel     wo [heads*head_dim, hidden]; w_down [ffn, hidden]                      y = x @ W
     vocab-parallel   embed.weight, head.weight [vocab, hidden]
-    replicated       RMSNorm weights [hidden] (identical on every TP rank, gradients too)
+    replicated       RMSNorm weights [hidden] (identical on every TP rank; each TP rank's gradient is its tokens' part)
 Pipeline stage s of pp holds layers [s*L//pp, (s+1)*L//pp); the embedding sits on the first stage, the
 final norm and the LM head on the last. Context parallelism needs no parameter layout: a CP rank runs
 the stage on its share of the tokens, and attention reaches the other CP ranks' keys and values through
@@ -37,7 +37,7 @@ from hydraplan.runtime.attention import Windows, keeps_scores, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
 from hydraplan.runtime.context_parallel import attend_gathered, gather_kv
 from hydraplan.runtime.recompute import MODES, recomputed, swiglu_down
-from hydraplan.runtime.sequence_parallel import TPGroup, gather_linear, scatter_to_sp, sum_grad_over_tp
+from hydraplan.runtime.sequence_parallel import TPGroup, gather_linear, scatter_to_sp
 
 INIT_STD = 0.02
 
@@ -220,8 +220,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+class _RMSNorm(torch.autograd.Function):
+    """x * rstd(x) * w keeping only x (the caller's tensor, in the compute dtype) and rstd (fp32 for bf16/fp16,
+    one per token) for the backward: autograd through the formula would also keep an fp32 copy of x and the
+    normalized tensor, 4x the memory model's 2h bytes per token and norm (hydraplan.core.hardware activations)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float):
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (xf * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w, rstd = ctx.saved_tensors
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xhat = xf * rstd
+        dw = (dy.to(xhat.dtype) * xhat.to(x.dtype).to(xhat.dtype)).flatten(0, -2).sum(0).to(w.dtype)
+        dxhat = dy.to(xhat.dtype) * w.to(xhat.dtype)
+        dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), dw, None
+
+
 class RMSNorm(nn.Module):
-    """On SP rows under TP: its replicated weight's gradient is summed over the TP ranks' tokens."""
+    """On SP rows under TP: its replicated weight's gradient is this TP rank's tokens' part; LNK push sums the
+    TP ranks' parts at the owners, once per iteration (runtime/lnk.py)."""
 
     def __init__(self, dim: int, eps: float, tp: TPGroup, **kw):
         super().__init__()
@@ -229,9 +253,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, **kw))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        w = sum_grad_over_tp(self.weight, self.tp)
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
+        return _RMSNorm.apply(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):

@@ -1,6 +1,7 @@
 """Activation recomputation, a per-pipeline choice (the plan's `recompute`, docs/formats.md):
 
-- "none": autograd keeps what each op saves;
+- "none": every op keeps what its backward needs, no more (the norms their input and rstd, SwiGLU its gate
+  and up projections and their product: model.RMSNorm, `swiglu_down`);
 - "selective": what is cheap to recompute and large is dropped after the forward and recomputed in the
   backward: the SwiGLU intermediates (`swiglu_down` keeps the gate and up projections; silu and their
   product are recomputed, elementwise) and the attention core's score matrices where the kernel would keep
@@ -47,6 +48,23 @@ class _SwiGLUDown(torch.autograd.Function):
         return dp * u * sig * (1 + g * (1 - sig)), dp * silu, (silu * u).T @ dy
 
 
+class _SwiGLU(torch.autograd.Function):
+    """silu(g) * u keeping only g and u (autograd would keep silu(g) as well: 8f bytes per token in bf16 with the
+    product the down projection keeps, where the memory model charges 6f); silu is recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor):
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dp: torch.Tensor):
+        g, u = ctx.saved_tensors
+        sig = torch.sigmoid(g)
+        return dp * u * sig * (1 + g * (1 - sig)), dp * (g * sig)
+
+
 def swiglu_down(g: torch.Tensor, u: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:
-    """The MLP's (silu(g) * u) @ w: under selective recomputation its intermediates are not kept."""
-    return _SwiGLUDown.apply(g, u, w) if mode == "selective" else (F.silu(g) * u) @ w
+    """The MLP's (silu(g) * u) @ w: under selective recomputation its intermediates are not kept; otherwise the
+    gate, the up projection and their product are (the product for w's gradient)."""
+    return _SwiGLUDown.apply(g, u, w) if mode == "selective" else _SwiGLU.apply(g, u) @ w

@@ -1,7 +1,8 @@
 """Single-process training on the same batches: the ground truth `run_plan.py --verify` compares against.
 
 It mirrors the distributed job's numerics (master weights in the master dtype, a compute copy in the
-compute dtype, the same AdamW and the same 1/labeled-tokens loss scaling) but has no TP, PP, shards or
+compute dtype, AdamW with weight decay on the matrices only, the same learning-rate schedule, gradient clipping
+by torch's clip_grad_norm_, and the same 1/labeled-tokens loss scaling) but has no TP, PP, shards or
 heterogeneous pipelines, so any resharding or scheduling bug shows up as a parameter difference.
 """
 
@@ -13,7 +14,7 @@ from torch import nn
 from hydraplan.core.schema import Plan
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.model import ModelConfig, StageModule, init_full, param_specs
-from hydraplan.runtime.optim import make_optimizer, master_dtype
+from hydraplan.runtime.optim import Schedule, decays, make_optimizer, master_dtype
 
 
 class Reference:
@@ -23,7 +24,11 @@ class Reference:
         mdt = master_dtype(dtype)
         self.master = [nn.Parameter(init_full(s, i, seed, mdt).to(device)) for i, s in enumerate(param_specs(cfg))]
         self.model = StageModule(cfg, dtype=dtype, device=device)
-        self.optimizer = make_optimizer(self.master, lr)
+        specs = param_specs(cfg)
+        self.optimizer = make_optimizer([m for m, s in zip(self.master, specs) if decays(s)], lr,
+                                        [m for m, s in zip(self.master, specs) if not decays(s)])
+        self.schedule = Schedule(lr)  # the run's (run_plan sets both); clipping by torch's clip_grad_norm_
+        self.steps = 0
 
     @torch.no_grad()
     def load(self, weights: list[torch.Tensor]) -> None:
@@ -39,7 +44,12 @@ class Reference:
         loss = self._backward(plan)
         for p, m in zip(self.model.ordered_params(), self.master):
             m.grad = p.grad.to(m.dtype)
+        if self.schedule.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.master, self.schedule.clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.schedule.lr_at(self.steps)
         self.optimizer.step()
+        self.steps += 1
         return loss
 
     def gradient(self, plan: Plan, weights: torch.Tensor) -> torch.Tensor:

@@ -46,9 +46,10 @@ if __name__ == "__main__":
 import argparse
 import gc
 import os
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 
 import torch
@@ -57,14 +58,14 @@ import torch.distributed as dist
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan, scheme_label
 from hydraplan.methods.run import PlanRun
-from hydraplan.runtime import checkpoint, device, faults, hf, online
+from hydraplan.runtime import checkpoint, device, faults, hf, liveness, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
-from hydraplan.runtime.groups import RankSet, plan_groups
+from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
-from hydraplan.runtime.optim import master_dtype
+from hydraplan.runtime.optim import DECAY_STYLES, Schedule, master_dtype
 from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
@@ -78,6 +79,9 @@ class _Parser(argparse.ArgumentParser):
         if os.environ.get("RANK", "0") == "0":  # every rank parses the same arguments: one line for the job
             print(f"run_plan: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+REPORT_WAIT_S = 10.0  # how long a rank that is not the first to report waits for the first one's line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,7 +110,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=None,
                     help="--verify tolerance: max abs parameter difference (fp64) or relative gradient error "
                          "(fp32, bf16) (default per dtype: 1e-9, 1e-5, 1e-2; runtime/verify.py)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the peak, with a schedule)")
+    ap.add_argument("--lr-warmup-iters", type=int, default=0, help="iterations of linear warmup to --lr")
+    ap.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="constant",
+                    help="after the warmup: constant, or linear / cosine decay to --min-lr")
+    ap.add_argument("--lr-decay-iters", type=int, default=None,
+                    help="iteration at which the decay reaches --min-lr (default: the run's last iteration + 1)")
+    ap.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
+    ap.add_argument("--clip-grad", type=float, default=1.0,
+                    help="clip the global gradient L2 norm to this (0: no clipping)")
     ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
     ap.add_argument("--memory", action="store_true",
                     help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
@@ -115,6 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="pull everything before and push everything after the propagation (no communication hidden)")
     ap.add_argument("--timeout-s", type=float, default=300.0,
                     help="collective timeout: a stuck peer fails the job instead of hanging it")
+    ap.add_argument("--liveness-s", type=float, default=liveness.DEFAULT_S,
+                    help="a rank whose heartbeat stops this long is named in one line and the job ends (0: off)")
     online.add_arguments(ap)
     return ap.parse_args(argv)
 
@@ -132,15 +146,27 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
     trained. A failure inside ends the job in one line (runtime/faults.py), except errors of the types `alike`,
     which every rank raises at the same point (a plan they all refuse) and which go to the caller."""
     watchdog = faults.Watchdog(dist.get_rank())
+    heartbeat = liveness.Heartbeat(dist.get_rank(), dist.get_world_size(), args.liveness_s)
     at: list = [None, None]  # the plan iteration and source being trained
+
+    def finished(plan: Plan) -> None:
+        heartbeat.finished(plan.iteration)
+        if trained is not None:
+            trained(plan)
+
     try:
-        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, trained, at)
+        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, finished, at)
     except alike:
+        heartbeat.stop()
         watchdog.stop()
         raise
     except Exception as e:
+        heartbeat.stop()
+        if not heartbeat.first_to_report():  # another rank reports (its line sets the job's failure key)
+            watchdog.failed_elsewhere(wait_s=REPORT_WAIT_S)
         watchdog.handle(e, at[0], at[1])  # several ranks: never returns
         code = 1
+    heartbeat.stop()
     watchdog.stop()
     return code
 
@@ -159,7 +185,10 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
         map_large_allocations()
     replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, dev, timedelta(seconds=args.timeout_s),
                         overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
+    replayer.master.schedule = args.schedule
     verifier = Verifier(replayer, cfg, data, args.init_seed, args.lr, dtype) if args.verify else None
+    if verifier is not None and verifier.reference is not None:
+        verifier.reference.schedule = args.schedule
     if done is not None:
         replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
         if rank == 0:
@@ -171,7 +200,11 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             verifier.reference.load(hf_weights.full(torch.float64))
     _make_groups(replayer, groups)
     worst, last = 0.0, (done if done is not None else -1)
-    for plan in plans:
+    ahead = _SetupAhead(replayer, [] if args.memory else plans)  # --memory: no host work of the next plan inside
+    ahead.start(0)
+    for i, plan in enumerate(plans):
+        ahead.join()
+        ahead.start(i + 1)
         at[:] = [plan.iteration, source(plan)]
         last = plan.iteration
         if verifier is not None:
@@ -189,7 +222,8 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             print(f"iteration {plan.iteration} strategy {plan.strategy} {describe(plan)} tokens={data.labeled_tokens(plan)} "
                   f"loss={st.loss:.6f} time={st.total_s:.3f}s (pull {st.pull_s:.3f}s, propagate {st.propagate_s:.3f}s, "
                   f"push {st.push_s:.3f}s, step {st.step_s:.3f}s; sync exposed {st.exposed_s:.3f}s, "
-                  f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)", flush=True)
+                  f"hidden {st.hidden_s:.3f}s, peer wait {st.peer_wait_s:.3f}s, pack {st.pack_s:.3f}s)"
+                  + _optimizer_note(replayer), flush=True)
         if plan.cad is not None:
             _print_cad_balance(plan, replayer.cad_attention_s if replayer.last_role_cad else [])
         if verifier is not None:
@@ -201,6 +235,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             dist.barrier()  # the next iteration's timings must not include rank 0's reference training
         if trained is not None:
             trained(plan)
+    ahead.join()
     at[:] = [None, None]
     if args.save:
         checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
@@ -215,15 +250,55 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
     return 0
 
 
+class _SetupAhead:
+    """A replayed plan's LNK plan (Replayer.setup: roles and plan_link, host work that takes 0.2-0.9 s for a new
+    64-GPU strategy and seconds at 1024 GPUs) made on a helper thread while the step before it runs, so a step
+    with a new strategy starts without it. Only for replayed plans (the next one is known); every group the
+    plans use was made before the first iteration (`_make_groups`), so setup makes none (no collective off the
+    main thread)."""
+
+    def __init__(self, replayer: Replayer, plans: Collection[Plan]):
+        self.replayer = replayer
+        self.plans = plans if isinstance(plans, Sequence) else None
+        self._thread: threading.Thread | None = None
+
+    def start(self, i: int) -> None:
+        if self.plans is not None and i < len(self.plans):
+            self._thread = threading.Thread(target=self._run, args=(self.plans[i],), name="hydraplan-setup-ahead",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self, plan: Plan) -> None:
+        try:
+            self.replayer.setup(plan)
+        except Exception:  # the step that needs it sets it up again and reports the error where it belongs
+            pass
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _optimizer_note(replayer: Replayer) -> str:
+    """The step's learning rate and, when clipping, the global gradient norm before it."""
+    master = replayer.master
+    norm = f" grad_norm={master.last_grad_norm:.4g}" if master.last_grad_norm is not None else ""
+    return f" lr={master.schedule.lr_at(master.steps - 1):.4g}{norm}"
+
+
 def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
     """Every TP, CP and CAD group of the run, before its first iteration (runtime/groups.py)."""
     t0 = time.perf_counter()
     replayer.groups.create(sets)
     dist.barrier()
+    made = time.perf_counter() - t0
+    used = [None, replayer.pull_pg, replayer.push_pg, *replayer.groups.ordered()]
+    seconds = warm_up(used, replayer.device)  # before iteration 0, every rank alike
     if dist.get_rank() == 0:
         per_rank = int(groups_per_rank(sets, dist.get_world_size()).max(initial=0))
         print(f"groups: {len(sets)} process groups made before the first iteration ({per_rank} per rank at most) "
-              f"in {time.perf_counter() - t0:.2f}s", flush=True)
+              f"in {made:.2f}s; rank 0's {len(used)} communicators warmed up in {seconds:.2f}s", flush=True)
 
 
 def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
@@ -328,6 +403,19 @@ def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, args: arg
             raise UserError(why)
 
 
+def _schedule(args: argparse.Namespace, iterations: int) -> Schedule:
+    """The learning-rate schedule and clipping of the flags; the decay ends at the run's end by default."""
+    decay = args.lr_decay_iters if args.lr_decay_iters is not None else iterations
+    for flag, value in (("--lr-warmup-iters", args.lr_warmup_iters), ("--min-lr", args.min_lr),
+                        ("--clip-grad", args.clip_grad)):
+        if value < 0:
+            raise UserError(f"{flag}: {value} is negative")
+    if args.lr_decay_style != "constant" and decay <= args.lr_warmup_iters:
+        raise UserError(f"--lr-decay-iters: {decay} must exceed --lr-warmup-iters {args.lr_warmup_iters} "
+                        f"for a {args.lr_decay_style} decay")
+    return Schedule(args.lr, args.lr_warmup_iters, args.lr_decay_style, args.min_lr, decay, args.clip_grad)
+
+
 def _agree(error: str | None) -> str | None:
     """Every rank must agree before the first collective of training, or one would wait forever: the first
     rank's error, if any rank has one."""
@@ -357,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, weights = _model(args)
             data = _token_data(args.dataset, cfg)
             plans, done = _replayed(args, cfg, data, dev)
+            args.schedule = _schedule(args, max((p.iteration for _, p in plans), default=0) + 1)
         except UserError as e:
             error = str(e)
         if (first := _agree(error)) is not None:
@@ -378,6 +467,7 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     try:
         faults.configured()
         config = online.run_config(args, world)
+        args.schedule = _schedule(args, config.iterations)
         cfg, weights = _model(args)
         data = _token_data(args.dataset, cfg, planning=True)
         done = None

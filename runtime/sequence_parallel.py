@@ -8,9 +8,9 @@ with a reduce-scatter of its partial sums back into rows (`scatter_to_sp`), inst
 all-reduce of TP without SP; each runs the other collective in the backward. `gather_linear` keeps only the
 rank's rows for its backward and gathers them again there, so every activation kept between forward and
 backward is split by TP (the extra all-gather of §4.2.2). A replicated weight used on the rows (the RMSNorm
-weights) sees only its rank's tokens, so its gradient is summed over the TP group in the backward
-(`sum_grad_over_tp`): every TP rank then holds the same full gradient, as LNK push expects of a replicated
-parameter (runtime/lnk.py). With tp = 1 every function here is the identity or a plain GEMM.
+weights) sees only its rank's tokens, so each TP rank's gradient of it is a part, which LNK push sums at the
+owners with every other contribution (runtime/lnk.py). With tp = 1 every function here is the identity or a
+plain GEMM.
 """
 
 from __future__ import annotations
@@ -83,21 +83,6 @@ class _ScatterToSP(torch.autograd.Function):
         return _all_gather_rows(grad, ctx.tp, ctx.n), None
 
 
-class _SumGradOverTP(torch.autograd.Function):
-    """Identity forward; the backward sums the gradient over the TP group (a replicated weight on SP rows)."""
-
-    @staticmethod
-    def forward(ctx, w: torch.Tensor, tp: TPGroup):
-        ctx.tp = tp
-        return w.view_as(w)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.tp.group)
-        return grad, None
-
-
 def gather_linear(x: torch.Tensor, n: int, tp: TPGroup, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Column-parallel GEMMs (y = x_all @ W.T, W this rank's output slice) entering a TP region from the SP
     rows x [rows, in] of a micro-batch of n tokens: one [n, out/tp] result per weight."""
@@ -109,8 +94,3 @@ def gather_linear(x: torch.Tensor, n: int, tp: TPGroup, *weights: torch.Tensor) 
 def scatter_to_sp(y: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     """Leave a TP region: this rank's rows of the sum of the TP ranks' partial results y [n, ...]."""
     return y if tp.size == 1 else _ScatterToSP.apply(y, tp)
-
-
-def sum_grad_over_tp(w: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    """A replicated weight as used on SP rows: its gradient summed over the TP ranks' tokens."""
-    return w if tp.size == 1 else _SumGradOverTP.apply(w, tp)

@@ -30,6 +30,12 @@ H100 = Capability(cuda=True, compute_capability=(9, 0), torch_varlen=True, flash
 @pytest.mark.parametrize("cap,dtype,head_dim,backend,reason", [
     (Capability(cuda=False), BF, 128, "sdpa-per-document", "not a CUDA device"),
     (H100, BF, 128, "torch-varlen", "torch varlen_attn"),
+    (Capability(cuda=True, compute_capability=(9, 0), torch_varlen=True, fa3=True), BF, 128, "torch-varlen-fa3",
+     "FlashAttention-3"),
+    (Capability(cuda=True, compute_capability=(8, 0), torch_varlen=True, fa3=True), BF, 128, "torch-varlen", "sm80"),
+    (Capability(cuda=True, compute_capability=(10, 0), torch_varlen=True, fa3=True), BF, 128, "torch-varlen", "sm100"),
+    (Capability(cuda=True, compute_capability=(9, 0), torch_varlen=True, fa3=True), torch.float32, 128,
+     "sdpa-per-document", "fp16/bf16 only"),
     (H100, FP, 64, "torch-varlen", "sm90"),
     (H100, torch.float32, 128, "sdpa-per-document", "fp16/bf16 only"),
     (H100, torch.float64, 128, "sdpa-per-document", "fp16/bf16 only"),
@@ -89,13 +95,18 @@ def kernel_reference(q, k, v, cu_q, cu_k, max_q, max_k, calls, bottom_right=True
     return torch.cat(outs)
 
 
-@pytest.fixture(params=["torch-varlen", "flash-attn"])
+@pytest.fixture(params=["torch-varlen", "torch-varlen-fa3", "flash-attn"])
 def kernel(request, monkeypatch):
     """Route attention through one backend's call path with its kernel replaced by `kernel_reference`;
-    yields the list of the kernel's calls (segment lengths)."""
+    yields the list of the kernel's calls (segment lengths). torch-varlen-fa3 is torch-varlen's call with torch's
+    FA3 kernels switched in: the fake checks which kernels the call would reach."""
     calls: list = []
-    if request.param == "torch-varlen":
+    if request.param.startswith("torch-varlen"):
+        switched = {"fa3": None}
+        monkeypatch.setattr(attention, "_flash_impl", lambda fa3: switched.__setitem__("fa3", fa3))
+
         def fake(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
+            assert switched["fa3"] == (request.param == "torch-varlen-fa3")
             assert window_size == (-1, 0)  # torch's causal
             assert enable_gqa == (k.shape[1] != q.shape[1])
             return kernel_reference(q, k, v, cu_q, cu_k, max_q, max_k, calls)
@@ -237,3 +248,24 @@ def test_cuda_fallback_lower_right_bias_has_the_kernels_semantics():
         out = F.scaled_dot_product_attention(q[8:].transpose(0, 1)[None], kr, vr, attn_mask=causal_lower_right(4, 12))
     torch.testing.assert_close(out[0].transpose(0, 1), kernel_reference(q[8:], k, v, w.cu_q, w.cu_k, 4, 12, []),
                                rtol=0, atol=1e-12)
+
+
+def test_the_fa3_switch_flips_torchs_flash_impl_only_when_it_changes(monkeypatch):
+    import torch.nn.attention as torch_attention
+
+    state, log = {"impl": None}, []
+
+    def activate(impl):
+        log.append(("activate", impl))
+        state["impl"] = impl
+
+    def restore():
+        log.append(("restore",))
+        state["impl"] = None
+
+    monkeypatch.setattr(torch_attention, "activate_flash_attention_impl", activate)
+    monkeypatch.setattr(torch_attention, "restore_flash_attention_impl", restore)
+    monkeypatch.setattr(torch_attention, "current_flash_attention_impl", lambda: state["impl"])
+    for fa3 in (False, True, True, False, False, True):
+        attention._flash_impl(fa3)
+    assert log == [("activate", "FA3"), ("restore",), ("activate", "FA3")]

@@ -264,3 +264,61 @@ def test_fp64_verify_on_cuda_is_refused_when_the_math_backend_cannot_hold_the_sc
     assert "768.0 GiB" in why and "on CPU" in why
     # four equal 2K documents are batched into one [4, 32, 2048, 2048] call: 12 GiB, fine on 80 GiB
     assert fp64_attention_refusal([("a", _plan([[2048] * 4, [512]]))], 32, capacity) is None
+
+
+class StreamOwners(Device):
+    """CPU semantics with a current stream per thread ("compute" unless inside `side_stream`); logs the stream
+    each exchange was posted on and each `record_stream` (tensors kept, so their storages stay distinct)."""
+
+    def __init__(self):
+        super().__init__()
+        self.local = __import__("threading").local()
+        self.posted: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self.recorded: list[tuple[str, torch.Tensor]] = []
+
+    def stream(self) -> str:
+        return getattr(self.local, "stream", "compute")
+
+    @contextlib.contextmanager
+    def side_stream(self, name):
+        self.local.stream = name
+        try:
+            yield
+        finally:
+            self.local.stream = "compute"
+
+    def record_stream(self, tensor):
+        self.recorded.append((self.stream(), tensor))
+
+
+def test_push_buffers_posted_by_the_backward_are_recorded_on_the_stream_that_sums_them(monkeypatch):
+    """A push group posted from the compute thread (the backward) allocates its buffers on the compute stream; the
+    helper's stream reads the receive buffer and drops both, so both are recorded on it: else the compute stream
+    could reuse their memory while the helper still sums it (and NCCL still sends)."""
+    from hydraplan.runtime import lnk_streams
+
+    dev = StreamOwners()
+    a2a = lnk_streams.dist.all_to_all_single
+
+    def logged(out, inp, *args, **kw):
+        dev.posted.append((dev.stream(), out, inp))
+        return a2a(out, inp, *args, **kw)
+
+    monkeypatch.setattr(lnk_streams.dist, "all_to_all_single", logged)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        numels, sharded = np.array([6, 8, 4], dtype=np.int64), np.array([True, True, False])
+        link = plan_link(numels, sharded, [Role((0, 1, 2))], 0, (0, 1, 2))
+        push = PushStream(link, torch.ones(18, dtype=torch.float64), torch.float32, None, True, LinkClock(dev),
+                          master_dtype=torch.float64)
+        for g in (2, 1, 0):
+            push.ready(g)  # the backward's call: posts from the compute thread while the window has room
+        assert push.finish().tolist() == [1.0] * 18
+        by_compute = [(o, i) for s, o, i in dev.posted if s == "compute"]
+        assert by_compute, "no group was posted from the compute thread"
+        on_push = {t.untyped_storage().data_ptr() for s, t in dev.recorded if s == "push"}
+        for out, inp in by_compute:
+            assert out.untyped_storage().data_ptr() in on_push and inp.untyped_storage().data_ptr() in on_push
+        assert all(s == "push" for s, _ in dev.recorded)
+    finally:
+        dist.destroy_process_group()

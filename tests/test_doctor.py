@@ -49,7 +49,7 @@ def test_doctor_passes_on_cpu_with_four_gloo_ranks():
     env = report["environment"]
     assert env["backend"] == "gloo" and env["ranks"] == 4 and env["dtype"] == "fp32"
     assert env["torch"] and env["attention"].startswith("sdpa-per-document")
-    assert [c["check"] for c in report["checks"]] == ["attention", "collectives", "replay", "memory"]
+    assert [c["check"] for c in report["checks"]] == ["attention", "collectives", "replay", "memory", "activations"]
     assert all(c["passed"] for c in report["checks"]) and report["passed"]
     replay = next(c["detail"] for c in report["checks"] if c["check"] == "replay")
     assert all(kind in replay for kind in ("plain", "TP+PP", "CP", "Seq1F1B", "CAD"))

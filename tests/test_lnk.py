@@ -57,6 +57,26 @@ def expected_local(full: list[np.ndarray], sharded: np.ndarray, role: Role | Non
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+def pushed_gradients(rng, numels, sharded, roles, pipelines) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """What each rank pushes and the totals the owners must get: each CP replica of each pipeline has its own
+    full gradient of the TP-sharded params (the partial sum over its tokens); of a replicated param each TP rank
+    holds its own part (its tokens' SP rows)."""
+    local = [np.zeros(0)] * len(roles)
+    total = [np.zeros(n) for n in numels]
+    for stages in pipelines:
+        for c in range(len(stages[0])):
+            g = [rng.standard_normal(n) for n in numels]
+            total = [a + b if s else a for a, b, s in zip(total, g, sharded)]
+            for replicas in stages:
+                for r in replicas[c]:
+                    mine = [b if s else rng.standard_normal(len(b)) for b, s in zip(g, sharded)]
+                    for p in roles[r].params:
+                        if not sharded[p]:
+                            total[p] = total[p] + mine[p]
+                    local[r] = expected_local(mine, sharded, roles[r])
+    return local, total
+
+
 def simulate(plans: list[lnk.LinkPlan], which: str, sources: list[np.ndarray], accumulate: bool) -> list[np.ndarray]:
     """Route every piece through an in-memory 'network' exactly as the comms would."""
     world = len(plans)
@@ -114,17 +134,7 @@ def test_push_sums_every_pipelines_gradient_once_at_the_owner(world, tps, seed, 
     rng = np.random.default_rng(seed * 100 + world + 7)
     numels, sharded = make_params(rng, 7, math.lcm(*tps))
     roles, pipelines = random_strategy(rng, world, len(numels), tps, cps)
-    # Each CP replica of each pipeline has its own full gradient (the partial sum over its tokens);
-    # replicated params' grads are identical across the TP ranks of a replica. Owners must get the total.
-    local = [np.zeros(0)] * world
-    total = [np.zeros(n) for n in numels]
-    for stages in pipelines:
-        for c in range(len(stages[0])):
-            g = [rng.standard_normal(n) for n in numels]
-            total = [a + b for a, b in zip(total, g)]
-            for replicas in stages:
-                for r in replicas[c]:
-                    local[r] = expected_local(g, sharded, roles[r])
+    local, total = pushed_gradients(rng, numels, sharded, roles, pipelines)
     plans = [plan_link(numels, sharded, roles, r) for r in range(world)]
     got = simulate(plans, "push", local, accumulate=True)
     for r, want in enumerate(owner_shards(total, world)):
@@ -146,6 +156,10 @@ def run_groups(plans: list[lnk.LinkPlan], which: str, sources: list[torch.Tensor
             out = outs[dst][ge.dst[0]:ge.dst[1]]
             for r in ge.rounds:
                 out += r(recv, torch.empty_like(out))
+            if ge.stacked is not None:  # the batched reduction PushStream uses instead equals the rounds' sum
+                n = out.numel()
+                stacked = recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n).sum(0)
+                torch.testing.assert_close(stacked, out, rtol=0, atol=1e-12)
     return outs
 
 
@@ -163,15 +177,7 @@ def test_compiled_group_exchanges_pull_slices_and_push_sums(world, tps, seed, cp
     got = run_groups(plans, "pull", [torch.from_numpy(x) for x in owner_shards(full, world)])
     for r in range(world):
         np.testing.assert_array_equal(got[r].numpy(), expected_local(full, sharded, roles[r]))
-    local = [np.zeros(0)] * world
-    total = [np.zeros(n) for n in numels]
-    for stages in pipelines:
-        for c in range(len(stages[0])):
-            g = [rng.standard_normal(n) for n in numels]
-            total = [a + b for a, b in zip(total, g)]
-            for replicas in stages:
-                for r in replicas[c]:
-                    local[r] = expected_local(g, sharded, roles[r])
+    local, total = pushed_gradients(rng, numels, sharded, roles, pipelines)
     got = run_groups(plans, "push", [torch.from_numpy(x) for x in local])
     for r, want in enumerate(owner_shards(total, world)):
         np.testing.assert_allclose(got[r].numpy(), want, rtol=0, atol=1e-12)
@@ -212,11 +218,16 @@ def test_homogeneous_strategy_pull_is_all_gather_and_push_is_reduce_scatter(worl
         np.testing.assert_array_equal(pl.pull.recv.size, shard[pl.pull.recv.param])
         np.testing.assert_array_equal(pl.pull.recv.lo, pl.pull.recv.peer * shard[pl.pull.recv.param])
         assert sorted(np.bincount(pl.pull.recv.param).tolist()) == sorted([world // tp, world // tp, world])
-        # push: each owner receives its whole shard of every param from each of the world/tp replicas
-        # (a reduce-scatter over the replicas), no more.
+        # push: each owner receives its whole shard of every sharded param from each of the world/tp replicas
+        # (a reduce-scatter over the replicas) and of the replicated one from every rank (each TP rank's part)
         np.testing.assert_array_equal(pl.push.recv.size, shard[pl.push.recv.param])
         np.testing.assert_array_equal(pl.push.recv.lo, r * shard[pl.push.recv.param])
-        assert np.bincount(pl.push.recv.param).tolist() == [world // tp] * 3
+        assert np.bincount(pl.push.recv.param).tolist() == [world // tp, world // tp, world]
+        if tp == 1:  # data parallel: each peer's contribution is the owner range whole, stacked in the buffer
+            assert [ge.stacked for ge in pl.push_groups] == [0]
+        pl = plan_link(numels, sharded, roles, r, (0, 1, 2))
+        if tp == 1:  # per layer group too: one batched reduction each, no round by round sum
+            assert [ge.stacked for ge in pl.push_groups] == [0, 0, 0]
 
 
 def test_communication_volume_bound_of_appendix_b():
@@ -242,14 +253,22 @@ def _worker(rank: int, world: int, port: int) -> None:
         shard = torch.cat([f[rank * len(f) // world:(rank + 1) * len(f) // world] for f in full])
 
         def pull_then_push(roles: list[Role], groups=(0, 1, 1, 2)) -> None:
-            """Pull equals slicing; ranks 0-1 push ones and ranks 2-3 twos: owners must see 3 everywhere."""
+            """Pull equals slicing; ranks 0-1 push ones and ranks 2-3 twos: owners must see the sum over the
+            ranks holding each element (a TP chunk of a sharded param, a replicated one whole)."""
             pl = plan_link(numels, sharded, roles, rank, groups)
             got = lnk_streams.pull(pl, shard, torch.float64)
             want = torch.from_numpy(expected_local([f.numpy() for f in full], sharded, roles[rank]))
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             grads = got.new_full((pl.local.total,), 1.0 if rank < 2 else 2.0)
             pushed = lnk_streams.push(pl, grads, torch.float64)
-            torch.testing.assert_close(pushed, torch.full((pl.owned.total,), 3.0, dtype=torch.float64))
+            totals = [np.zeros(n) for n in numels]
+            for r, role in enumerate(roles):
+                for p in role.params:
+                    n = numels[p]
+                    lo, hi = (role.tp_rank * n // role.tp, (role.tp_rank + 1) * n // role.tp) if sharded[p] else (0, n)
+                    totals[p][lo:hi] += 1.0 if r < 2 else 2.0
+            want = np.concatenate([t[rank * len(t) // world:(rank + 1) * len(t) // world] for t in totals])
+            torch.testing.assert_close(pushed, torch.from_numpy(want), rtol=0, atol=0)
 
         # Heterogeneous: pipeline A = <2,1,1> on ranks 0,1 (all params); pipeline B = <1,2,1> on ranks 2,3
         # (stage 0: params 0-1, stage 1: params 2-3).

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
@@ -151,6 +152,51 @@ def test_single_process_replay_verifies(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     diffs = [float(x) for x in re.findall(r"verify: iteration \d+ max_abs_param_diff=(\S+)", out)]
     assert len(diffs) == 2 and max(diffs) <= 1e-12
+
+
+def test_every_communicator_is_warmed_up_before_the_first_iteration(tmp_path, monkeypatch, capsys):
+    """One collective on the default group and on LNK's pull and push groups before the first step (the TP, CP and
+    CAD groups join them with more ranks: runtime/groups.py), and the groups line says so before iteration 0."""
+    from hydraplan.runtime.replay import Replayer
+
+    _no_torchrun_env(monkeypatch)
+    write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5, 3]])], gpus=1))
+    events, made = [], []
+    all_reduce, step, init = dist.all_reduce, Replayer.step, Replayer.__init__
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, group=None, **kw: events.append(("all_reduce", group))
+                        or all_reduce(t, *a, group=group, **kw))
+    monkeypatch.setattr(Replayer, "step", lambda self, plan: events.append(("step", None)) or step(self, plan))
+    monkeypatch.setattr(Replayer, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
+    assert main([str(tmp_path), "--dtype", "fp64"]) == 0
+    first = events.index(("step", None))
+    assert events[:first] == [("all_reduce", g) for g in (None, made[0].pull_pg, made[0].push_pg)]
+    out = capsys.readouterr().out
+    assert re.search(r"^groups: .*; rank 0's 3 communicators warmed up in \d+\.\d+s$", out, re.M)
+    assert out.index("communicators warmed up") < out.index("iteration 0 ")
+
+
+def test_a_new_strategys_lnk_plan_is_made_during_the_step_before(tmp_path, monkeypatch, capsys):
+    """Replayed plans: plan_link for iteration i+1's new strategy runs on the helper thread while step i runs,
+    so the step that needs it finds it made."""
+    import threading
+
+    from hydraplan.runtime import lnk
+    from hydraplan.runtime.replay import Replayer
+
+    _no_torchrun_env(monkeypatch)
+    modes = ["none", "selective", "full"]
+    for i, mode in enumerate(modes):
+        write_model(tmp_path / f"iter_{i:06d}.json",
+                    recomputing(make_plan(i, mode, [(1, 1, [0], [[5, 3]])], gpus=1, first_id=10 * i), mode))
+    events = []
+    plan_link, step = lnk.plan_link, Replayer.step
+    monkeypatch.setattr(lnk, "plan_link", lambda *a, **kw: events.append(("plan_link", threading.current_thread().name))
+                        or plan_link(*a, **kw))
+    monkeypatch.setattr(Replayer, "step", lambda self, plan: events.append(("step", plan.iteration)) or step(self, plan))
+    assert main([str(tmp_path), "--dtype", "fp64"]) == 0
+    links = [k for k, e in enumerate(events) if e[0] == "plan_link"]
+    assert [events[k][1] for k in links] == ["hydraplan-setup-ahead"] * 3  # one per strategy, none on the main thread
+    assert all(links[i] < events.index(("step", i)) for i in range(3))
 
 
 @pytest.mark.parametrize("args,message", [
@@ -307,6 +353,38 @@ def test_seq1f1b_with_context_parallelism_trains_exactly_like_one_process(tmp_pa
             mb.splits = b
     _, diffs = _replay_verified(tmp_path, plans)
     assert len(diffs) == 3 and max(diffs) <= 1e-12
+
+
+@pytest.mark.slow
+def test_clipping_schedule_and_decay_groups_train_exactly_like_torch_in_one_process(tmp_path):
+    """Global-norm clipping over the owners' shards, warmup then cosine decay, and no weight decay on the norm
+    weights, over 6 iterations that change strategy (TP+SP, PP, CP, Seq1F1B, idle ranks), against the reference's
+    torch AdamW parameter groups and clip_grad_norm_ (fp64); the clip binds on every iteration."""
+    plans = [
+        make_plan(0, "A", [(2, 1, [0, 1], [[9, 5], [12]]), (1, 1, [2], [[7, 3, 4]]), (1, 1, [3], [[6], [8]])]),
+        make_plan(1, "B", [(1, 2, [0, 1], [[9, 5], [12], [3, 3]]), (1, 2, [2, 3], [[7, 3, 4], [6]])], first_id=100),
+        with_cp(make_plan(2, "C", [(1, 2, [1, 0, 3, 2], [[9, 14, 4], [17], [3, 8]])], first_id=200), 0, 2),
+        make_plan(3, "D", [(4, 1, [0, 1, 2, 3], [[9, 5, 2], [12], [6]])], first_id=300),
+        make_plan(4, "E", [(1, 4, [0, 1, 2, 3], [[5], [3, 3], [8], [2], [6]])], first_id=400),
+        make_plan(5, "F", [(2, 1, [3, 1], [[6, 6]])], first_id=500),  # ranks 0 and 2 idle: they only own shards
+    ]
+    for mb, b in zip(plans[2].pipelines[0].micro_batches, [[0, 12, 27], [0, 3, 17], [0, 6, 11]], strict=True):
+        mb.splits = b  # Seq1F1B with CP
+    for mb, b in zip(plans[4].pipelines[0].micro_batches, [[0, 2, 5], [0, 3, 6], [0, 4, 8], [0, 1, 2], [0, 3, 6]], strict=True):
+        mb.splits = b  # Seq1F1B at pp 4
+    for p in plans:
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify", "--tolerance", "1e-12", "--lr", "1e-2",
+                    "--clip-grad", "0.05", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--min-lr", "1e-3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
+    assert len(diffs) == 6 and max(diffs) <= 1e-12
+    steps = re.findall(r"^iteration \d+ .* lr=(\S+) grad_norm=(\S+)$", res.stdout, re.M)
+    lrs, norms = [float(a) for a, _ in steps], [float(b) for _, b in steps]
+    # warmup 1/2, 2/2, then cosine from 1e-2 to 1e-3 over steps 2..5 (r = 0, 1/4, 2/4, 3/4)
+    cos = [1e-3 + 0.5 * (1 + np.cos(np.pi * r)) * 9e-3 for r in (0, 0.25, 0.5, 0.75)]
+    assert lrs == pytest.approx([5e-3, 1e-2, *cos], rel=1e-3)
+    assert len(norms) == 6 and min(norms) > 0.05
 
 
 @pytest.mark.slow

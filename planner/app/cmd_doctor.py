@@ -9,7 +9,7 @@ from rich.table import Table
 from hydraplan.app.cliopts import console, json_option, positive
 from hydraplan.core.errors import UserError
 
-CHECKS = ("attention", "collectives", "replay", "memory")
+CHECKS = ("attention", "collectives", "replay", "memory", "activations")
 MODULE = "hydraplan.runtime.doctor"
 
 
@@ -26,7 +26,8 @@ def doctor(
     backend; check every available attention backend against SDPA (plain, GQA, bottom-right windows, forward
     and backward); smoke-test the collectives the runtime uses (uneven all_to_all, batch_isend_irecv, new
     groups); replay small plans (plain, TP+PP, CP, Seq1F1B, CAD) in the device's dtype against the fp64
-    reference; compare each rank's measured peak memory with the memory model. One table, exit 1 on any
+    reference; compare each rank's measured peak memory with the memory model, and what one LLaMA-2 7B layer keeps
+    for its backward with the model's per-token term. One table, exit 1 on any
     failure. Without GPUs it runs the same on CPU with gloo."""
     import json
 
@@ -68,7 +69,7 @@ def _print(report: dict) -> None:
     if env:
         table.add_row("environment", "info", f"torch {env['torch']}, CUDA {env['cuda'] or '-'}, NCCL {env['nccl'] or '-'}; "
                       f"{env['ranks']} {env['backend']} ranks on {env['device']}, {env['dtype']}; attention "
-                      f"{env['attention']}")
+                      f"{env['attention']}; communicators warmed up in {env['warm_up_s']:.2f}s")
     for c in report["checks"]:
         table.add_row(c["check"], "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]", c["detail"])
     console.print(table)

@@ -179,6 +179,15 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return (model.layers // pp) * model.layer_params + embeddings
 
 
+def layer_kept_bytes(model: ModelSpec, tp: int, cp: int, recompute: str, fw: FrameworkSpec = FRAMEWORK) -> float:
+    """Bytes per packed token one decoder layer keeps for its backward on one rank (framework.activations; what
+    runtime/saved.py measures)."""
+    h, f = model.hidden, model.ffn
+    act_h = _gqa(model, fw.act_h, 4)  # K and V: 2 bytes x kv_dim each, kept for the backward
+    return {"none": act_h + fw.act_f * f, "selective": act_h + fw.act_f_selective * f,
+            "full": fw.act_h_full * h}[recompute] / (tp * cp)
+
+
 def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec) -> dict[str, float]:
     """Activation bytes per packed token of the worst stage, x fragmentation: `activations`, what the micro-batches
     in flight keep for their backward (1F1B keeps pp micro-batches on the first stage: layers/pp * pp = all layers;
@@ -186,16 +195,14 @@ def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: st
     layer's whole activations live during its backward (the layer being recomputed, under full recomputation), and
     `sp_unsplit`, the working set that sequence parallelism does not split (CP splits it). Taken at the worst
     stage (a safe upper bound that keeps MaxLen linear in memory)."""
-    h, f, vocab = model.hidden, model.ffn, model.vocab
+    h, vocab = model.hidden, model.vocab
     layers = model.layers // pp
-    act_h = _gqa(model, fw.act_h, 4)  # K and V: 2 bytes x kv_dim each, kept for the backward
-    kept = {"none": act_h + fw.act_f * f, "selective": act_h + fw.act_f_selective * f,
-            "full": fw.act_h_full * h}[recompute] / (tp * cp)
+    kept = layer_kept_bytes(model, tp, cp, recompute, fw)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = model.layers * kept + (logits if pp == 1 else 0.0)
     last = layers * kept + logits
     return {"activations": max(first, last) * fw.fragmentation,
-            "backward_layer": (act_h + fw.act_f * f) / (tp * cp) * fw.fragmentation,
+            "backward_layer": layer_kept_bytes(model, tp, cp, "none", fw) * fw.fragmentation,
             "sp_unsplit": fw.act_h_unsplit * h / cp * fw.fragmentation}
 
 
