@@ -1,0 +1,174 @@
+"""What an executor can run and what it costs: the one place the planner's targets are described.
+
+- hydraplan's own runtime: heterogeneous pipelines, several sequences per micro-batch (core.cost, core.cluster);
+- Megatron-LM hybrid context parallelism (`--hybrid-context-parallel`, megatron-core >= 0.17): PP=1, one TP for
+  every rank, N = DP x CP ranks. A global batch runs as rounds separated by a DPxCP barrier; in a round every
+  rank runs its list of sequences in order, each sequence as its own forward and backward (the constant c of the
+  cost model is paid per sequence). The ranks that list a sequence in a round are its CP group: an aligned block
+  of a power-of-two size (Megatron builds communicators for aligned slices of 2..N/2 ranks and for all N), all
+  listing their shared sequences in one order; L / cp must stay within `max_seqlen_per_dp_cp_rank`, and every
+  rank needs work in the last round (it runs its last sequence outside the no-sync context);
+- Megatron-LM sequence packing (`--sequence-packing-scheduler`, Megatron-LM main): a fixed <tp,pp,cp> x dp
+  layout, packs of at most `max_seqlen_per_dp_cp_rank * cp` tokens, the same pack count for every replica,
+  a multiple of the VPP micro-batch group.
+
+Costs are the canonical model's (core.cost.seq_time on the profile's <tp,1,cp> schemes, with the recompute
+variant of Megatron's `recompute_granularity`); a round lasts until its last rank finishes, a sequence starting
+when every rank of its group is free (the CP collectives make the group wait for its slowest member).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.errors import UserError
+from hydraplan.core.schema import Profile
+
+# [round][DPxCP rank] -> positions (into the batch's lengths) that rank runs, in order
+HybridSchedule = list[list[list[int]]]
+RECOMPUTE_OF_GRANULARITY = {None: "none", "none": "none", "selective": "selective", "full": "full"}
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class HybridCP:
+    """Megatron's hybrid CP executor on one job: `dpcp` ranks of TP `tp`, the per-rank length limit, and the
+    cost coefficients (a, b, c) of the <tp,1,cp> scheme for every CP size a sequence may take."""
+
+    tp: int
+    dpcp: int
+    max_seqlen_per_rank: int
+    recompute: str
+    cps: tuple[int, ...]  # the CP sizes the profile prices, ascending: powers of two up to dpcp
+    coef: np.ndarray  # (len(cps), 3): a, b, c of <tp,1,cp>
+
+    @classmethod
+    def of(cls, profile: Profile, *, tp: int, dpcp: int, max_seqlen_per_rank: int, recompute: str = "none") -> HybridCP:
+        if not is_power_of_two(dpcp):
+            raise UserError(f"hybrid CP: DPxCP size must be a power of two (got {dpcp})")
+        if max_seqlen_per_rank < 1:
+            raise UserError(f"hybrid CP: max_seqlen_per_dp_cp_rank must be positive (got {max_seqlen_per_rank})")
+        view = for_gpus(profile, tp * dpcp)
+        cps, coef = [], []
+        for s in sorted(view.schemes, key=lambda s: s.cp):
+            if s.tp == tp and s.pp == 1 and s.recompute == recompute and s.cp <= dpcp and is_power_of_two(s.cp):
+                cps.append(s.cp)
+                coef.append((s.time.a, s.time.b, s.time.c))
+        if 1 not in cps:
+            raise UserError(f"profile {profile.name}: no scheme <{tp},1,1> with recompute {recompute} in {tp * dpcp} GPUs")
+        return cls(tp, dpcp, int(max_seqlen_per_rank), recompute, tuple(cps), np.asarray(coef, dtype=np.float64))
+
+    def cp_index(self, cp: int) -> int:
+        try:
+            return self.cps.index(cp)
+        except ValueError:
+            raise UserError(f"hybrid CP: the profile has no <{self.tp},1,{cp}> scheme to price CP size {cp}") from None
+
+    def times(self, lengths: np.ndarray) -> np.ndarray:
+        """(len(cps), n): seconds one rank spends on each sequence at each CP size (a*l^2 + b*l + c)."""
+        l = np.asarray(lengths, dtype=np.float64)[None, :]
+        a, b, c = self.coef[:, 0:1], self.coef[:, 1:2], self.coef[:, 2:3]
+        return (a * l + b) * l + c
+
+    def time(self, length: int, cp: int) -> float:
+        a, b, c = self.coef[self.cp_index(cp)]
+        return float((a * length + b) * length + c)
+
+    def min_cp(self, lengths: np.ndarray) -> np.ndarray:
+        """The smallest power of two with L / cp within the per-rank limit (may exceed dpcp: then unschedulable)."""
+        need = -(-np.asarray(lengths, dtype=np.int64) // self.max_seqlen_per_rank)
+        return (1 << np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64)).astype(np.int64)
+
+
+def hybrid_cp_violations(schedule: HybridSchedule, lengths: Sequence[int], dpcp: int, max_seqlen_per_rank: int) -> list[str]:
+    """Every way `schedule` breaks the executor's rules (empty: Megatron runs it)."""
+    out: list[str] = []
+    n = len(lengths)
+    seen = np.zeros(n, dtype=np.int64)
+    if not schedule:
+        return ["no round"]
+    for k, rnd in enumerate(schedule):
+        if len(rnd) != dpcp:
+            out.append(f"round {k}: {len(rnd)} rank lists, not {dpcp}")
+            continue
+        members: dict[int, list[int]] = {}
+        for r, items in enumerate(rnd):
+            if len(set(items)) != len(items):
+                out.append(f"round {k} rank {r}: a sequence listed twice")
+            for i in items:
+                members.setdefault(i, []).append(r)
+        for i, ranks in members.items():
+            if not 0 <= i < n:
+                out.append(f"round {k}: position {i} outside the batch")
+                continue
+            seen[i] += 1
+            cp = len(ranks)
+            if not is_power_of_two(cp) or ranks[0] % cp or ranks[-1] != ranks[0] + cp - 1:
+                out.append(f"round {k}: sequence {i} on ranks {ranks}, not an aligned power-of-two block")
+            if lengths[i] > max_seqlen_per_rank * cp:
+                out.append(f"round {k}: sequence {i} of {lengths[i]} tokens on {cp} ranks exceeds the per-rank limit")
+        if _round_order(rnd, members) is None:
+            out.append(f"round {k}: the ranks of a CP group list their shared sequences in orders that deadlock")
+    if any(not items for items in schedule[-1]):
+        out.append("last round: a rank without work")
+    missing, twice = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
+    if missing.size:
+        out.append(f"sequences never scheduled: {missing[:5].tolist()}")
+    if twice.size:
+        out.append(f"sequences scheduled in several rounds: {twice[:5].tolist()}")
+    return out
+
+
+def _round_order(rnd: list[list[int]], members: dict[int, list[int]]) -> list[int] | None:
+    """The order the round's sequences start in (each starts when it heads every member's list); None: deadlock."""
+    head = [0] * len(rnd)
+    order: list[int] = []
+    pending = [r for r in range(len(rnd)) if rnd[r]]
+    while pending:
+        progressed = False
+        for r in pending:
+            if head[r] >= len(rnd[r]):
+                continue
+            i = rnd[r][head[r]]
+            ranks = members[i]
+            if all(head[m] < len(rnd[m]) and rnd[m][head[m]] == i for m in ranks):
+                order.append(i)
+                for m in ranks:
+                    head[m] += 1
+                progressed = True
+        pending = [r for r in pending if head[r] < len(rnd[r])]
+        if pending and not progressed:
+            return None
+    return order
+
+
+def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> np.ndarray:
+    """Seconds of each round as the executor runs it: a sequence starts when all its ranks are free and takes
+    T(L) of <tp,1,cp> on each; the round ends with its last rank (then the barrier)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(len(schedule))
+    for k, rnd in enumerate(schedule):
+        members: dict[int, list[int]] = {}
+        for r, items in enumerate(rnd):
+            for i in items:
+                members.setdefault(i, []).append(r)
+        order = _round_order(rnd, members)
+        if order is None:
+            raise ValueError(f"round {k} deadlocks")
+        ready = np.zeros(len(rnd))
+        for i in order:
+            ranks = members[i]
+            ready[ranks] = ready[ranks].max() + target.time(int(lengths[i]), len(ranks))
+        out[k] = ready.max(initial=0.0)
+    return out
+
+
+def hybrid_cp_time(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> float:
+    return float(hybrid_cp_round_times(target, schedule, lengths).sum())
