@@ -13,7 +13,9 @@
   a multiple of the VPP micro-batch group.
 
 Costs are the canonical model's (core.cost.seq_time on the profile's <tp,1,cp> schemes, with the recompute
-variant of Megatron's `recompute_granularity`); a round lasts until its last rank finishes, a sequence starting
+variant of Megatron's `recompute_granularity`), and so is memory: a sequence of L tokens on cp ranks fits when
+L <= MaxLen of <tp,1,cp> in the job (Megatron does not check it: a schedule breaking it runs out of memory, and
+`max_seqlen_per_dp_cp_rank` alone, L / cp, does not keep it). A round lasts until its last rank finishes, a sequence starting
 when every rank of its group is free (the CP collectives make the group wait for its slowest member).
 """
 
@@ -48,6 +50,7 @@ class HybridCP:
     recompute: str
     cps: tuple[int, ...]  # the CP sizes the profile prices, ascending: powers of two up to dpcp
     coef: np.ndarray  # (len(cps), 3): a, b, c of <tp,1,cp>
+    max_lens: tuple[int, ...]  # MaxLen of <tp,1,cp> in the job: the longest sequence that fits on cp ranks
 
     @classmethod
     def of(cls, profile: Profile, *, tp: int, dpcp: int, max_seqlen_per_rank: int, recompute: str = "none") -> HybridCP:
@@ -56,14 +59,16 @@ class HybridCP:
         if max_seqlen_per_rank < 1:
             raise UserError(f"hybrid CP: max_seqlen_per_dp_cp_rank must be positive (got {max_seqlen_per_rank})")
         view = for_gpus(profile, tp * dpcp)
-        cps, coef = [], []
+        cps, coef, max_lens = [], [], []
         for s in sorted(view.schemes, key=lambda s: s.cp):
             if s.tp == tp and s.pp == 1 and s.recompute == recompute and s.cp <= dpcp and is_power_of_two(s.cp):
                 cps.append(s.cp)
                 coef.append((s.time.a, s.time.b, s.time.c))
+                max_lens.append(s.max_len)
         if 1 not in cps:
             raise UserError(f"profile {profile.name}: no scheme <{tp},1,1> with recompute {recompute} in {tp * dpcp} GPUs")
-        return cls(tp, dpcp, int(max_seqlen_per_rank), recompute, tuple(cps), np.asarray(coef, dtype=np.float64))
+        return cls(tp, dpcp, int(max_seqlen_per_rank), recompute, tuple(cps), np.asarray(coef, dtype=np.float64),
+                   tuple(max_lens))
 
     def cp_index(self, cp: int) -> int:
         try:
@@ -81,10 +86,30 @@ class HybridCP:
         a, b, c = self.coef[self.cp_index(cp)]
         return float((a * length + b) * length + c)
 
-    def min_cp(self, lengths: np.ndarray) -> np.ndarray:
-        """The smallest power of two with L / cp within the per-rank limit (may exceed dpcp: then unschedulable)."""
-        need = -(-np.asarray(lengths, dtype=np.int64) // self.max_seqlen_per_rank)
-        return (1 << np.ceil(np.log2(np.maximum(need, 1))).astype(np.int64)).astype(np.int64)
+    def fits(self, lengths: np.ndarray) -> np.ndarray:
+        """(len(cps), n): whether each sequence may run at each CP size (L / cp within the per-rank limit, and
+        L within MaxLen of <tp,1,cp>)."""
+        l = np.asarray(lengths, dtype=np.int64)[None, :]
+        cps = np.asarray(self.cps, dtype=np.int64)[:, None]
+        return (l <= cps * self.max_seqlen_per_rank) & (l <= np.asarray(self.max_lens, dtype=np.int64)[:, None])
+
+    def min_cp_index(self, lengths: np.ndarray) -> np.ndarray:
+        """Per sequence, the index into `cps` of the smallest CP size it fits on; len(cps) where none."""
+        ok = self.fits(lengths)
+        return np.where(ok.any(axis=0), ok.argmax(axis=0), len(self.cps))
+
+    def out_of_memory(self, schedule: HybridSchedule, lengths: Sequence[int]) -> list[int]:
+        """The positions `schedule` runs on fewer ranks than their memory needs (MaxLen of <tp,1,cp>)."""
+        out = set()
+        for rnd in schedule:
+            cp: dict[int, int] = {}
+            for items in rnd:
+                for i in items:
+                    cp[i] = cp.get(i, 0) + 1
+            for i, c in cp.items():
+                if c not in self.cps or lengths[i] > self.max_lens[self.cps.index(c)]:
+                    out.add(i)
+        return sorted(out)
 
 
 def hybrid_cp_violations(schedule: HybridSchedule, lengths: Sequence[int], dpcp: int, max_seqlen_per_rank: int) -> list[str]:

@@ -1,6 +1,7 @@
 """hydraplan's schedule for Megatron's hybrid-CP executor (core.executors.HybridCP): one global batch in one round.
 
-Each sequence gets a CP size from the cost model: the smallest power of two whose L / cp fits the per-rank limit,
+Each sequence gets a CP size from the cost model: the smallest power of two on which it fits (L / cp within the
+per-rank limit, L within MaxLen of <tp,1,cp>),
 doubled for the sequences on the critical path while that shortens the round. Sequences sharing ranks (cp >= 2)
 go first, largest CP first then longest, each onto the aligned block that frees up earliest; then the cp = 1
 sequences, longest first, each onto the rank that frees up earliest (LPT, pricing the constant c each one costs),
@@ -32,35 +33,33 @@ def schedule_hybrid_cp(lengths: np.ndarray, target: HybridCP) -> HybridSchedule:
     if lengths.size == 0:
         raise UserError("hybrid CP: an empty global batch")
     n = target.dpcp
-    need = target.min_cp(lengths)
-    if need.max() > n or not np.isin(need, target.cps).all():
-        worst = int(lengths[np.argmax(need)])
-        raise UserError(f"hybrid CP: a sequence of {worst} tokens needs CP {int(need.max())} at "
-                        f"{target.max_seqlen_per_rank} tokens per rank; the job has {n} ranks priced up to CP {target.cps[-1]}")
+    kidx = target.min_cp_index(lengths)
+    if kidx.max() >= len(target.cps):
+        worst = int(lengths[np.argmax(kidx)])
+        raise UserError(f"hybrid CP: a sequence of {worst} tokens fits on no CP size of <{target.tp},1,cp> up to "
+                        f"{target.cps[-1]} ranks at {target.max_seqlen_per_rank} tokens per rank")
     times = target.times(lengths)  # (K, n_seq)
-    kidx = np.searchsorted(np.asarray(target.cps), need)
+    fits = target.fits(lengths)
+    top = int(np.searchsorted(target.cps, n, side="right"))  # CP sizes up to the whole job
+
+    def grown(k: np.ndarray, i: int):
+        k = k.copy()
+        k[i] += 1
+        return k, _place(times, k, target.cps, n)
+
     best = _place(times, kidx, target.cps, n)
-    while best[0] == np.inf:  # a rank without work: spread the longest single-rank sequence over more ranks
-        single = np.flatnonzero(kidx == 0)
-        if single.size == 0:
-            grow = int(np.argmin(kidx))
-            if target.cps[kidx[grow]] >= n:
-                raise UserError("hybrid CP: too few sequences to give every rank work")
-        else:
-            grow = int(single[np.argmax(times[0, single])])
-        kidx = kidx.copy()
-        kidx[grow] += 1
-        best = _place(times, kidx, target.cps, n)
+    while best[0] == np.inf:  # a rank without work: spread the longest sequence of the smallest CP over more ranks
+        smallest = np.flatnonzero(kidx == kidx.min())
+        i = int(smallest[np.argmax(times[kidx[smallest], smallest])])
+        if kidx[i] + 1 >= top or not fits[kidx[i] + 1, i]:
+            raise UserError(f"hybrid CP: {lengths.size} sequences cannot give each of {n} ranks work")
+        kidx, best = grown(kidx, i)
     for _ in range(MAX_CP_STEPS):  # the critical path's longest sequence on twice the ranks, while that helps
-        span, lists, crit = best
-        cand = [i for i in crit if kidx[i] + 1 < len(target.cps) and target.cps[kidx[i] + 1] <= n]
+        cand = [i for i in best[2] if kidx[i] + 1 < top and fits[kidx[i] + 1, i]]
         if not cand:
             break
-        grow = max(cand, key=lambda i: (times[kidx[i], i], -i))
-        trial_k = kidx.copy()
-        trial_k[grow] += 1
-        trial = _place(times, trial_k, target.cps, n)
-        if trial[0] >= span:
+        trial_k, trial = grown(kidx, max(cand, key=lambda i: (times[kidx[i], i], -i)))
+        if trial[0] >= best[0]:
             break
         kidx, best = trial_k, trial
     return [best[1]]

@@ -1,0 +1,95 @@
+"""Megatron-LM's hybrid-CP scheduler against hydraplan's on the same batches, each scored as Megatron's executor
+runs it (core.executors.HybridCP, the canonical cost model's <tp,1,cp> schemes): `megatron-hcp` is Megatron's
+BalancedCPScheduler (solve.megatron_balanced), `hydraplan-hcp` the plugin (solve.megatron_hcp). For each TP the
+job allows, `--max-seqlen-per-dp-cp-rank` is MaxLen of <tp,1,1> (the most tokens a rank holds); a method cannot
+run a TP when one of its schedules puts a sequence on fewer ranks than its memory needs (MaxLen of <tp,1,cp>).
+What `hydraplan megatron suggest` and `python -m bench megatron` report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hydraplan.core.cluster import for_gpus
+from hydraplan.core.errors import UserError
+from hydraplan.core.executors import HybridCP, hybrid_cp_time
+from hydraplan.core.schema import Profile
+from hydraplan.solve.megatron_balanced import balanced_cp_schedule
+from hydraplan.solve.megatron_hcp import schedule_hybrid_cp
+
+HCP_METHODS = ("megatron-hcp", "hydraplan-hcp")
+DESCRIPTIONS = {
+    "megatron-hcp": "Megatron-LM's BalancedCPScheduler (hybrid CP): L^2/cp balanced, CP size from L / limit",
+    "hydraplan-hcp": "hydraplan's hybrid-CP scheduler (integrations.megatron): CP size and placement from the cost model",
+}
+
+
+@dataclass(frozen=True)
+class HybridCPRun:
+    """One method at one TP on every batch: seconds per iteration (None: it cannot run this TP) and CPU ms spent
+    scheduling each batch."""
+
+    method: str
+    tp: int
+    max_seqlen_per_rank: int
+    iteration_s: tuple[float, ...] | None
+    plan_ms: tuple[float, ...]
+    why_not: str = ""
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.iteration_s)) if self.iteration_s else float("inf")
+
+
+def hybrid_cp_tps(profile: Profile, gpus: int, recompute: str = "none") -> list[int]:
+    """TPs a hybrid-CP job of `gpus` GPUs can take: within a node, with a power-of-two DPxCP of at least 2 and a
+    <tp,1,1> scheme in the profile."""
+    gpn = profile.gpu.gpus_per_node
+    view = for_gpus(profile, gpus)
+    have = {s.tp for s in view.schemes if s.pp == 1 and s.cp == 1 and s.recompute == recompute}
+    return [tp for tp in sorted(have) if tp <= gpn and gpus % tp == 0 and gpus // tp >= 2
+            and (gpus // tp) & (gpus // tp - 1) == 0]
+
+
+def rank_limit(profile: Profile, gpus: int, tp: int, recompute: str = "none") -> int:
+    """`--max-seqlen-per-dp-cp-rank`: MaxLen of <tp,1,1> in the job."""
+    return next(s.max_len for s in for_gpus(profile, gpus).schemes if s.key == (tp, 1, 1, recompute))
+
+
+def hybrid_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], gpus: int, tp: int,
+                  recompute: str = "none") -> HybridCPRun:
+    limit = rank_limit(profile, gpus, tp, recompute)
+    target = HybridCP.of(profile, tp=tp, dpcp=gpus // tp, max_seqlen_per_rank=limit, recompute=recompute)
+    times, ms = [], []
+    for lengths in batches:
+        t0 = time.process_time()
+        try:
+            sched = (balanced_cp_schedule(lengths, limit, target.dpcp) if method == "megatron-hcp"
+                     else schedule_hybrid_cp(lengths, target))
+        except UserError as e:
+            return HybridCPRun(method, tp, limit, None, tuple(ms), str(e))
+        ms.append((time.process_time() - t0) * 1e3)
+        oom = target.out_of_memory(sched, lengths)
+        if oom:
+            i = oom[0]
+            return HybridCPRun(method, tp, limit, None, tuple(ms),
+                               f"a sequence of {int(lengths[i])} tokens runs out of memory on its CP group")
+        times.append(hybrid_cp_time(target, sched, lengths))
+    return HybridCPRun(method, tp, limit, tuple(times), tuple(ms))
+
+
+def hybrid_cp_runs(profile: Profile, batches: Sequence[np.ndarray], gpus: int, recompute: str = "none",
+                   methods: Sequence[str] = HCP_METHODS) -> list[HybridCPRun]:
+    """Every method at every TP the job allows."""
+    return [hybrid_cp_run(m, profile, batches, gpus, tp, recompute) for m in methods
+            for tp in hybrid_cp_tps(profile, gpus, recompute)]
+
+
+def best_run(runs: Sequence[HybridCPRun], method: str) -> HybridCPRun | None:
+    """The method's fastest TP (None: it runs no TP)."""
+    ok = [r for r in runs if r.method == method and r.iteration_s is not None]
+    return min(ok, key=lambda r: (r.mean_s, r.tp)) if ok else None
