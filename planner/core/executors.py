@@ -197,3 +197,11 @@ def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: S
 
 def hybrid_cp_time(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> float:
     return float(hybrid_cp_round_times(target, schedule, lengths).sum())
+
+
+def hybrid_cp_lower_bound(target: HybridCP, lengths: Sequence[int]) -> float:
+    """No schedule runs the batch faster: every sequence on the CP size it fits with the fewest GPU-seconds,
+    spread evenly over the ranks, and no less than the longest sequence on its fastest CP size."""
+    t = np.where(target.fits(lengths), target.times(lengths), np.inf)
+    cps = np.asarray(target.cps, dtype=np.float64)[:, None]
+    return float(max((t * cps).min(axis=0).sum() / target.dpcp, t.min(axis=0).max()))
