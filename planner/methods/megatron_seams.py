@@ -30,15 +30,21 @@ DESCRIPTIONS = {
 
 @dataclass(frozen=True)
 class HybridCPRun:
-    """One method at one TP on every batch: seconds per iteration (None: it cannot run this TP) and CPU ms spent
-    scheduling each batch."""
+    """One method at one TP on every batch: seconds per iteration as scored (also where a sequence runs out of
+    memory), the iterations that do, and CPU ms spent scheduling each batch; `why_not` when it cannot run."""
 
     method: str
     tp: int
     max_seqlen_per_rank: int
-    iteration_s: tuple[float, ...] | None
+    scored_s: tuple[float, ...]
     plan_ms: tuple[float, ...]
+    oom_iterations: int = 0
     why_not: str = ""
+
+    @property
+    def iteration_s(self) -> tuple[float, ...] | None:
+        """Seconds per iteration; None: the method cannot run this TP (no schedule, or one runs out of memory)."""
+        return None if self.why_not else self.scored_s
 
     @property
     def mean_s(self) -> float:
@@ -64,22 +70,21 @@ def hybrid_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], 
                   recompute: str = "none") -> HybridCPRun:
     limit = rank_limit(profile, gpus, tp, recompute)
     target = HybridCP.of(profile, tp=tp, dpcp=gpus // tp, max_seqlen_per_rank=limit, recompute=recompute)
-    times, ms = [], []
+    times, ms, ooms, why = [], [], 0, ""
     for lengths in batches:
         t0 = time.process_time()
         try:
             sched = (balanced_cp_schedule(lengths, limit, target.dpcp) if method == "megatron-hcp"
                      else schedule_hybrid_cp(lengths, target))
         except UserError as e:
-            return HybridCPRun(method, tp, limit, None, tuple(ms), str(e))
+            return HybridCPRun(method, tp, limit, (), tuple(ms), ooms, str(e))
         ms.append((time.process_time() - t0) * 1e3)
         oom = target.out_of_memory(sched, lengths)
         if oom:
-            i = oom[0]
-            return HybridCPRun(method, tp, limit, None, tuple(ms),
-                               f"a sequence of {int(lengths[i])} tokens runs out of memory on its CP group")
+            ooms += 1
+            why = why or f"a sequence of {int(lengths[oom[0]])} tokens runs out of memory on its CP group"
         times.append(hybrid_cp_time(target, sched, lengths))
-    return HybridCPRun(method, tp, limit, tuple(times), tuple(ms))
+    return HybridCPRun(method, tp, limit, tuple(times), tuple(ms), ooms, why)
 
 
 def hybrid_cp_runs(profile: Profile, batches: Sequence[np.ndarray], gpus: int, recompute: str = "none",

@@ -2,7 +2,8 @@
 
 Each sequence gets a CP size from the cost model: the smallest power of two on which it fits (L / cp within the
 per-rank limit, L within MaxLen of <tp,1,cp>),
-doubled for the sequences on the critical path while that shortens the round. Sequences sharing ranks (cp >= 2)
+doubled for the sequences on the critical path while that shortens the round (looking a few doublings ahead, since
+spreading one sequence may pay only once the next one spreads too). Sequences sharing ranks (cp >= 2)
 go first, largest CP first then longest, each onto the aligned block that frees up earliest; then the cp = 1
 sequences, longest first, each onto the rank that frees up earliest (LPT, pricing the constant c each one costs),
 and a local search moves and swaps them between the last rank to finish and the others. Every rank lists its
@@ -23,7 +24,8 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.executors import HybridCP, HybridSchedule
 
 MAX_CP_STEPS = 64  # CP doublings tried on the critical path, per batch
-SEARCH_PASSES = 8  # local-search steps per single-rank sequence, at most
+LOOKAHEAD = 3  # doublings tried past one that does not shorten the round
+SEARCH_STEPS_PER_RANK = 4  # local-search steps per rank, at most
 SEARCH_PARTNERS = 4  # the earliest-finishing ranks the last one trades with
 
 
@@ -54,14 +56,18 @@ def schedule_hybrid_cp(lengths: np.ndarray, target: HybridCP) -> HybridSchedule:
         if kidx[i] + 1 >= top or not fits[kidx[i] + 1, i]:
             raise UserError(f"hybrid CP: {lengths.size} sequences cannot give each of {n} ranks work")
         kidx, best = grown(kidx, i)
-    for _ in range(MAX_CP_STEPS):  # the critical path's longest sequence on twice the ranks, while that helps
-        cand = [i for i in best[2] if kidx[i] + 1 < top and fits[kidx[i] + 1, i]]
+    state, k_now, misses = best, kidx, 0
+    for _ in range(MAX_CP_STEPS):  # the critical path's longest sequence on twice the ranks, a few steps ahead
+        cand = [i for i in state[2] if k_now[i] + 1 < top and fits[k_now[i] + 1, i]]
         if not cand:
             break
-        trial_k, trial = grown(kidx, max(cand, key=lambda i: (times[kidx[i], i], -i)))
-        if trial[0] >= best[0]:
-            break
-        kidx, best = trial_k, trial
+        k_now, state = grown(k_now, max(cand, key=lambda i: (times[k_now[i], i], -i)))
+        if state[0] < best[0]:
+            best, misses = state, 0
+        else:
+            misses += 1
+            if misses > LOOKAHEAD:
+                break
     return [best[1]]
 
 
@@ -100,43 +106,36 @@ def _place(times: np.ndarray, kidx: np.ndarray, cps: tuple[int, ...], n: int):
 
 
 def _search(tails: list[list[int]], ready: np.ndarray, t: np.ndarray) -> None:
-    """Moves and swaps of single-rank sequences between the last rank to finish and the others, each lowering
-    that rank's finish without another rank reaching it."""
+    """Moves and swaps of single-rank sequences between the last rank to finish and the earliest ones, each
+    lowering that rank's finish without another reaching it; the one leaving the pair most even is taken."""
     n = ready.size
-    for _ in range(SEARCH_PASSES * max(1, len(t))):
+    for _ in range(SEARCH_STEPS_PER_RANK * n):
         hi = int(np.argmax(ready))
         top = ready[hi]
-        done = False
+        if not tails[hi]:
+            return
+        tx = t[tails[hi]]
         for lo in np.argsort(ready, kind="stable")[:SEARCH_PARTNERS].tolist():
-            if lo == hi or ready[lo] >= top:
-                break
             gap = top - ready[lo]
-            # move: the largest sequence of `hi` smaller than the gap
-            for x in sorted(tails[hi], key=lambda i: (-t[i], i)):
-                if t[x] < gap:
-                    tails[hi].remove(x)
-                    tails[lo].append(x)
-                    ready[hi] -= t[x]
-                    ready[lo] += t[x]
-                    done = True
-                    break
-            if done:
+            if lo == hi or gap <= 0:
                 break
-            # swap: x of hi for a shorter y of lo with 0 < t[x] - t[y] < gap
-            ty = {y: t[y] for y in tails[lo]}
-            for x in tails[hi]:
-                for y, tyv in ty.items():
-                    d = t[x] - tyv
-                    if 0 < d < gap:
-                        tails[hi][tails[hi].index(x)] = y
-                        tails[lo][tails[lo].index(y)] = x
-                        ready[hi] -= d
-                        ready[lo] += d
-                        done = True
-                        break
-                if done:
-                    break
-            if done:
-                break
-        if not done or n == 1:
+            ty = t[tails[lo]] if tails[lo] else np.zeros(0)
+            # d: what hi hands lo, a move (x alone) or a swap (x for y); 0 < d < gap lowers hi, keeps lo below top
+            d = np.concatenate([tx, (tx[:, None] - ty[None, :]).ravel()])
+            ok = (d > 0) & (d < gap)
+            if not ok.any():
+                continue
+            k = int(np.argmin(np.where(ok, np.abs(2 * d - gap), np.inf)))
+            x = k if k < tx.size else (k - tx.size) // max(ty.size, 1)
+            xi = tails[hi][x]
+            if k < tx.size:
+                tails[hi].pop(x)
+                tails[lo].append(xi)
+            else:
+                y = (k - tx.size) % ty.size
+                tails[hi][x], tails[lo][y] = tails[lo][y], xi
+            ready[hi] -= d[k]
+            ready[lo] += d[k]
+            break
+        else:
             return
