@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cost import pipeline_time
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import Profile
+from hydraplan.core.schema import Profile, Scheme
 
 # [round][DPxCP rank] -> positions (into the batch's lengths) that rank runs, in order
 HybridSchedule = list[list[list[int]]]
@@ -205,3 +206,68 @@ def hybrid_cp_lower_bound(target: HybridCP, lengths: Sequence[int]) -> float:
     t = np.where(target.fits(lengths), target.times(lengths), np.inf)
     cps = np.asarray(target.cps, dtype=np.float64)[:, None]
     return float(max((t * cps).min(axis=0).sum() / target.dpcp, t.min(axis=0).max()))
+
+
+# [micro-batch][dp * cp rank] -> positions that rank's pack holds; the cp ranks of replica d are d*cp .. d*cp+cp-1
+PackingSchedule = list[list[list[int]]]
+
+
+@dataclass(frozen=True)
+class MegatronPacking:
+    """Megatron's sequence-packing executor on one job: dp replicas of one <tp,pp,cp> scheme (its MaxLen already
+    for the job), packs of at most `capacity` tokens (max_seqlen_per_dp_cp_rank * cp), and the pack count a
+    multiple of `multiple` (dp times the VPP micro-batch group)."""
+
+    scheme: Scheme
+    dp: int
+    capacity: int
+    multiple: int
+
+    @classmethod
+    def of(cls, profile: Profile, *, tp: int, pp: int, cp: int, dp: int, capacity: int, multiple: int = 1,
+           recompute: str = "none") -> MegatronPacking:
+        view = for_gpus(profile, tp * pp * cp * dp)
+        scheme = next((s for s in view.schemes if s.key == (tp, pp, cp, recompute)), None)
+        if scheme is None:
+            raise UserError(f"profile {profile.name}: no scheme <{tp},{pp},{cp}> with recompute {recompute} "
+                            f"in {tp * pp * cp * dp} GPUs")
+        if capacity < 1 or multiple < 1 or multiple % dp:
+            raise UserError(f"packing: capacity {capacity} and multiple {multiple} must be positive, the multiple "
+                            f"one of dp = {dp}")
+        return cls(scheme, dp, int(capacity), int(multiple))
+
+    def replicas(self, schedule: PackingSchedule) -> list[list[list[int]]]:
+        """[replica][micro-batch] -> positions (the first cp rank's lists)."""
+        cp = self.scheme.cp
+        return [[mb[d * cp] for mb in schedule] for d in range(self.dp)]
+
+    def propagation_s(self, schedule: PackingSchedule, lengths: Sequence[int]) -> list[float]:
+        """Per replica: the canonical pipeline time of its packs, in order."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        return [pipeline_time(self.scheme, [lengths[mb] for mb in rep]) for rep in self.replicas(schedule)]
+
+
+def packing_violations(schedule: PackingSchedule, lengths: Sequence[int], dp: int, cp: int, capacity: int,
+                       multiple: int) -> list[str]:
+    """Every way `schedule` breaks the packing executor's rules (empty: Megatron runs it)."""
+    out: list[str] = []
+    if (len(schedule) * dp) % multiple:
+        out.append(f"{len(schedule)} micro-batches x dp {dp} is not a multiple of {multiple}")
+    seen = np.zeros(len(lengths), dtype=np.int64)
+    for i, mb in enumerate(schedule):
+        if len(mb) != dp * cp:
+            out.append(f"micro-batch {i}: {len(mb)} rank lists, not dp x cp = {dp * cp}")
+            continue
+        for d in range(dp):
+            pack = mb[d * cp]
+            if any(mb[d * cp + k] != pack for k in range(cp)):
+                out.append(f"micro-batch {i} replica {d}: its cp ranks hold different packs")
+            if not pack:
+                out.append(f"micro-batch {i} replica {d}: an empty pack")
+            if sum(int(lengths[j]) for j in pack) > capacity:
+                out.append(f"micro-batch {i} replica {d}: a pack over {capacity} tokens")
+            for j in pack:
+                seen[j] += 1
+    if (seen != 1).any():
+        out.append(f"positions not packed exactly once: {np.flatnonzero(seen != 1)[:5].tolist()}")
+    return out
