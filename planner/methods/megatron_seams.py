@@ -1,9 +1,14 @@
-"""Megatron-LM's hybrid-CP scheduler against hydraplan's on the same batches, each scored as Megatron's executor
-runs it (core.executors.HybridCP, the canonical cost model's <tp,1,cp> schemes): `megatron-hcp` is Megatron's
-BalancedCPScheduler (solve.megatron_balanced), `hydraplan-hcp` the plugin (solve.megatron_hcp). For each TP the
-job allows, `--max-seqlen-per-dp-cp-rank` is MaxLen of <tp,1,1> (the most tokens a rank holds); a method cannot
-run a TP when one of its schedules puts a sequence on fewer ranks than its memory needs (MaxLen of <tp,1,cp>).
-What `hydraplan megatron suggest` and `python -m bench megatron` report.
+"""Megatron-LM's schedulers against hydraplan's on the same batches, each scored as Megatron's executor runs it
+(core.executors, the canonical cost model). What `hydraplan megatron suggest` and `python -m bench megatron` report.
+
+Hybrid CP: `megatron-hcp` is Megatron's BalancedCPScheduler (solve.megatron_balanced), `hydraplan-hcp` the plugin
+(solve.megatron_hcp), on the <tp,1,cp> schemes. For each TP the job allows, `--max-seqlen-per-dp-cp-rank` is MaxLen
+of <tp,1,1> (the most tokens a rank holds); a method cannot run a TP when one of its schedules puts a sequence on
+fewer ranks than its memory needs (MaxLen of <tp,1,cp>).
+
+Packing: `megatron-dp-balanced` is dp_balanced (solve.megatron_dp_balanced), `hydraplan-packing` the plugin
+(solve.megatron_packing), in one <tp,pp,cp> x dp layout with packs of MaxLen tokens; propagation and end to end
+(the cluster's estimate: the LNK pull and push around it).
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hydraplan.core.cluster import for_gpus
+from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.core.errors import UserError
-from hydraplan.core.executors import HybridCP, hybrid_cp_time
-from hydraplan.core.schema import Profile
+from hydraplan.core.executors import HybridCP, MegatronPacking, hybrid_cp_time
+from hydraplan.core.schema import Profile, Scheme
 from hydraplan.solve.megatron_balanced import balanced_cp_schedule
+from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
 from hydraplan.solve.megatron_hcp import schedule_hybrid_cp
+from hydraplan.solve.megatron_packing import schedule_packing
 
 HCP_METHODS = ("megatron-hcp", "hydraplan-hcp")
 DESCRIPTIONS = {
@@ -98,3 +105,67 @@ def best_run(runs: Sequence[HybridCPRun], method: str) -> HybridCPRun | None:
     """The method's fastest TP (None: it runs no TP)."""
     ok = [r for r in runs if r.method == method and r.iteration_s is not None]
     return min(ok, key=lambda r: (r.mean_s, r.tp)) if ok else None
+
+
+# -------------------------------------------------------------------------------------------- packing seam
+PACKING_METHODS = ("megatron-dp-balanced", "hydraplan-packing")
+DESCRIPTIONS.update({
+    "megatron-dp-balanced": "Megatron-LM's dp_balanced packing scheduler: in-order packs, pack i*dp + d to replica d",
+    "hydraplan-packing": "hydraplan's packing scheduler (integrations.megatron): dispatch + Eq. 1 packing, one V per replica",
+})
+
+
+@dataclass(frozen=True)
+class PackingRun:
+    """One method in one <tp,pp,cp> x dp layout on every batch: propagation and end-to-end seconds per iteration
+    (empty, with `why_not`, when it cannot schedule a batch) and CPU ms per batch."""
+
+    method: str
+    scheme: Scheme
+    dp: int
+    capacity: int
+    propagation_s: tuple[float, ...]
+    iteration_s: tuple[float, ...]
+    plan_ms: tuple[float, ...]
+    why_not: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.scheme.label}x{self.dp}"
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.iteration_s)) if self.iteration_s and not self.why_not else float("inf")
+
+
+def packing_layouts(cluster: Cluster, context_len: int) -> list[Scheme]:
+    """The homogeneous layouts whose packs hold the context length (no recomputation: Megatron's default)."""
+    return [s for s in cluster.schemes if s.recompute == "none" and s.max_len >= context_len and cluster.gpus % s.gpus == 0]
+
+
+def packing_run(method: str, cluster: Cluster, batches: Sequence[np.ndarray], scheme: Scheme) -> PackingRun:
+    """`--max-seqlen-per-dp-cp-rank` is MaxLen / cp: the largest pack the layout holds."""
+    dp = cluster.gpus // scheme.gpus
+    capacity = scheme.max_len // scheme.cp * scheme.cp
+    target = MegatronPacking.of(cluster.profile, tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, dp=dp, capacity=capacity,
+                                multiple=dp)
+
+    def schedule(lengths: np.ndarray):
+        if method == "megatron-dp-balanced":
+            return dp_balanced_schedule(lengths.tolist(), capacity, dp, scheme.cp)
+        return schedule_packing(lengths, target)
+
+    prop, e2e, ms = [], [], []
+    try:
+        if batches and method == "hydraplan-packing":
+            schedule(batches[0])  # the dispatch's compiled code loads once per process: not a batch's cost
+        for lengths in batches:
+            t0 = time.process_time()
+            sched = schedule(lengths)
+            ms.append((time.process_time() - t0) * 1e3)
+            per_replica = target.propagation_s(sched, lengths)
+            prop.append(max(per_replica))
+            e2e.append(cluster.estimate([scheme.key] * dp, per_replica).iteration_s)
+    except UserError as e:
+        return PackingRun(method, scheme, dp, capacity, (), (), tuple(ms), str(e))
+    return PackingRun(method, scheme, dp, capacity, tuple(prop), tuple(e2e), tuple(ms))

@@ -2,7 +2,7 @@
 dispatched to the DP replicas by hydraplan's dispatch (Eq. 3 on the layout's scheme, packs no longer than the
 capacity), then each replica's documents packed into the same number V of micro-batches by Eq. (1) (hydraplan's
 packing for a fixed V), V a multiple of the VPP group and tried from the fewest packs that hold every replica's
-documents up, while the canonical estimate (sum + (pp-1) max) can still improve. When dp_balanced's own packs
+documents up, until two in a row do not improve the canonical estimate (sum + (pp-1) max). When dp_balanced's own packs
 would run the batch faster (or when the replicas cannot all fill V packs), its schedule is taken instead, so the
 plugin is never slower than Megatron's scheduler on a batch.
 
@@ -40,6 +40,7 @@ def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSch
                  for d in docs)
     most = min(d.size for d in docs)  # every pack holds a document
     v = -(-fewest // group) * group
+    misses = 0
     for _ in range(V_STEPS):
         if v > most:
             break
@@ -51,8 +52,10 @@ def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSch
                      for mb in [p.micro_batches[i]]], dp, cp)
         s = max(target.propagation_s(ours, lengths))
         if s < best_s * (1 - 1e-12):
-            best, best_s = ours, s
-        if target.scheme.pp == 1:  # one more micro-batch only adds its constant
+            best, best_s, misses = ours, s, 0
+        else:
+            misses += 1
+        if target.scheme.pp == 1 or misses > 1:  # pp 1: one more micro-batch only adds its constant
             break
         v += group
     if best is None:
