@@ -48,3 +48,43 @@ def test_suggest_bad_recompute_is_one_line(monkeypatch, capsys):
         code = e.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "--recompute" in err and "'some'" in err
+
+
+def _example():
+    import importlib.util
+
+    from hydraplan.store.paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("megatron_plugin", ROOT / "examples" / "megatron_plugin.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_example_installs_before_running_megatrons_script(tmp_path, monkeypatch):
+    """examples/megatron_plugin.py runs pretrain_gpt.py with its arguments after install(): a stand-in Megatron-LM
+    checkout whose script records which scheduler HybridCPDataLoaderWrapper would build and the arguments."""
+    pkg = tmp_path / "megatron" / "core" / "datasets"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "megatron", tmp_path / "megatron" / "core", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "data_schedule.py").write_text("class BalancedCPScheduler:\n    pass\n")
+    (tmp_path / "pretrain_gpt.py").write_text(
+        "import sys\nfrom pathlib import Path\nfrom megatron.core.datasets import data_schedule\n"
+        "Path(sys.argv[0]).with_name('seen').write_text(data_schedule.BalancedCPScheduler.__name__ + ' ' + sys.argv[1])\n")
+    monkeypatch.setenv("MEGATRON_LM", str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert _example().main(["--", "--hybrid-context-parallel"]) == 0
+    assert (tmp_path / "seen").read_text() == "HydraplanCPScheduler --hybrid-context-parallel"
+    for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
+        sys.modules.pop(name)  # the stand-ins this test imported
+
+
+def test_example_dry_run_is_faster_than_megatrons_and_without_megatron_says_so(monkeypatch, tmp_path, capsys):
+    r = _example().dry_run("h100-llama2-7b")
+    assert r["sequences"] > 100 and r["hydraplan_s"] < r["megatron_s"] and r["max_seqlen_per_dp_cp_rank"] == 41931
+    monkeypatch.setenv("MEGATRON_LM", str(tmp_path))
+    assert _example().main([]) == 2 and "pretrain_gpt.py: no such file" in capsys.readouterr().err
