@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from hydraplan.app.cli import app, main
@@ -88,3 +89,34 @@ def test_example_dry_run_is_faster_than_megatrons_and_without_megatron_says_so(m
     assert r["sequences"] > 100 and r["hydraplan_s"] < r["megatron_s"] and r["max_seqlen_per_dp_cp_rank"] == 41931
     monkeypatch.setenv("MEGATRON_LM", str(tmp_path))
     assert _example().main([]) == 2 and "pretrain_gpt.py: no such file" in capsys.readouterr().err
+
+
+def test_compare_runs_the_seam_methods_as_their_executors_score_them():
+    """`compare --methods megatron-hcp,...`: each at its fastest TP or layout, every iteration's estimate the
+    executor's (hybrid CP: the round simulated; packing: the replicas' pipeline times)."""
+    from hydraplan.core.executors import MegatronPacking
+    from hydraplan.methods.compare import CompareConfig, run_compare
+    from hydraplan.methods.megatron_seams import SEAM_METHODS, rank_limit
+    from hydraplan.solve.megatron_balanced import balanced_cp_schedule
+    from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
+
+    cfg = CompareConfig(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, tokens_per_iter=60_000,
+                        iterations=2, context_len=16384, methods=SEAM_METHODS, objective="propagation")
+    out = run_compare(cfg)
+    res = out.result.methods
+    profile = load_profile("h100-llama2-7b")
+    tp = int(out.runs["megatron-hcp"].static.removeprefix("TP "))
+    limit = rank_limit(profile, 16, tp)
+    target = HybridCP.of(profile, tp=tp, dpcp=16 // tp, max_seqlen_per_rank=limit)
+    want = [hybrid_cp_time(target, balanced_cp_schedule(b, limit, 16 // tp), b) for b in out.batches]
+    assert res["megatron-hcp"].iterations_s == pytest.approx(want, rel=1e-12)
+    layout = out.runs["megatron-dp-balanced"].static  # <tp,pp,cp>xdp
+    tp, pp, cp = map(int, layout[1:layout.index(">")].split(","))
+    dp = int(layout.rsplit("x", 1)[1])
+    scheme = out.cluster.scheme((tp, pp, cp))
+    cap = scheme.max_len // cp * cp
+    pk = MegatronPacking.of(profile, tp=tp, pp=pp, cp=cp, dp=dp, capacity=cap, multiple=dp)
+    want = [max(pk.propagation_s(dp_balanced_schedule(b.tolist(), cap, dp, cp), b)) for b in out.batches]
+    assert res["megatron-dp-balanced"].iterations_s == pytest.approx(want, rel=1e-12)
+    assert res["hydraplan-hcp"].mean_estimate_s < res["megatron-hcp"].mean_estimate_s
+    assert res["hydraplan-packing"].mean_estimate_s <= res["megatron-dp-balanced"].mean_estimate_s

@@ -175,11 +175,12 @@ def _round_order(rnd: list[list[int]], members: dict[int, list[int]]) -> list[in
     return order
 
 
-def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> np.ndarray:
-    """Seconds of each round as the executor runs it: a sequence starts when all its ranks are free and takes
-    T(L) of <tp,1,cp> on each; the round ends with its last rank (then the barrier)."""
+def hybrid_cp_rank_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]
+                         ) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """Per round, as the executor runs it: when each rank finishes (a sequence starts when all its ranks are free
+    and takes T(L) of <tp,1,cp> on each), and the seconds each rank computes each of its sequences."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    out = np.zeros(len(schedule))
+    out = []
     for k, rnd in enumerate(schedule):
         members: dict[int, list[int]] = {}
         for r, items in enumerate(rnd):
@@ -188,12 +189,18 @@ def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: S
         order = _round_order(rnd, members)
         if order is None:
             raise ValueError(f"round {k} deadlocks")
+        took = {i: target.time(int(lengths[i]), len(ranks)) for i, ranks in members.items()}
         ready = np.zeros(len(rnd))
         for i in order:
             ranks = members[i]
-            ready[ranks] = ready[ranks].max() + target.time(int(lengths[i]), len(ranks))
-        out[k] = ready.max(initial=0.0)
+            ready[ranks] = ready[ranks].max() + took[i]
+        out.append((ready, [np.array([took[i] for i in items], dtype=np.float64) for items in rnd]))
     return out
+
+
+def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> np.ndarray:
+    """Seconds of each round: until its last rank finishes (then the barrier)."""
+    return np.array([ready.max(initial=0.0) for ready, _ in hybrid_cp_rank_times(target, schedule, lengths)])
 
 
 def hybrid_cp_time(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> float:

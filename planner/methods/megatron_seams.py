@@ -14,15 +14,16 @@ Packing: `megatron-dp-balanced` is dp_balanced (solve.megatron_dp_balanced), `hy
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.core.errors import UserError
-from hydraplan.core.executors import HybridCP, MegatronPacking, hybrid_cp_time
+from hydraplan.core.executors import HybridCP, MegatronPacking, hybrid_cp_rank_times, hybrid_cp_time
 from hydraplan.core.schema import Profile, Scheme
+from hydraplan.methods import baselines as bl
 from hydraplan.solve.megatron_balanced import balanced_cp_schedule
 from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
 from hydraplan.solve.megatron_hcp import schedule_hybrid_cp
@@ -169,3 +170,79 @@ def packing_run(method: str, cluster: Cluster, batches: Sequence[np.ndarray], sc
     except UserError as e:
         return PackingRun(method, scheme, dp, capacity, (), (), tuple(ms), str(e))
     return PackingRun(method, scheme, dp, capacity, tuple(prop), tuple(e2e), tuple(ms))
+
+
+# -------------------------------------------------------------------------------------------- in compare
+SEAM_METHODS = HCP_METHODS + PACKING_METHODS  # opt-in methods of `hydraplan compare --methods`
+
+
+def hybrid_cp_plan(method: str, target: HybridCP, scheme: Scheme, lengths: np.ndarray,
+                   schedule: list[list[list[int]]]) -> bl.IterationPlan:
+    """A hybrid-CP schedule as compare's plan: a phase per round, a one-rank pipeline per DPxCP rank (<tp,1,1>: its
+    parameter slice) whose micro-batches are its sequences, each taking its CP size's time, and whose latency is
+    when the rank finishes, waits for its CP groups included."""
+    phases = []
+    for k, (ready, took) in enumerate(hybrid_cp_rank_times(target, schedule, lengths)):
+        pipes = tuple(bl.PipelineRun(scheme, tuple(np.array([i], dtype=np.int64) for i in items), t, float(end))
+                      for items, t, end in zip(schedule[k], took, ready, strict=True))
+        phases.append(bl.Phase(f"round {k}", pipes, 0))
+    return bl.IterationPlan(method, f"TP {target.tp}", lengths, tuple(phases))
+
+
+def packing_plan(method: str, target: MegatronPacking, lengths: np.ndarray,
+                 schedule: list[list[list[int]]]) -> bl.IterationPlan:
+    """A packing schedule as compare's plan: one pipeline per DP replica, its packs as micro-batches."""
+    pipes = tuple(bl.run_pipeline(target.scheme, lengths, [np.asarray(mb, dtype=np.int64) for mb in rep])
+                  for rep in target.replicas(schedule))
+    return bl.IterationPlan(method, f"{target.scheme.label}x{target.dp}", lengths, (bl.Phase("", pipes, 0),))
+
+
+def _hcp_plans(method: str, cluster: Cluster, batches: Sequence[np.ndarray], tp: int) -> list[bl.IterationPlan] | None:
+    limit = rank_limit(cluster.profile, cluster.gpus, tp)
+    target = HybridCP.of(cluster.profile, tp=tp, dpcp=cluster.gpus // tp, max_seqlen_per_rank=limit)
+    scheme = cluster.scheme((tp, 1, 1))
+    plans = []
+    for lengths in batches:
+        try:
+            sched = (balanced_cp_schedule(lengths, limit, target.dpcp) if method == "megatron-hcp"
+                     else schedule_hybrid_cp(lengths, target))
+        except UserError:
+            return None
+        if target.out_of_memory(sched, lengths):
+            return None
+        plans.append(hybrid_cp_plan(method, target, scheme, lengths, sched))
+    return plans
+
+
+def _packing_plans(method: str, cluster: Cluster, batches: Sequence[np.ndarray], scheme: Scheme
+                   ) -> list[bl.IterationPlan] | None:
+    dp = cluster.gpus // scheme.gpus
+    capacity = scheme.max_len // scheme.cp * scheme.cp
+    target = MegatronPacking.of(cluster.profile, tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, dp=dp, capacity=capacity,
+                                multiple=dp)
+    try:
+        return [packing_plan(method, target, lengths, dp_balanced_schedule(lengths.tolist(), capacity, dp, scheme.cp)
+                             if method == "megatron-dp-balanced" else schedule_packing(lengths, target))
+                for lengths in batches]
+    except UserError:
+        return None
+
+
+def seam_runs(methods: Sequence[str], batches: Sequence[np.ndarray], cluster: Cluster, context_len: int,
+              score: Callable[[bl.IterationPlan], float]) -> dict[str, tuple[str, list[bl.IterationPlan]]]:
+    """The chosen methods of SEAM_METHODS, each at the TP (hybrid CP) or layout (packing) where it scores lowest on
+    these batches, as compare tunes every static choice: method -> (its choice, its plans)."""
+    out = {}
+    for m in methods:
+        if m in HCP_METHODS:
+            options = {f"TP {tp}": _hcp_plans(m, cluster, batches, tp) for tp in hybrid_cp_tps(cluster.profile, cluster.gpus)}
+        else:
+            options = {f"{s.label}x{cluster.gpus // s.gpus}": _packing_plans(m, cluster, batches, s)
+                       for s in packing_layouts(cluster, context_len)}
+        options = {k: v for k, v in options.items() if v is not None}
+        if not options:
+            raise UserError(f"--methods {m}: runs on no {'TP' if m in HCP_METHODS else 'layout'} of {cluster.gpus} GPUs "
+                            f"of {cluster.name} at this context length")
+        best = min(options, key=lambda k: sum(map(score, options[k])))
+        out[m] = (best, options[best])
+    return out
