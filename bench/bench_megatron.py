@@ -68,6 +68,9 @@ def hybrid_cp(cfg: dict, iterations: int) -> dict:
                              "mean_s_ignoring_memory": float(np.mean(r.scored_s)) if r.scored_s else None,
                              "plan_ms_mean": float(np.mean(r.plan_ms)) if r.plan_ms else None,
                              "plan_ms_max": float(np.max(r.plan_ms)) if r.plan_ms else None}
+        theirs, ours = row["megatron-hcp"], row["hydraplan-hcp"]
+        if theirs["mean_s_ignoring_memory"] and ours["mean_s"]:
+            row["megatron_ignoring_memory_over_plugin"] = theirs["mean_s_ignoring_memory"] / ours["mean_s"]
         target = HybridCP.of(profile, tp=tp, dpcp=GPUS // tp, max_seqlen_per_rank=row["max_seqlen_per_dp_cp_rank"])
         bounds = [hybrid_cp_lower_bound(target, b) for b in batches]
         row["lower_bound_s"] = float(np.mean(bounds)) if np.isfinite(bounds).all() else None
