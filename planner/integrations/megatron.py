@@ -95,13 +95,16 @@ def drop_in(profile: Profile | str) -> type:
             self.max_seq_len_per_rank = max_seq_len_per_rank
             self.total_hdp_gpus = dp_cp_group.size()
             self.profile = prof
+            self.targets: dict[tuple[int, str], HybridCP] = {}
 
         def get_groups_and_subsamples(self, sample_id_seqlens, config):
             ids = [int(sid) for sid, _ in sample_id_seqlens]
             lengths = [int(l) for _, l in sample_id_seqlens]
-            rounds = schedule_hybrid_cp(lengths, profile=self.profile, tp=int(config.tensor_model_parallel_size),
-                                        dpcp=self.total_hdp_gpus, max_seqlen_per_rank=self.max_seq_len_per_rank,
-                                        recompute=_config_recompute(config))
+            key = (int(config.tensor_model_parallel_size), _config_recompute(config))
+            if key not in self.targets:  # built once: the profile's view of the job is the same every batch
+                self.targets[key] = hybrid_cp_target(self.profile, tp=key[0], dpcp=self.total_hdp_gpus,
+                                                     max_seqlen_per_rank=self.max_seq_len_per_rank, recompute=key[1])
+            rounds = _schedule(np.asarray(lengths, dtype=np.int64), self.targets[key])
             groups = [[[lengths[i] for i in rank] for rank in rnd] for rnd in rounds]
             sample_id_groups = [[[ids[i] for i in rank] for rank in rnd] for rnd in rounds]
             return groups, sample_id_groups
@@ -117,7 +120,7 @@ def packing_drop_in(profile: Profile | str, base: type) -> type:
     class HydraplanPackingScheduler(base):
         """DpBalancedScheduler's run, hydraplan's packs."""
 
-        config = None
+        config = target = target_key = None
 
         def run(self, data_iterator, num_microbatches, dp_group, tp_group, pp_group, dp_cp_group, dev, config):
             self.config = config
@@ -128,12 +131,15 @@ def packing_drop_in(profile: Profile | str, base: type) -> type:
             if c is None:
                 raise UserError("hydraplan's packing scheduler needs Megatron's config: call run(...), as "
                                 "wrap_data_iterator does")
-            return schedule_packing([int(l) for _, l in sample_id_seqlens], profile=prof,
-                                    tp=int(c.tensor_model_parallel_size), pp=int(c.pipeline_model_parallel_size),
-                                    cp=self.cp_size, dp=self.dp_size,
-                                    capacity=self.max_seqlen_per_dp_cp_rank * self.cp_size,
-                                    multiple=self.microbatch_group_size_per_vp_stage or 1,
-                                    recompute=_config_recompute(c))
+            key = (int(c.tensor_model_parallel_size), int(c.pipeline_model_parallel_size), _config_recompute(c))
+            if self.target is None or self.target_key != key:  # built once: the same layout every batch
+                tp, pp, recompute = key
+                self.target = MegatronPacking.of(prof, tp=tp, pp=pp, cp=self.cp_size, dp=self.dp_size,
+                                                 capacity=self.max_seqlen_per_dp_cp_rank * self.cp_size,
+                                                 multiple=self.dp_size * (self.microbatch_group_size_per_vp_stage or 1),
+                                                 recompute=recompute)
+                self.target_key = key
+            return _pack(np.asarray([int(l) for _, l in sample_id_seqlens], dtype=np.int64), self.target)
 
     return HydraplanPackingScheduler
 
