@@ -7,7 +7,17 @@ DEMO := plans/demo
 
 .PHONY: setup demo example test bench docs lint clean
 
-setup: $(STAMP)
+# megatron-core's wheel (no dependencies), read by tests/test_megatron_*.py and bench/bench_megatron.py: its hybrid CP
+# scheduler is the reference the Megatron integration (hydraplan.integrations.megatron) is checked against.
+MEGATRON_DIR := .cache/megatron
+MEGATRON_WHEEL := $(MEGATRON_DIR)/megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+
+setup: $(STAMP) $(MEGATRON_WHEEL)
+
+$(MEGATRON_WHEEL): | $(STAMP)
+	@mkdir -p $(MEGATRON_DIR) && $(PY) -m pip download --disable-pip-version-check --no-deps --only-binary :all: --python-version 3.12 \
+		megatron-core==0.19.2 -d $(MEGATRON_DIR) >$(MEGATRON_DIR).log 2>&1 \
+		|| { echo "setup: downloading megatron-core 0.19.2 failed (pip's output: $(MEGATRON_DIR).log)"; exit 1; }
 
 # Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds.
 # torch==2.13.0 resolves to the CPU wheel on this machine's disk (never a multi-GB CUDA build).

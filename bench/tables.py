@@ -284,5 +284,36 @@ def timings(results: Results) -> str:
                   + [["all", secs(total, "wall_s"), secs(total, "cpu_s"), ""]])
 
 
+def megatron_hcp(results: Results) -> str:
+    """megatron.json's hybrid-CP rows: Megatron's scheduler at its best TP that fits memory, the plugin at that TP and
+    at its own best, the work lower bound's share, planning CPU ms per batch."""
+    rows = []
+    for c in results["megatron"]["hybrid_cp"]:
+        bound = c["plugin_vs_bound_same_tp"]
+        rows.append([_short(c["dataset"]), f"{c['context_len'] // 1024}K", _tokens(c["tokens_per_iter"]),
+                     f"{c['megatron_best_s']:.3f} s (TP {c['megatron_best_tp']})",
+                     f"{c['speedup_same_tp']:.2f}x (at least {c['min_iteration_speedup_same_tp']:.2f}x)",
+                     f"{c['speedup_best_tp']:.2f}x (TP {c['plugin_best_tp']})", f"{bound:.3f}",
+                     f"{c['plan_ms_max']:.0f} ms / {c['megatron_plan_ms_max']:.0f} ms"])
+    return _table(["dataset", "context", "tokens", "Megatron, its best TP", "plugin, same TP (every batch)",
+                   "plugin, its best TP", "plugin / lower bound", "planning, max per batch: plugin / Megatron"], rows)
+
+
+def megatron_packing(results: Results) -> str:
+    """megatron.json's packing rows: dp_balanced against the plugin in compare's Megatron layout and at each
+    one's fastest layout, end to end."""
+    rows = []
+    for c in results["megatron"]["packing"]:
+        rows.append([c["profile"].removeprefix("h100-llama2-"), _short(c["dataset"]), f"{c['context_len'] // 1024}K",
+                     f"`{c['same_layout']}`", f"{c['megatron_same_s']:.3f} s",
+                     f"{c['speedup_same_layout']:.2f}x (at least {c['min_iteration_speedup_same_layout']:.2f}x)",
+                     f"`{c['megatron_best_layout']}` {c['megatron_best_s']:.3f} s",
+                     f"`{c['plugin_best_layout']}` {c['speedup_best_layouts']:.2f}x",
+                     f"{c['plan_ms_same_layout']:.0f} ms"])
+    return _table(["model", "dataset", "context", "layout", "dp_balanced", "plugin (every batch)",
+                   "dp_balanced's best layout", "plugin's best layout", "planning, max per batch"], rows)
+
+
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, bound_issue, cad, overlap,
-                                                                   memory, profile_check, cpu_tiny, hydraulis, long, timings)}
+                                                                   memory, profile_check, cpu_tiny, hydraulis, long, timings,
+                                                                   megatron_hcp, megatron_packing)}

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"hydraplan": REPO / "planner", "hydraplan.runtime": REPO / "runtime"}
 LAYERS = ("core", "store", "solve", "engine", "methods", "runtime", "app", "api")  # bottom to top
 API = ("hydraplan", "hydraplan.schema", "hydraplan.loader")
+FOLDER_LAYER = {"integrations": "app"}  # hydraplan.integrations (Megatron's schedulers) sits at the app level
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ def layer_of(module: str) -> str | None:
     if module in API:
         return "api"
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in LAYERS[:-1] else None
+    folder = FOLDER_LAYER.get(parts[1], parts[1]) if len(parts) > 1 else None
+    return folder if folder in LAYERS[:-1] else None
 
 
 def module_files(roots: Mapping[str, Path]) -> dict[str, Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hydraplan.app import cliopts, cmd_doctor, cmd_files, cmd_plan, cmd_profile
+from hydraplan.app import cliopts, cmd_doctor, cmd_files, cmd_megatron, cmd_plan, cmd_profile
 from hydraplan.app.cliopts import CONTEXT_SETTINGS
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ profiles_app = typer.Typer(help="Bundled GPU profiles (cost model per <TP,PP,CP>
 dataset_app = typer.Typer(help="Sequence-length datasets.", no_args_is_help=True, context_settings=CONTEXT_SETTINGS)
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(dataset_app, name="dataset")
+app.add_typer(cmd_megatron.megatron_app, name="megatron")
 
 
 @app.callback()
@@ -39,7 +40,7 @@ profiles_app.command("list")(cmd_files.profiles_list)
 profiles_app.command("show")(cmd_files.profiles_show)
 profiles_app.command("memory")(cmd_files.profiles_memory)
 profiles_app.command("generate")(cmd_files.profiles_generate)
-cliopts.reflow_help(app, profiles_app, dataset_app)
+cliopts.reflow_help(app, profiles_app, dataset_app, cmd_megatron.megatron_app)
 
 
 def main() -> None:

@@ -276,7 +276,8 @@ def compare(
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
         None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
-        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad"),
+        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad; opt-in: Megatron's schedulers and "
+        "hydraplan's on Megatron's seams, megatron-hcp hydraplan-hcp megatron-dp-balanced hydraplan-packing"),
     json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),

@@ -26,6 +26,7 @@ COLORS = {
     "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
     "homo-maxlen": "#c5b0d5", "homo-pack": "#9467bd", "hetero-static": "#ff7f0e", "hydraplan": "#d62728",
     "hydraplan-delay": "#e377c2", "cad": "#2ca02c", "hydraplan-cad": "#1f77b4",
+    "megatron-hcp": "#525252", "hydraplan-hcp": "#ff9896", "megatron-dp-balanced": "#a5a5a5", "hydraplan-packing": "#c49c94",
 }
 PLOTS = ("latency", "methods", "lengths", "load", "gantt")
 

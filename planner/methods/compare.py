@@ -32,6 +32,7 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import simulate_1f1b
 from hydraplan.core.schema import CompareResult, MethodResult, Profile, Scheme
 from hydraplan.methods import baselines as bl
+from hydraplan.methods import megatron_seams as seams
 from hydraplan.methods.cad import choose, run_cad
 from hydraplan.methods.hydra import MethodRun, run_hydra, run_hydra_delay
 from hydraplan.solve.proposal import propose
@@ -42,6 +43,7 @@ HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydr
 BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
 CAD_METHODS = ("cad", "hydraplan-cad")  # core-attention disaggregation (hydraplan.solve.cad) and the per-iteration chooser
 ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS + CAD_METHODS
+KNOWN_METHODS = ALL_METHODS + seams.SEAM_METHODS  # Megatron's schedulers and the plugin on its seams: opt-in
 DESCRIPTIONS = {
     "megatron": "static homogeneous scheme, FFD packing to the context length, micro-batches dealt round-robin",
     "hotspa": "one homogeneous scheme per length range (<4K, 4K-16K, 16K+), switched within the iteration",
@@ -56,6 +58,7 @@ DESCRIPTIONS = {
     "cad": "core-attention disaggregation (DistCA-style): homogeneous cp=1 replicas, token-balanced linear part, "
            "attention tasks balanced across replicas under a communication budget",
     "hydraplan-cad": "per iteration, the faster (in the objective) of hydraplan's plan and the CAD plan",
+    **seams.DESCRIPTIONS,
 }
 DELAYING = ("wlb-llm", "wlb-nodelay", "hydraplan-delay")
 HOMO_NAME = "homo"
@@ -272,9 +275,9 @@ class _Setup:
 
 def _setup(config: CompareConfig) -> _Setup:
     methods = config.methods or ALL_METHODS
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown = [m for m in methods if m not in KNOWN_METHODS]
     if unknown:
-        raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})")
+        raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(KNOWN_METHODS)})")
     cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
     dataset = load_dataset(config.dataset, config.context_len)
     context_len = config.context_len or int(dataset.lengths.max())
@@ -310,7 +313,7 @@ def _baseline_run(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPl
 def run_compare(config: CompareConfig, progress: CompareProgress | None = None) -> CompareOutcome:
     """Every chosen method on the same sampled batches, scored by one cost model (module docstring)."""
     su = _setup(config)
-    methods = [m for m in ALL_METHODS if m in (config.methods or ALL_METHODS)]
+    methods = [m for m in KNOWN_METHODS if m in (config.methods or ALL_METHODS)]
     hydra = [m for m in methods if m in HYDRA_METHODS]
     if "hydraplan-cad" in methods and "hydraplan" not in hydra:  # the chooser needs hydraplan's plans
         hydra.append("hydraplan")
@@ -327,6 +330,10 @@ def run_compare(config: CompareConfig, progress: CompareProgress | None = None) 
         runs[m] = _baseline_run(m, su, homo_label, mega)
         tick(m)
     runs.update(_hydra_runs(su, homo, hydra, methods, runs, tick))
+    chosen = [m for m in methods if m in seams.SEAM_METHODS]
+    for m, (choice, plans) in seams.seam_runs(chosen, su.batches, su.cluster, su.context_len, su.score).items():
+        runs[m] = MethodRun(m, plans, choice)
+        tick(m)
     results = {}
     for m in methods:
         if m in runs:

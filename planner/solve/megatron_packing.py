@@ -1,0 +1,63 @@
+"""hydraplan's schedule for Megatron's sequence-packing executor (core.executors.MegatronPacking): documents
+dispatched to the DP replicas by hydraplan's dispatch (Eq. 3 on the layout's scheme, packs no longer than the
+capacity), then each replica's documents packed into the same number V of micro-batches by Eq. (1) (hydraplan's
+packing for a fixed V), V a multiple of the VPP group and tried from the fewest packs that hold every replica's
+documents up, until two in a row do not improve the canonical estimate (sum + (pp-1) max). When dp_balanced's own packs
+would run the batch faster (or when the replicas cannot all fill V packs), its schedule is taken instead, so the
+plugin is never slower than Megatron's scheduler on a batch.
+
+Pure and deterministic: the dispatch's trials are seeded with 0, the packing runs its greedy only (no solver
+time limit), so every rank computes the same schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hydraplan.core.errors import UserError
+from hydraplan.core.executors import MegatronPacking, PackingSchedule
+from hydraplan.solve.dispatch import dispatch
+from hydraplan.solve.ffd import first_fit_bins
+from hydraplan.solve.megatron_dp_balanced import deal, dp_balanced_schedule
+from hydraplan.solve.packing import pack_fixed_v
+
+V_STEPS = 8  # micro-batch counts tried past the fewest that hold every replica's documents
+
+
+def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSchedule:
+    """sample_id_groups for Megatron's packing executor: [micro-batch][dp*cp rank] -> positions into `lengths`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    dp, cp, group = target.dp, target.scheme.cp, target.multiple // target.dp
+    try:
+        best: PackingSchedule | None = dp_balanced_schedule(lengths.tolist(), target.capacity, dp, cp, group)
+        best_s = max(target.propagation_s(best, lengths))
+    except UserError:  # dp_balanced cannot fill the pack count (Megatron's own assertion fails)
+        best, best_s = None, np.inf
+    scheme = target.scheme.model_copy(update={"max_len": target.capacity})
+    assign = dispatch(lengths, [scheme] * dp, seed=0).assign
+    docs = [np.flatnonzero(assign == d) for d in range(dp)]
+    fewest = max(int(first_fit_bins(np.sort(lengths[d])[::-1], target.capacity).max()) + 1 if d.size else 1
+                 for d in docs)
+    most = min(d.size for d in docs)  # every pack holds a document
+    v = -(-fewest // group) * group
+    misses = 0
+    for _ in range(V_STEPS):
+        if v > most:
+            break
+        packs = [pack_fixed_v(lengths[d], scheme, v, time_limit_s=0.0) for d in docs]
+        if any(p is None or len(p.micro_batches) != v for p in packs):
+            v += group
+            continue
+        ours = deal([d[mb].tolist() for i in range(v) for d, p in zip(docs, packs, strict=True)
+                     for mb in [p.micro_batches[i]]], dp, cp)
+        s = max(target.propagation_s(ours, lengths))
+        if s < best_s * (1 - 1e-12):
+            best, best_s, misses = ours, s, 0
+        else:
+            misses += 1
+        if target.scheme.pp == 1 or misses > 1:  # pp 1: one more micro-batch only adds its constant
+            break
+        v += group
+    if best is None:
+        raise UserError(f"packing: {lengths.size} documents cannot fill {group} micro-batches on each of {dp} replicas")
+    return best
