@@ -134,7 +134,7 @@ def pingpong_forward(mod: StageModule, halves: Sequence[PackedBatch], stamp: Cal
     need every replica to recompute in step)."""
     cfg = mod.cfg
     xs = [mod.embed(h.tokens) for h in halves]
-    ropes = [rope_tables(h.positions, cfg.head_dim, cfg.rope_theta, mod.dtype) for h in halves]
+    ropes = [rope_tables(h.positions, cfg.head_dim, cfg.rope_theta, mod.dtype, cfg.rope_scaling) for h in halves]
     for block in mod.layers.values():
         run = recomputed if block.recompute == "full" else (lambda fn, *a: fn(*a))
         sent = [_send_qkv(*run(_projections, block, x, cos, sin, h.num_tokens), h.cp)

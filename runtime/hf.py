@@ -76,18 +76,19 @@ def model_config(model: str) -> ModelConfig:
 def config_from_file(path: str | Path, src: str, name: str) -> tuple[ModelConfig, bool]:
     """The runtime's model of a config.json (Llama, Mistral or Qwen2: hydraplan.core.hfconfig, the config the
     analytic profiles read), and whether its embeddings are tied. UserError (one line, `src` and the field) for
-    what the decoder does not implement, the analytic model's refusals and RoPE scaling."""
+    what the decoder does not implement: the analytic model's refusals and RoPE scaling other than Llama 3.1's."""
     try:
         data = read_json(path)
     except UserError as e:
         raise UserError(f"{src}: {str(e).removeprefix(f'{path}: ')}") from None
     c = parse_hf_config(data, src)
-    if c.rope_type != "default":
-        field = "rope_parameters.rope_type" if c.rope_parameters else "rope_scaling"
-        raise UserError(f"{src}: field {field}: {c.rope_type!r} is not supported (the runtime implements 'default')")
+    if c.rope_type not in ("default", "llama3"):
+        raise UserError(f"{src}: field {c.rope_field}.rope_type: {c.rope_type!r} is not supported (the runtime "
+                        "implements 'default' and 'llama3')")
     cfg = ModelConfig(name=name, vocab=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers,
                       heads=c.num_attention_heads, kv_heads=c.kv_heads, ffn=c.intermediate_size, rope_theta=c.theta,
-                      norm_eps=c.rms_norm_eps, qkv_bias=c.qkv_bias)
+                      norm_eps=c.rms_norm_eps, qkv_bias=c.qkv_bias,
+                      rope_scaling=c.llama3_scaling(src) if c.rope_type == "llama3" else None)
     return cfg, c.tie_word_embeddings
 
 

@@ -54,6 +54,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     qkv_bias: bool = False  # biases on the Q, K, V projections (Qwen2)
+    rope_scaling: tuple[float, float, float, int] | None = None  # Llama 3.1's: factor, low/high freq factor, old context
 
     @property
     def head_dim(self) -> int:
@@ -209,8 +210,11 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, voc
 
 
 # ------------------------------------------------------------------------------------------- modules
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                scaling: tuple[float, float, float, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, *scaling)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
 
@@ -218,6 +222,14 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: tor
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low: float, high: float, old_context: int) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling: wavelengths beyond old_context/low divided by `factor`, below old_context/high kept,
+    those between interpolated smoothly (in old_context / wavelength) from one to the other."""
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((old_context / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -399,7 +411,7 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor | None, mb: PackedBatch) -> torch.Tensor:
         if self.first:
             x = self.embed(mb.tokens)
-        cos, sin = rope_tables(mb.positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+        cos, sin = rope_tables(mb.positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype, self.cfg.rope_scaling)
         for block in self.layers.values():
             x = block(x, cos, sin, mb)
         return self.head(self.norm(x), mb.labels) if self.last else x

@@ -239,7 +239,7 @@ class Seq1F1BStage:
         mb = view.batch
         if mod.first:
             x = mod.embed(mb.tokens)
-        cos, sin = rope_tables(mb.positions, cfg.head_dim, cfg.rope_theta, mod.dtype)
+        cos, sin = rope_tables(mb.positions, cfg.head_dim, cfg.rope_theta, mod.dtype, cfg.rope_scaling)
         for layer, block in enumerate(mod.layers.values()):
             args = (x, block, cos, sin, view, lambda own, layer=layer: self._window(m, s, layer, own))
             x, own = recomputed(_split_layer, *args) if block.recompute == "full" else _split_layer(*args)

@@ -1,5 +1,5 @@
 """The runtime against Hugging Face transformers' LlamaForCausalLM and Qwen2ForCausalLM (grouped-query attention,
-Qwen2's QKV biases) holding the same weights (fp64, packed documents with per-document position_ids,
+Qwen2's QKV biases, Llama 3.1's RoPE scaling) holding the same weights (fp64, packed documents with per-document position_ids,
 use_cache=False): logits, loss and every gradient within 1e-10, on one rank and through the replay path on four
 ranks with TP, PP and CP. The weights travel the way a user's
 would: save_pretrained (config.json + safetensors), then runtime/hf.py's loader.
@@ -11,6 +11,7 @@ modules' own formulas in fp64, the only change to the model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,12 @@ DOCS = [5, 9, 1, 3]
 ARCHS = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
 
 
-def hf_model(folder: Path, tied: bool = False, shard: str | None = None, arch: str = "llama"):
+def hf_model(folder: Path, tied: bool = False, shard: str | None = None, arch: str = "llama", **extra):
     """A tiny Llama (or Qwen2: QKV biases) with grouped-query attention, non-trivial norm weights and biases,
     saved to `folder`."""
     config_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
     cfg = config_cls(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=tied)
+                     num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=tied, **extra)
     torch.manual_seed(0)
     model = model_cls(cfg).to(DT)
     with torch.no_grad():
@@ -51,14 +52,15 @@ def hf_model(folder: Path, tied: bool = False, shard: str | None = None, arch: s
     return fp64_hf(model.eval())
 
 
-def fp64_hf(model):
-    """HF's default RoPE (cos/sin of positions x 1/theta^(2i/D)) and RMSNorm (x / sqrt(mean(x^2) + eps) * w)
-    evaluated in the model's dtype instead of fp32."""
+def fp64_hf(model, inv_freq: torch.Tensor | None = None):
+    """HF's RoPE (cos/sin of positions x inv_freq, by default 1/theta^(2i/D)) and RMSNorm (x / sqrt(mean(x^2) + eps)
+    * w) evaluated in the model's dtype instead of fp32."""
     cfg = model.config
     theta, dim = cfg.rope_parameters["rope_theta"], cfg.hidden_size // cfg.num_attention_heads
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=DT) / dim))
 
     def rope(x, position_ids):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=DT) / dim))
         freqs = position_ids[..., None].to(DT) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -82,7 +84,7 @@ def saved(request, tmp_path_factory):
 def runtime_logits(mod: StageModule, mb) -> torch.Tensor:
     """The full-vocab logits of a single-stage, single-rank module (its forward returns the loss)."""
     x = mod.embed(mb.tokens)
-    cos, sin = rope_tables(mb.positions, mod.cfg.head_dim, mod.cfg.rope_theta, mod.dtype)
+    cos, sin = rope_tables(mb.positions, mod.cfg.head_dim, mod.cfg.rope_theta, mod.dtype, mod.cfg.rope_scaling)
     for block in mod.layers.values():
         x = block(x, cos, sin, mb)
     return F.linear(mod.norm(x), mod.head.weight)
@@ -158,6 +160,38 @@ def test_one_rank_logits_loss_and_gradients(saved):
         assert g.abs().max() > 0, spec.name
 
 
+def test_llama31_rope_scaling_matches_transformers(tmp_path):
+    """Llama 3.1's RoPE scaling (rope_type llama3) at head dim 8 and an original context of 16 tokens: wavelengths
+    2*pi/inv_freq of 6.3 (between 16/4 and 16/1: interpolated), 167, 4443 and 118,000 (beyond 16: divided by 8)."""
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    model = hf_model(tmp_path, rope_parameters=rope)
+    inv = [500000.0 ** (-i / 8) for i in (0, 2, 4, 6)]
+    want = []
+    for f in inv:
+        wavelen = 2 * np.pi / f
+        if wavelen < 16 / 4.0:
+            want.append(f)
+        elif wavelen > 16 / 1.0:
+            want.append(f / 8.0)
+        else:
+            s = (16 / wavelen - 1.0) / (4.0 - 1.0)
+            want.append((1 - s) * f / 8.0 + s * f)
+    want = torch.tensor(want, dtype=DT)
+    assert torch.allclose(model.model.rotary_emb.inv_freq.to(DT), want, rtol=1e-6)  # transformers' own (fp32)
+    fp64_hf(model, want)
+    ckpt = hf.Checkpoint(tmp_path)
+    assert ckpt.cfg.rope_scaling == (8.0, 1.0, 4.0, 16)
+    mod = StageModule(ckpt.cfg, dtype=DT)
+    load_full(mod, ckpt.full(DT))
+    mb = TokenData(128).pack([BatchSeq(id=i, length=n) for i, n in enumerate([17, 9, 3])])
+    ours, theirs = runtime_logits(mod, mb), hf_forward(model, mb)
+    assert (ours - theirs).abs().max() <= 1e-10
+    plain = StageModule(replace(ckpt.cfg, rope_scaling=None), dtype=DT)
+    load_full(plain, ckpt.full(DT))
+    assert (runtime_logits(plain, mb) - theirs).abs().max() > 1e-6  # the scaling is seen
+
+
 @pytest.mark.parametrize("world", [1, 3, 7])
 def test_each_owner_reads_its_range_of_sharded_safetensors(tmp_path, world):
     """A checkpoint split over several safetensors files (index json) and a tied head; the owners' flat
@@ -184,7 +218,8 @@ def test_each_owner_reads_its_range_of_sharded_safetensors(tmp_path, world):
     ({"num_local_experts": 8}, "field num_local_experts: 8: mixture-of-experts"),
     ({"model_type": "mistral", "sliding_window": 4096}, "field sliding_window: 4096: sliding-window"),
     ({"num_key_value_heads": 3}, "field num_key_value_heads: 3 does not divide"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type: 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "rope_parameters.rope_type: 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor: None is not a positive"),
     ({"hidden_act": "gelu"}, "field hidden_act: 'gelu' is not supported"),
     ({"attention_bias": True}, "field attention_bias: True"),
     ({"vocab_size": None}, "field vocab_size"),

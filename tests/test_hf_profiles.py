@@ -225,3 +225,16 @@ def test_pack_validate_and_compare_on_the_generated_profiles(tmp_path, name):
         for ph in plan.phases:
             for p in ph.pipelines:
                 assert all(int(plan.lengths[mb].sum()) <= p.scheme.max_len for mb in p.micro_batches), method
+
+
+@pytest.mark.parametrize("stem", ["llama3.1-8b", "llama3.1-70b", "qwen2.5-32b"])
+def test_the_runtime_builds_each_bundled_config_with_the_profiles_parameter_count(stem):
+    """`run_plan --hf-config` / `profile --hf-config` take the same configs (Llama 3.1's RoPE scaling included):
+    the runtime's parameters (runtime/model.py param_specs) are the profile's model.params."""
+    from hydraplan.runtime.hf import model_config
+    from hydraplan.runtime.model import param_specs
+
+    cfg = model_config(str(CONFIGS / f"{stem}.json"))
+    assert cfg.kv_heads == 8 and cfg.qkv_bias == (stem == "qwen2.5-32b")
+    assert (cfg.rope_scaling is not None) == stem.startswith("llama")
+    assert sum(s.numel for s in param_specs(cfg)) == load_profile(f"h100-{stem}").model.params

@@ -61,10 +61,27 @@ class HFConfig(BaseModel):
         return float((self.rope_parameters or {}).get("rope_theta") or self.rope_theta or 10000.0)
 
     @property
+    def rope_field(self) -> str:
+        return "rope_parameters" if self.rope_parameters else "rope_scaling"
+
+    @property
     def rope_type(self) -> str:
         """'default', or the scaling the config asks for ('llama3', 'yarn', ...)."""
         block = self.rope_parameters or self.rope_scaling or {}
         return str(block.get("rope_type") or block.get("type") or "default")
+
+    def llama3_scaling(self, src: str) -> tuple[float, float, float, int]:
+        """(factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) of Llama 3.1's RoPE scaling."""
+        block = self.rope_parameters or self.rope_scaling or {}
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        for k in keys:
+            if not isinstance(block.get(k), (int, float)) or block[k] <= 0:
+                raise UserError(f"{src}: field {self.rope_field}.{k}: {block.get(k)!r} is not a positive number")
+        if block["high_freq_factor"] <= block["low_freq_factor"]:
+            raise UserError(f"{src}: field {self.rope_field}.high_freq_factor: {block['high_freq_factor']!r} is not above "
+                            f"low_freq_factor {block['low_freq_factor']!r}")
+        return (float(block["factor"]), float(block["low_freq_factor"]), float(block["high_freq_factor"]),
+                int(block["original_max_position_embeddings"]))
 
 
 def parse_hf_config(data: Any, src: str) -> HFConfig:
