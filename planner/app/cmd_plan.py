@@ -208,6 +208,9 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
     if summary.empty_documents:
         console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
+    if summary.truncated_documents:
+        console.print(f"truncated {summary.truncated_documents:,} documents of {summary.dataset} to the context length "
+                      f"{summary.context_len:,}", soft_wrap=True)
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
