@@ -191,6 +191,11 @@ def _groups(summary: Summary) -> str:
 
 
 def print_pack_summary(summary: Summary, out: Path) -> None:
+    if summary.empty_documents:  # the dataset first, then the plans (whose two lines end the output)
+        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
+    if summary.truncated_documents:
+        console.print(f"truncated {summary.truncated_documents:,} documents of {summary.dataset} to the context length "
+                      f"{summary.context_len:,}", soft_wrap=True)
     its = summary.iterations
     order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
     chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")}, key=lambda n: (order.get(n, len(order)), n))
@@ -206,11 +211,7 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
                       f"{summary.mean_baseline_iteration_s / summary.mean_iteration_s:.2f}x slower "
                       f"({summary.mean_baseline_s:.4f} s propagation, "
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
-    if summary.empty_documents:
-        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
-    if summary.truncated_documents:
-        console.print(f"truncated {summary.truncated_documents:,} documents of {summary.dataset} to the context length "
-                      f"{summary.context_len:,}", soft_wrap=True)
+
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
