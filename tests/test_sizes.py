@@ -1,7 +1,10 @@
 """Absurd sizes are refused where they enter, in one line and at once: a GPU count past the largest planned
 size, a batch larger than its dataset; a context length cutting many documents is warned with the count, and
-`pack` records how many it truncated. Below the app the messages name values, never a CLI flag."""
+`pack` records how many it truncated. Below the app the messages name values, never a CLI flag. And the
+first run's note that the solvers compile rests on telling whether their cache is there."""
 
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -63,3 +66,21 @@ def test_short_context_is_warned_with_the_count_and_pack_records_truncation(tmp_
     with pytest.warns(UserWarning):
         summary = run_pack(PackConfig(**inputs, tokens_per_iter=15000, context_len=context, out=tmp_path / "run"))
     assert summary.truncated_documents == cut and summary.empty_documents == 0
+
+
+def test_solvers_cached_until_a_compiled_module_is_newer_than_its_cache(tmp_path):
+    """The first-run note (`compiling solvers`) rests on this: numba's cache beside each decorated module."""
+    from hydraplan.solve.jitcache import compiled_modules, solvers_cached
+
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    (tmp_path / "plain.py").write_text("x = 1\n")
+    mod = tmp_path / "fast.py"
+    mod.write_text("import numba\n\n@numba.njit(cache=True)\ndef f(x):\n    return x\n")
+    assert compiled_modules(tmp_path) == [mod]
+    assert not solvers_cached(tmp_path)  # never compiled
+    (tmp_path / "__pycache__").mkdir()
+    index = tmp_path / "__pycache__" / f"fast.f-3.{tag}.nbi"
+    index.write_bytes(b"")
+    assert solvers_cached(tmp_path)
+    os.utime(mod, (index.stat().st_mtime + 10,) * 2)  # edited since: numba recompiles
+    assert not solvers_cached(tmp_path)

@@ -136,12 +136,21 @@ def pack(
                    static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
                    refine=not no_refine, bound=bound)
     progress = PackBar(out)
+    say_if_compiling()
     with progress.bar, cliopts.Heartbeat(progress.line):
         summary = run_pack(config, progress)
     if json_out:
         typer.echo(model_json(summary))
         return
     print_pack_summary(summary, out)
+
+
+def say_if_compiling() -> None:
+    """The first run after an install compiles the solvers for about a minute; said, so it is not taken for a hang."""
+    from hydraplan.solve.jitcache import solvers_cached
+
+    if not solvers_cached():
+        err_console.print("hydraplan: compiling solvers, once per install (about a minute)", soft_wrap=True)
 
 
 class PackBar:
@@ -316,6 +325,7 @@ def compare(
             return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
 
     progress = _Progress()
+    say_if_compiling()
     with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
         outcome = run_compare(config, progress)
         paths = write_report(outcome, out)
