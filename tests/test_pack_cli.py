@@ -141,6 +141,7 @@ def test_no_candidate_holds_a_sequence_exits_2_naming_the_length(inputs):
     data.write_text("100\n5000\n200\n")
     args = pack_args(inputs, inputs["tmp"] / "run", "--strategies", inputs["strategies"])
     args[args.index(inputs["data"])] = data
+    args[args.index(15000)] = 5000  # within the 5,300 tokens of the file: a larger batch is refused first
     r = hp(*args)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "length 5000" in r.stderr and "largest MaxLen is 4096" in r.stderr

@@ -134,12 +134,21 @@ def pack(
                    static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
                    refine=not no_refine, bound=bound)
     progress = PackBar(out)
+    say_if_compiling()
     with progress.bar, cliopts.Heartbeat(progress.line):
         summary = run_pack(config, progress)
     if json_out:
         typer.echo(model_json(summary))
         return
     print_pack_summary(summary, out)
+
+
+def say_if_compiling() -> None:
+    """The first run after an install compiles the solvers for about a minute; said, so it is not taken for a hang."""
+    from hydraplan.solve.jitcache import solvers_cached
+
+    if not solvers_cached():
+        err_console.print("hydraplan: compiling solvers, once per install (about a minute)", soft_wrap=True)
 
 
 class PackBar:
@@ -195,6 +204,11 @@ def _slower(ratio: float) -> str:
 
 
 def print_pack_summary(summary: Summary, out: Path) -> None:
+    if summary.empty_documents:  # the dataset first, then the plans (whose two lines end the output)
+        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
+    if summary.truncated_documents:
+        console.print(f"truncated {summary.truncated_documents:,} documents of {summary.dataset} to the context length "
+                      f"{summary.context_len:,}", soft_wrap=True)
     its = summary.iterations
     order = {c.name: k for k, c in enumerate(its[0].candidates)} if its else {}  # strategies.json order: S2 before S10
     chosen = sorted({i.strategy for i in its if not i.strategy.startswith("batch:")}, key=lambda n: (order.get(n, len(order)), n))
@@ -210,8 +224,7 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
                       f"{_slower(summary.mean_baseline_iteration_s / summary.mean_iteration_s)} "
                       f"({summary.mean_baseline_s:.4f} s propagation, "
                       f"{summary.mean_baseline_s / summary.mean_estimate_s:.2f}x)", soft_wrap=True)
-    if summary.empty_documents:
-        console.print(f"skipped {summary.empty_documents:,} empty documents (0 tokens) of {summary.dataset}", soft_wrap=True)
+
     delay = summary.outlier_delay
     if delay is not None and delay.avg_delay_iters_per_token is not None:
         console.print(f"outlier delay: sequences over {delay.threshold} tokens queued, average delay "
@@ -319,6 +332,7 @@ def compare(
             return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
 
     progress = _Progress()
+    say_if_compiling()
     with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
         outcome = run_compare(config, progress)
         paths = write_report(outcome, out)

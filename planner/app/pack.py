@@ -49,12 +49,16 @@ def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summar
 
 def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: WorkerPool | None) -> Summary:
     from hydraplan.methods.run import PlanRun  # the solvers load here, while the workers start
+    from hydraplan.store.datasets import BatchTooLarge
 
     profile = load_profile(config.profile)
     args = config.args(hashlib.sha256(model_json(profile).encode()).hexdigest())
     resumed = _resume_state(config, args)
     # a resumed run plans with its own strategies.json; a bad --strategies fails before the baseline runs
-    run = PlanRun.prepare(config, profile, config.out / STRATEGIES_FILE if resumed is not None else None)
+    try:
+        run = PlanRun.prepare(config, profile, config.out / STRATEGIES_FILE if resumed is not None else None)
+    except BatchTooLarge as e:
+        raise UserError(f"--tokens-per-iter: {e}") from None
     planner, dataset = run.planner, run.dataset
     digest = strategies_digest(planner.strategies)
     if resumed is not None and resumed.strategies_sha256 != digest:
@@ -65,7 +69,7 @@ def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: Wo
         profile=profile.name, gpus=config.gpus, dataset=dataset.name, tokens_per_iter=config.tokens_per_iter,
         seed=config.seed, iterations=list(done), args=args, strategies_sha256=digest,
         iterations_requested=config.iterations, context_len=config.context_len, objective=config.objective,
-        empty_documents=dataset.empty,
+        empty_documents=dataset.empty, truncated_documents=dataset.truncated,
     )
     if run.rule is not None:
         summary.outlier_delay = OutlierDelay(threshold=run.rule.thresholds[0], release_tokens=run.rule.tokens,

@@ -33,12 +33,17 @@ def max_len_from_memory(capacity_bytes: float, m: SchemeMemory, gpus: int) -> in
 
 
 MAX_JOB_GPUS = 1 << 16  # how far for_gpus looks for the smallest job a profile's model fits in
+# The largest job planned: the proposal's and the planner's time grow with the GPU count, and 16384 GPUs is the
+# largest size benchmarked (bench/bench_scale.py); far beyond it a run would not end, so it is refused.
+MAX_GPUS = 1 << 14
 
 
 def for_gpus(profile: Profile, gpus: int) -> Profile:
     """The profile as seen by a job of `gpus` GPUs: schemes that fit, MaxLen recomputed for N."""
     if gpus < 1:
         raise UserError(f"--gpus must be positive (got {gpus})")
+    if gpus > MAX_GPUS:
+        raise UserError(f"{gpus:,} GPUs: at most {MAX_GPUS:,} are planned (the largest size benchmarked)")
     schemes = []
     for s in profile.schemes:
         if s.gpus > gpus:

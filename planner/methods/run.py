@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 
-from hydraplan.core.cluster import Cluster, Objective, default_synthesize
+from hydraplan.core.cluster import MAX_GPUS, Cluster, Objective, default_synthesize
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Profile, Strategies
 from hydraplan.engine.settings import DispatchMethod, PlanSettings
@@ -39,6 +39,9 @@ SAMPLE_CHUNK = 64  # iterations sampled at once: bounds memory on long runs
 def build(cls: type[C], **values: Any) -> C:
     """The config, or a UserError for its first bad value in the CLI's words: `--gpus must be a positive integer
     (got 0)`, `--dispatch must be 'greedy' or 'ilp' (got 'x')`."""
+    gpus = values.get("gpus")
+    if isinstance(gpus, int) and gpus > MAX_GPUS:
+        raise UserError(f"--gpus must be at most {MAX_GPUS:,}, the largest size benchmarked (got {gpus:,})")
     try:
         return cls(**values)
     except ValidationError as e:
@@ -119,10 +122,11 @@ class PlanRun:
         from hydraplan.engine.strategies import warn_placement, with_static_candidate
         from hydraplan.methods.static import static_baseline
         from hydraplan.solve.delay import hydraplan_rule
-        from hydraplan.store.datasets import load_dataset
+        from hydraplan.store.datasets import check_batch, load_dataset
 
         cluster = Cluster.of(profile, config.gpus, config.objective)
         dataset = load_dataset(config.dataset, config.context_len)
+        check_batch(dataset, config.tokens_per_iter)  # before the proposal, which takes the batch as nominal
         context_len = config.context_len or int(dataset.lengths.max())
         strategies = _strategies(config, cluster, dataset, config.strategies_path or strategies_file)
         warn_placement(strategies, cluster, context_len)

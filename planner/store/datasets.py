@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,8 @@ _INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
 # lengths as int32, and 2**28 documents are 2 GiB of int64 lengths.
 MAX_LENGTH = 2**31 - 1
 MAX_DOCUMENTS = 2**28
+# A context length that cuts more than this share of the documents is likely a mistake (a typo, a unit): warned.
+TRUNCATION_WARN_SHARE = 0.05
 # Only an empty field is missing: "NaN" or "inf" are values, reported as what they are.
 _CSV_CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
 
@@ -118,8 +121,23 @@ class Dataset:
         if context_len < 1:
             raise UserError(f"--context-len must be a positive number of tokens (got {context_len})")
         cut = int(np.count_nonzero(self.lengths > context_len))
+        if cut > TRUNCATION_WARN_SHARE * self.lengths.size:
+            warnings.warn(f"{self.name}: {cut:,} of {self.lengths.size:,} documents ({cut / self.lengths.size:.0%}) are "
+                          f"longer than the context length {context_len:,} and are truncated to it", stacklevel=2)
         return replace(self, lengths=np.minimum(self.lengths, context_len), context_len=context_len,
                        truncated=self.truncated + cut)
+
+
+class BatchTooLarge(UserError):
+    """One iteration's batch asks for more tokens than the dataset holds, so it would hold documents twice or
+    more: refused rather than sampled across epochs (the app names the option that set it)."""
+
+
+def check_batch(dataset: Dataset, tokens_per_iter: int) -> None:
+    total = int(dataset.lengths.sum())
+    if tokens_per_iter > total:
+        raise BatchTooLarge(f"a batch of {tokens_per_iter:,} tokens is more than dataset {dataset.name} holds "
+                            f"({total:,} tokens after truncation): its documents would repeat within an iteration")
 
 
 def builtin_names() -> list[str]:
@@ -470,6 +488,7 @@ def sample_iterations(dataset: Dataset, tokens_per_iter: int, iterations: int, s
         raise UserError(f"iterations and start must be non-negative (got {iterations}, {start})")
     if seed < 0:
         raise UserError(f"--seed must be non-negative (got {seed})")
+    check_batch(dataset, tokens_per_iter)
     streams = _STREAMS.setdefault(dataset, {})
     stream = streams.setdefault((seed, tokens_per_iter), _Stream(dataset.lengths, seed, tokens_per_iter))
     stream.extend(start + iterations)
