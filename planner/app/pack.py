@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
-from contextlib import closing
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -43,11 +45,46 @@ def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summar
     (store/runlock.py): a second run on it fails at once instead of mixing plans. The planning workers start
     first, so that their start-up overlaps the run's preparation."""
     workers = config.workers or os.cpu_count() or 1
-    with locked_folder(config.out), WorkerPool(workers if workers > 1 else 0) as pool:
-        return _run_pack_locked(config, progress, pool if pool.size else None)
+    with _signals_kept() as check, locked_folder(config.out), WorkerPool(workers if workers > 1 else 0) as pool:
+        return _run_pack_locked(config, progress, pool if pool.size else None, check)
 
 
-def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: WorkerPool | None) -> Summary:
+@contextmanager
+def _signals_kept() -> Iterator[Callable[[], None]]:
+    """A stop signal's handler, raising inside extension code, can be swallowed there (pyarrow's Cython, numba's
+    cache loading print or drop it), and the run would go on. Each signal is remembered, and the returned check,
+    called between the run's steps, calls its handler again (the caller's, e.g. the CLI's one-line exit)."""
+    names = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    previous = {s: signal.getsignal(s) for s in names}
+    got: list[int] = []
+
+    def remember(signum: int, frame: object) -> None:
+        got.append(signum)
+        handler = previous[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)
+
+    def check() -> None:
+        handler = previous[signal.Signals(got[0])] if got else None
+        if callable(handler):
+            handler(got[0], None)
+
+    for s in names:
+        if callable(previous[s]):
+            signal.signal(s, remember)
+    try:
+        yield check
+    finally:
+        for s in names:
+            if signal.getsignal(s) is remember:
+                signal.signal(s, previous[s])
+
+
+def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: WorkerPool | None,
+                     check: Callable[[], None]) -> Summary:
     from hydraplan.methods.run import PlanRun  # the solvers load here, while the workers start
     from hydraplan.store.datasets import BatchTooLarge
 
@@ -59,6 +96,7 @@ def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: Wo
         run = PlanRun.prepare(config, profile, config.out / STRATEGIES_FILE if resumed is not None else None)
     except BatchTooLarge as e:
         raise UserError(f"--tokens-per-iter: {e}") from None
+    check()
     planner, dataset = run.planner, run.dataset
     digest = strategies_digest(planner.strategies)
     if resumed is not None and resumed.strategies_sha256 != digest:
@@ -79,12 +117,13 @@ def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: Wo
     write_model(config.out / STRATEGIES_FILE, planner.strategies)
     if progress is not None:
         progress.start(len(done), config.iterations)
-    _plan_all(config, planner, run.batches(len(done)), summary, run.baseline, progress, pool)
+    _plan_all(config, planner, run.batches(len(done)), summary, run.baseline, progress, pool, check)
     return summary
 
 
 def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], summary: Summary,
-              baseline: StaticBaseline | None, progress: PackProgress | None, pool: WorkerPool | None) -> None:
+              baseline: StaticBaseline | None, progress: PackProgress | None, pool: WorkerPool | None,
+              check: Callable[[], None]) -> None:
     """Plan the batches in order, writing each plan and (now and then) the summary; the summary is written
     last whatever stops the run, so it records every plan written."""
     groups = GroupLedger(planner.scheme_keys, config.gpus)
@@ -96,6 +135,7 @@ def _plan_all(config: PackConfig, planner: Planner, batches: Iterator[Batch], su
     try:
         with planning_heap(), closing(planner.plan_stream(batches, pool=pool)) as stream:
             for result in stream:
+                check()
                 summary.synthesized_iterations += groups.record(result.plan)
                 summary.new_process_groups, summary.groups_outside_family = groups.created, groups.outside
                 if baseline is not None:

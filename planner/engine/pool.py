@@ -155,22 +155,38 @@ def _collect(pool: list[_Worker], done: dict[int, Any]) -> None:
 
 def _start_worker() -> _Worker:
     """Spawned with SIGINT blocked, a mask the child keeps: the terminal's Ctrl-C reaches every process of the
-    group, and only the parent acts on it (a signal arriving meanwhile waits for the parent's unblock). The
-    resource tracker, which spawn starts on first use, is started first: starting, it unblocks SIGINT."""
+    group, and only the parent acts on it (a signal arriving meanwhile is acted on once the child is started).
+    The resource tracker, which spawn starts on first use, is started first: starting, it unblocks SIGINT."""
     resource_tracker.ensure_running()
     ctx = get_context("spawn")
     task_read, task_write = ctx.Pipe(duplex=False)
     result_read, result_write = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_worker_main, args=(task_read, result_write, os.getpid()),
                           name="hydraplan-planner", daemon=True)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    with _sigint_held():
         process.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     task_read.close()
     result_write.close()
     return _Worker(process, task_write, result_read)
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked in this thread (a child started now inherits the mask) and, in the main thread, its Python
+    handler held back until the block ends: another thread (a progress line's) may take the signal, and the
+    handler raising inside `process.start()` would leave a child half started, with a traceback."""
+    main = threading.current_thread() is threading.main_thread()
+    caught: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda _, frame: caught.append(frame)) if main else None
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if main:
+            signal.signal(signal.SIGINT, previous)
+            if caught and callable(previous):
+                previous(signal.SIGINT, caught[0])
 
 
 def _worker_main(tasks: Connection, results: Connection, parent: int) -> None:
