@@ -102,7 +102,7 @@ def test_resolve_places_only_the_pipelines_without_ranks():
     (lambda c: c[1]["pipelines"][1].update(ranks=[1, 2]), "rank 1 also used by pipeline 0"),
     (lambda c: c[1]["pipelines"][1].update(ranks=[2, 9]), "out of range"),
     (lambda c: c[2].update(name="tp2"), "duplicate candidate name"),
-    (lambda c: c[0]["pipelines"].append({"tp": 1, "pp": 1, "cp": 1, "ranks": [4]}), "uses 5 GPUs, --gpus is 4"),
+    (lambda c: c[0]["pipelines"].append({"tp": 1, "pp": 1, "cp": 1, "ranks": [4]}), "uses 5 GPUs, the run has 4"),
 ])
 def test_resolve_rejects_bad_strategies_with_one_line(mutate, message):
     data = strategies().model_dump(by_alias=True, exclude_none=True)

@@ -113,8 +113,9 @@ def test_scheme_max_len_takes_the_tightest_stage_and_rounds_down():
     cap = 2**24
     want = min(stage_max_len(s, cap) for s in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
     assert scheme_max_len(stages, cap) == want and want % LENGTH_QUANTUM == 0 and want > 0
-    with pytest.raises(UserError, match="--memory-gib"):
+    with pytest.raises(UserError, match="^memory_gib: ") as e:
         scheme_max_len(stages, 1.2e5)
+    assert e.value.field == "memory_gib"
 
 
 def test_time_grid_covers_fractions_of_max_len_single_and_packed():

@@ -151,6 +151,17 @@ def _say(text: str) -> None:
     print(f"hydraplan: {text}", file=sys.stderr, flush=True)
 
 
+def flag_of(field: str) -> str:
+    """The option that sets a field below app/: every command spells a setting `--` + its field in kebab case."""
+    return "--" + field.replace("_", "-")
+
+
+def cli_message(e: UserError) -> str:
+    """The error's one line as the command line says it: a message about a field names its flag instead."""
+    text = str(e)
+    return flag_of(e.field) + text[len(e.field):] if e.field else text
+
+
 def run(command: Callable[[], Any]) -> None:
     """Run the CLI with the exit codes above: 2 for a UserError or OS error, 128 + signal number when
     interrupted; never a traceback for either."""
@@ -162,7 +173,7 @@ def run(command: Callable[[], Any]) -> None:
     try:
         command()
     except UserError as e:
-        _say(str(e))
+        _say(cli_message(e))
         sys.exit(2)
     except Interrupted as e:
         name = signal.Signals(e.signum).name

@@ -38,7 +38,7 @@ MAX_JOB_GPUS = 1 << 16  # how far for_gpus looks for the smallest job a profile'
 def for_gpus(profile: Profile, gpus: int) -> Profile:
     """The profile as seen by a job of `gpus` GPUs: schemes that fit, MaxLen recomputed for N."""
     if gpus < 1:
-        raise UserError(f"--gpus must be positive (got {gpus})")
+        raise UserError(f"gpus must be positive (got {gpus})", "gpus")
     schemes = []
     for s in profile.schemes:
         if s.gpus > gpus:
@@ -88,7 +88,7 @@ class Cluster:
     @classmethod
     def of(cls, profile: Profile, gpus: int, objective: str = "end-to-end") -> Cluster:
         if objective not in OBJECTIVES:
-            raise UserError(f"--objective must be end-to-end or propagation (got {objective!r})")
+            raise UserError(f"objective must be end-to-end or propagation (got {objective!r})", "objective")
         return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]
 
     @property

@@ -162,7 +162,7 @@ def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[Iteratio
                 score: Callable[[IterationPlan], float] | None = None) -> tuple[Scheme, list[IterationPlan]]:
     """The scheme whose plans have the lowest mean `score` (default: propagation estimate) over the batches."""
     if not schemes:
-        raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
+        raise UserError(f"context_len too long for {who}: no scheme of the profile holds it", "context_len")
     score = score or (lambda p: p.estimate_s)
     runs = [(s, run(s)) for s in schemes]
     return min(runs, key=lambda r: (np.mean([score(p) for p in r[1]]), r[0].gpus))

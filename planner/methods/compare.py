@@ -178,7 +178,7 @@ def run_hotspa(batches: list[np.ndarray], cluster: Cluster, context_len: int, sw
     for (lo, hi), mask in zip(ranges, masks, strict=True):
         cands = bl.holding(cluster.schemes, hi, gpus)
         if not cands:
-            raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
+            raise UserError(f"context_len too long for hotspa: no scheme holds the range ({lo},{hi}]", "context_len")
         phases.append({s.key: [bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi)
                                for b, m in zip(batches, mask, strict=True)] for s in cands})
         times.append({k: sum(ph.latency_s for ph in v) for k, v in phases[-1].items()})
@@ -274,14 +274,14 @@ def _setup(config: CompareConfig) -> _Setup:
     methods = config.methods or ALL_METHODS
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
-        raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})")
+        raise UserError(f"methods: unknown method {unknown[0]!r} (choose from {', '.join(ALL_METHODS)})", "methods")
     cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
     dataset = load_dataset(config.dataset, config.context_len)
     context_len = config.context_len or int(dataset.lengths.max())
     longest = max(s.max_len for s in cluster.schemes)
     if context_len > longest:
-        raise UserError(f"--context-len {context_len}: no scheme of profile {cluster.name} within {config.gpus} GPUs "
-                        f"holds it (the longest MaxLen is {longest}); pass a smaller --context-len")
+        raise UserError(f"context_len {context_len}: no scheme of profile {cluster.name} within {config.gpus} GPUs "
+                        f"holds it (the longest MaxLen is {longest})", "context_len")
     batches = [np.asarray(b.lengths, dtype=np.int64)
                for b in sample_iterations(dataset, config.tokens_per_iter, config.iterations, config.seed)]
     return _Setup(config, cluster, dataset, context_len, batches, bl.objective_score(cluster))
@@ -302,7 +302,7 @@ def _baseline_run(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPl
         try:
             return MethodRun(m, [bl.flexsp(b, cluster.schemes, cluster.gpus, score=su.score) for b in su.batches])
         except ValueError as e:
-            raise UserError(f"--methods flexsp: {e}") from None
+            raise UserError(f"methods flexsp: {e}", "methods") from None
     run.static = run.static or run.plans[0].strategy
     return run
 

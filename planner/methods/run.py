@@ -151,6 +151,6 @@ def _strategies(config: RunConfig, cluster: Cluster, dataset: Dataset, source: P
     context_len = config.context_len or int(dataset.lengths.max())
     longest = max(s.max_len for s in cluster.schemes)
     if config.context_len is None and context_len > longest:
-        raise UserError(f"dataset {config.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
-                        f"MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest}); pass --context-len")
+        raise UserError(f"context_len needed: dataset {config.dataset}'s longest sequence ({context_len} tokens) exceeds "
+                        f"the largest MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest})", "context_len")
     return propose(cluster, dataset, context_len, tokens_per_iter=config.tokens_per_iter)
