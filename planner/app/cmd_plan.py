@@ -304,7 +304,7 @@ def compare(
             return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
 
     progress = _Progress()
-    with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
+    with locked_folder(out, "--out"), bar, cliopts.Heartbeat(progress.line):
         outcome = run_compare(config, progress)
         paths = write_report(outcome, out)
     if json_out:

@@ -40,7 +40,7 @@ class PackProgress(Protocol):
 def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summary:
     """Plan `config.iterations` sampled batches into config.out. The folder is locked for the run
     (store/runlock.py): a second run on it fails at once instead of mixing plans."""
-    with locked_folder(config.out):
+    with locked_folder(config.out, "--out"):
         return _run_pack_locked(config, progress)
 
 

@@ -350,7 +350,7 @@ end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pul
 
 def write_report(outcome: CompareOutcome, out: Path) -> dict[str, Path]:
     """compare.json, the PNGs and report.html into `out`; returns the written paths by name."""
-    ensure_folder(out)
+    ensure_folder(out, "--out")
     write_model(out / "compare.json", outcome.result)
     it = showcase_iteration(outcome)
     images = {k: out / f"{k}.png" for k in PLOTS}

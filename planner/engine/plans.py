@@ -74,5 +74,5 @@ def infeasible_error(batch: Batch, candidates: Iterable[ResolvedCandidate]) -> U
     best = max(c.max_len for c in candidates)
     return UserError(
         f"iteration {batch.iteration}: no candidate can hold a sequence of length {longest} "
-        f"(the largest MaxLen is {best}); lower --context-len or add a scheme with a larger max_len"
+        f"(the largest MaxLen is {best}); lower the context length or add a scheme with a larger max_len"
     )
