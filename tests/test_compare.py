@@ -2,12 +2,10 @@
 
 import itertools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp
 
 from hydraplan.app.report import write_report
 from hydraplan.core.cluster import Cluster
@@ -15,8 +13,6 @@ from hydraplan.core.cost import model_flops
 from hydraplan.methods import baselines as bl
 from hydraplan.methods import compare as cp
 from hydraplan.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
-
-HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
 
 
 def scheme(tp=1, pp=1, c=0.0, b=1.0, max_len=100) -> Scheme:
@@ -158,17 +154,16 @@ def test_tiny_run_report_embeds_every_plot(tiny):
 
 
 def test_cli_bad_method_is_one_line_exit_2(tmp_path):
-    r = subprocess.run([str(HYDRAPLAN), "compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong",
-                        "--gpus", "16", "--tokens-per-iter", "10000", "--iterations", "1", "--context-len", "8192",
-                        "--methods", "megatron,nope", "--out", str(tmp_path)], capture_output=True, text=True)
+    r = hp("compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "16", "--tokens-per-iter",
+           "10000", "--iterations", "1", "--context-len", "8192", "--methods", "megatron,nope", "--out", tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
 
 
 def test_cli_json_prints_compare_json(tmp_path):
-    r = subprocess.run([str(HYDRAPLAN), "compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong",
-                        "--gpus", "16", "--tokens-per-iter", "20000", "--iterations", "2", "--context-len", "8192",
-                        "--methods", "megatron wlb-llm", "--out", str(tmp_path), "--json"], capture_output=True, text=True)
+    r = hp("compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "16", "--tokens-per-iter",
+           "20000", "--iterations", "2", "--context-len", "8192", "--methods", "megatron wlb-llm", "--out", tmp_path,
+           "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data["methods"]) == {"megatron", "wlb-llm"}

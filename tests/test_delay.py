@@ -2,14 +2,12 @@
 streams, the rule's threshold, and `pack --outlier-delay` (plans validate, --resume equals a full run)."""
 
 import math
-import subprocess
-import sys
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
+from helpers import Interrupt, StopAfter, hp, tiny_profile, write_run_inputs
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -17,8 +15,6 @@ from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.core.errors import UserError
 from hydraplan.schema import Plan, Strategies, Summary
 from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay, stream_batches, wlb_rule
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
 
 def run(batches, rule, iterations=None):
@@ -198,11 +194,9 @@ def test_validate_flags_a_sequence_trained_before_it_is_sampled(tmp_path, pack_i
 def test_cli_pack_outlier_delay_then_validate(tmp_path, pack_inputs):
     profile, data, strat = pack_inputs
     out = tmp_path / "cli"
-    r = subprocess.run([HYDRAPLAN, "pack", "--profile", str(profile), "--dataset", str(data), "--gpus", "4",
-                        "--tokens-per-iter", "20000", "--iterations", "3", "--out", str(out), "--strategies", str(strat),
-                        "--workers", "1", "--outlier-delay"], capture_output=True, text=True, timeout=120)
+    r = hp("pack", "--profile", profile, "--dataset", data, "--gpus", "4", "--tokens-per-iter", "20000", "--iterations",
+           "3", "--out", out, "--strategies", strat, "--workers", "1", "--outlier-delay")
     assert r.returncode == 0, r.stderr
     assert "outlier delay" in r.stdout
-    v = subprocess.run([HYDRAPLAN, "validate", str(out), "--profile", str(profile)], capture_output=True, text=True,
-                       timeout=120)
+    v = hp("validate", out, "--profile", profile)
     assert v.returncode == 0, v.stdout + v.stderr

@@ -3,12 +3,11 @@ chooses by iteration_s (a case where propagation and end to end pick different c
 `--objective propagation` plans exactly as without a sync model."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp, tiny_profile
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -16,9 +15,6 @@ from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import ModelInfo, Network, Strategies
 from hydraplan.store.fileio import model_json, write_model
-from tests.helpers import tiny_profile
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
 
 def synced_profile():
@@ -89,8 +85,7 @@ def test_cli_rejects_a_wrong_sync_s_naming_file_field_and_value(tmp_path):
     write_model(tmp_path / "iter_000000.json", plan)
     profile = tmp_path / "p.json"
     profile.write_text(model_json(synced_profile()))
-    r = subprocess.run([HYDRAPLAN, "validate", str(tmp_path), "--profile", str(profile), "--json"],
-                       capture_output=True, text=True)
+    r = hp("validate", tmp_path, "--profile", profile, "--json")
     assert r.returncode == 1
     (v,) = json.loads(r.stdout)["violations"]
     assert v["file"].endswith("iter_000000.json") and "estimate.sync_s: 0.5" in v["message"]
