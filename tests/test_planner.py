@@ -1,4 +1,5 @@
-"""The per-iteration loop: strategy resolution, selection, the Planner API, determinism and --resume."""
+"""The planner (engine/planner.py) and its run loop: strategy resolution, selection, the Planner API,
+determinism and --resume."""
 
 import gc
 import itertools
