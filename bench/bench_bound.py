@@ -3,7 +3,7 @@
 The tight bound (planner/solve/bound.py on solve/relaxation.py) is a relaxation of every strategy of N GPUs that
 prices pipelines as the cost model does (c per micro-batch, the bubble, the longest sequences whole), so plan /
 bound >= 1 and the excess is an upper limit on what a better strategy, dispatch or packing could still win. The
-first, looser bound (solve/loose.py) is computed first and is the tight one's floor: both are lower bounds, so
+first, looser bound (bench/loose.py) is computed first and is the tight one's floor: both are lower bounds, so
 the tight bisection starts there and reports how far it rises above it. Per bundled
 analytic profile x builtin dataset at 64 and 256 GPUs (32K context, seed 3, 3125 tokens per GPU, the first
 batch), for both objectives: `pack --objective propagation` against the propagation bound, and `pack`'s default
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from bench import reference
+from bench.loose import loose_bound
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import scheme_label
 from hydraplan.methods.run import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
-from hydraplan.solve.loose import loose_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 
 CONTEXT = 32768

@@ -64,13 +64,6 @@ def is_end_to_end(objective: str | None) -> bool:
     return objective == "end-to-end"
 
 
-def default_synthesize(objective: str) -> bool:
-    """Per-batch strategy synthesis unless asked otherwise, with either objective: it dispatches a strategy only
-    when the relaxation shows one beating the best candidate (solve/synthesis.py), so it costs one LP on the
-    batches the candidates already serve well."""
-    return objective in OBJECTIVES
-
-
 @dataclass(frozen=True, eq=False)
 class Cluster:
     """One run's view of the cluster: a profile on `gpus` GPUs, scored in one objective. Built once per run
@@ -128,10 +121,6 @@ class Cluster:
     @property
     def end_to_end(self) -> bool:
         return is_end_to_end(self.objective)
-
-    @property
-    def synthesizes_by_default(self) -> bool:
-        return default_synthesize(self.objective)
 
     @functools.cached_property
     def bandwidth_GBps(self) -> float | None:

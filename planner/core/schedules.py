@@ -174,16 +174,8 @@ def schedule_1f1b(P: int, M: int) -> Schedule:
     return build_schedule(P, M, 1, 1, "1f1b")
 
 
-def schedule_interleaved(P: int, M: int, V: int) -> Schedule:
-    return build_schedule(P, M, 1, V, "interleaved")
-
-
 def schedule_seq1f1b(P: int, M: int, K: int) -> Schedule:
     return build_schedule(P, M, K, 1, "seq1f1b")
-
-
-def schedule_seq1f1b_interleaved(P: int, M: int, K: int, V: int) -> Schedule:
-    return build_schedule(P, M, K, V, "seq1f1b-interleaved")
 
 
 def make_schedule(kind: str, P: int, M: int, K: int = 1, V: int = 1) -> Schedule:

@@ -121,8 +121,7 @@ class Planner:
             self.candidates = [c.with_schemes(tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
                                for c in self.candidates]
         self.candidate_keys = frozenset(s.key for c in self.candidates for s in c.schemes)
-        wanted = cluster.synthesizes_by_default if settings.synthesize is None else settings.synthesize
-        self.synthesize = wanted and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
+        self.synthesize = settings.synthesize and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
 
     @property
     def scheme_keys(self) -> set[tuple[int, int, int, str]]:

@@ -58,7 +58,6 @@ DESCRIPTIONS = {
     "hydraplan-cad": "per iteration, the faster (in the objective) of hydraplan's plan and the CAD plan",
 }
 DELAYING = ("wlb-llm", "wlb-nodelay", "hydraplan-delay")
-HOMO_NAME = "homo"
 HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
 
 

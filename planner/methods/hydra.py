@@ -67,7 +67,7 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
     """hydraplan and the ablations on the batches (module docstring), each batch planned by the engine with
     the same per-iteration seed as `pack`."""
     strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, cluster.gpus)], context_len=context_len)
-    settings = PlanSettings(seed=seed, synthesize=cluster.synthesizes_by_default, prune=False)
+    settings = PlanSettings(seed=seed, prune=False)
     planner = Planner.for_cluster(cluster, strategies, settings, context_len)
     cands = planner.candidates
     labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}

@@ -16,10 +16,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
 from hydraplan.core.batch import Batch
-from hydraplan.core.cluster import Cluster, Objective, default_synthesize
+from hydraplan.core.cluster import Cluster, Objective
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Profile, Strategies
 from hydraplan.engine.planner import Planner
@@ -67,7 +67,7 @@ class RunConfig(PackArgs):
     objective: Objective = "end-to-end"
     profile_sha256: str | None = None  # recorded once the profile is loaded (`args`)
     iterations: PositiveInt
-    synthesize: bool | None = None  # None: the objective's default (core.cluster.default_synthesize), resolved here
+    synthesize: bool = True  # None (neither --synthesize nor --candidates-only given): the default, on
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -81,11 +81,10 @@ class RunConfig(PackArgs):
             parse_seq1f1b(v)
         return v
 
-    @model_validator(mode="after")
-    def _resolve_defaults(self) -> RunConfig:
-        if self.synthesize is None:
-            self.synthesize = default_synthesize(self.objective)
-        return self
+    @field_validator("synthesize", mode="before")
+    @classmethod
+    def _synthesize_by_default(cls, v: bool | None) -> bool | None:
+        return True if v is None else v
 
     @property
     def strategies_path(self) -> Path | None:
