@@ -351,7 +351,7 @@ def test_benchmark_lp_bound_is_below_the_brute_force_optimum():
         opt = brute_force(cand, lengths)
         lb = lp_lower_bound(lengths, cand)
         assert lb <= opt * (1 + 1e-9)
-        assert candidate_bound(ResolvedCandidate("x", (), tuple(cand)), lengths) <= opt * (1 + 1e-9)
+        assert candidate_bound(ResolvedCandidate("x", (), tuple(cand), (0.0,) * len(cand)), lengths) <= opt * (1 + 1e-9)
 
 
 def test_benchmark_lp_bound_charges_every_pipeline_one_micro_batch():

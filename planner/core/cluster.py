@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -58,10 +58,24 @@ Objective = Literal["end-to-end", "propagation"]
 OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
 
 
-def is_end_to_end(objective: str | None) -> bool:
-    """Whether plans (or a compare.json) ranked by this objective are ranked end to end; files from before the
-    end-to-end estimate carry none: propagation."""
-    return objective == "end-to-end"
+T = TypeVar("T")
+
+
+def objective_of(recorded: str | None) -> Objective:
+    """The objective plans (or a compare.json) were ranked in; files from before the end-to-end estimate carry
+    none: propagation."""
+    return "end-to-end" if recorded == "end-to-end" else "propagation"
+
+
+def ranked(objective: str | None, propagation: T, end_to_end: T) -> T:
+    """Of a figure's propagation and end-to-end forms, the one the objective ranks by. The one place outside
+    Cluster that reads the objective: summaries, reports and baselines ask here, never compare it themselves."""
+    return end_to_end if objective_of(objective) == "end-to-end" else propagation
+
+
+def score(objective: str | None, propagation_s: float, iteration_s: float | None) -> float:
+    """A plan's number in the objective: iteration_s end to end when known, else propagation."""
+    return propagation_s if iteration_s is None else ranked(objective, propagation_s, iteration_s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +134,11 @@ class Cluster:
 
     @property
     def end_to_end(self) -> bool:
-        return is_end_to_end(self.objective)
+        return objective_of(self.objective) == "end-to-end"
+
+    def ranked(self, propagation: T, end_to_end: T) -> T:
+        """Of a figure's propagation and end-to-end forms, the one this run's objective ranks by."""
+        return ranked(self.objective, propagation, end_to_end)
 
     @functools.cached_property
     def bandwidth_GBps(self) -> float | None:
@@ -152,4 +170,4 @@ class Cluster:
 
     def score(self, propagation_s: float, iteration_s: float | None) -> float:
         """A plan's number in the objective (iteration_s end to end when known, else propagation)."""
-        return iteration_s if self.end_to_end and iteration_s is not None else propagation_s
+        return score(self.objective, propagation_s, iteration_s)

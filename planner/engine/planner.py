@@ -296,8 +296,7 @@ class Planner:
         from hydraplan.solve.bound import any_strategy_bound
 
         schemes = list(self.cluster.schemes)
-        transfer = self.cluster.scheme_charges_s if self.cluster.end_to_end else None
-        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score,
+        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=self.cluster.scheme_charges_s, upper=score,
                                   upper_reached=True).latency_s
 
     def plan(self, batch: Batch | Sequence[int] | np.ndarray, iteration: int = 0) -> Plan:

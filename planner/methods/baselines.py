@@ -112,9 +112,7 @@ def plan_iteration_s(plan: IterationPlan, cluster: Cluster) -> float:
 
 def objective_score(cluster: Cluster) -> Callable[[IterationPlan], float]:
     """What static choices are tuned on: the plan's score in the cluster's objective."""
-    if cluster.end_to_end:
-        return lambda plan: plan_iteration_s(plan, cluster)
-    return lambda plan: plan.estimate_s
+    return lambda plan: cluster.score(plan.estimate_s, plan_iteration_s(plan, cluster))
 
 
 def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:

@@ -371,8 +371,7 @@ def _speedups(results: dict[str, MethodResult], cluster: Cluster) -> None:
     for r in results.values():
         r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
         r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
-        r.speedup_vs_megatron = (r.end_to_end_speedup_vs_megatron if cluster.end_to_end
-                                 else r.propagation_speedup_vs_megatron)
+        r.speedup_vs_megatron = cluster.ranked(r.propagation_speedup_vs_megatron, r.end_to_end_speedup_vs_megatron)
 
 
 def most_common(items: Sequence[str]) -> str:
@@ -391,9 +390,8 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], config:
         "for uniform micro-batches and pp = 1, and differs when micro-batch times vary under pp > 1; mean "
         "sim/closed - 1 per method: " + ", ".join(f"{m} {d:+.2%}" for m, d in diffs.items()))
     notes["objective"] = (
-        f"{cluster.objective}: static choices and hydraplan minimize "
-        + ("the end-to-end estimate" if cluster.end_to_end else "the propagation estimate")
-        + "; end to end = propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
+        f"{cluster.objective}: static choices and hydraplan minimize the {cluster.objective} estimate; end to end = "
+        "propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
         "schemes (phases in sequence pull once before the first and push once after the last; HotSPa's switching "
         "on top); speedup_vs_megatron is in the objective")
     if "hotspa" in runs:
