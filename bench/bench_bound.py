@@ -117,15 +117,15 @@ def _row(args: tuple[str, str, int, str, int | None]) -> dict:
     return case(*key, tokens=tokens)
 
 
-def speed(gpus: int, tokens: int, iterations: int, before: Path | None) -> dict:
+def speed(gpus: int, tokens: int, iterations: int, before: Path | None, runs: int = 2) -> dict:
     """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration; and
     the same of the planner at REFERENCE (`before`, its checkout) on the same batches in the same run."""
     keep = ("gpus", "tokens_per_iter", "iterations", "candidates", "first_plan_wall_s", "first_plan_cpu_s",
             "s_per_iter_wall_mean", "s_per_iter_cpu_mean", "s_per_iter_cpu", "mean_estimate_s")
-    r = reference.measure(reference.ROOT, gpus, tokens, iterations + 1)
+    r = reference.measure(reference.ROOT, gpus, tokens, iterations + 1, runs)
     out = {"id": str(gpus), **{k: r[k] for k in keep}}
     if before is not None:
-        b = reference.measure(before, gpus, tokens, iterations + 1)
+        b = reference.measure(before, gpus, tokens, iterations + 1, runs)
         out["reference"] = {"commit": REFERENCE, **{k: b[k] for k in ("first_plan_cpu_s", "s_per_iter_cpu_mean",
                                                                       "s_per_iter_cpu", "mean_estimate_s")}}
         out["cpu_over_reference"] = r["s_per_iter_cpu_mean"] / b["s_per_iter_cpu_mean"]
@@ -199,7 +199,7 @@ def main(run: Run) -> None:
             print(f"speed: no commit {REFERENCE} in this clone's history, so no reference figures", flush=True)
         try:
             for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):
-                s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1), before)
+                s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1), before, runs=run.pick(2, 1))
                 out["speed"].append(s)
                 run.write(out, merged=merged)
                 print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU, "

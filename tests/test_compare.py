@@ -190,3 +190,16 @@ def test_hotspa_picks_the_best_scheme_combination_including_switching(bandwidth)
     plans = cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch)
     switched = any(p.overhead_s > 0 for p in plans)
     assert switched == (bandwidth == 1e18)  # only free switching makes a second scheme worth it here
+
+
+def test_the_registry_is_what_compare_report_and_help_use():
+    """methods/registry.py names every method once: compare runs exactly those (baselines by BASELINE_RUNS),
+    the report has a colour for each and `compare --help` lists them."""
+    from hydraplan.app import report
+    from hydraplan.methods import registry
+
+    assert cp.ALL_METHODS == registry.NAMES and len(set(registry.NAMES)) == len(registry.METHODS)
+    assert set(cp.BASELINE_RUNS) == set(cp.BASELINE_METHODS) == set(registry.of_family("baseline"))
+    assert set(report.COLORS) == set(registry.NAMES) and len(set(report.COLORS.values())) == len(registry.NAMES)
+    r = hp("compare", "-h", env={"COLUMNS": "400"})
+    assert r.returncode == 0 and " ".join(registry.NAMES) in " ".join(r.stdout.split())

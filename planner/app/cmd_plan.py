@@ -10,6 +10,7 @@ from rich.console import Console
 
 from hydraplan.app import cliopts
 from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
+from hydraplan.methods.registry import NAMES as METHOD_NAMES
 
 if TYPE_CHECKING:  # the commands import what they run when they run: `hydraplan --help` stays fast
     from hydraplan.core.schema import IterationSummary, Summary
@@ -261,8 +262,7 @@ def compare(
     context_len: int | None = context_len_option(),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
-        None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
-        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad"),
+        None, "--methods", help=f"methods to run (repeat the option; default all): {' '.join(METHOD_NAMES)}"),
     json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),

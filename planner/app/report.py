@@ -20,13 +20,10 @@ from hydraplan.core.schedules import simulate_1f1b
 from hydraplan.core.schema import CompareResult
 from hydraplan.methods import baselines as bl
 from hydraplan.methods.compare import CompareOutcome, most_common
+from hydraplan.methods.registry import METHODS
 from hydraplan.store.fileio import atomic_write_text, ensure_folder, save_figure, write_model
 
-COLORS = {
-    "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
-    "homo-maxlen": "#c5b0d5", "homo-pack": "#9467bd", "hetero-static": "#ff7f0e", "hydraplan": "#d62728",
-    "hydraplan-delay": "#e377c2", "cad": "#2ca02c", "hydraplan-cad": "#1f77b4",
-}
+COLORS = {m.name: m.color for m in METHODS}  # methods/registry.py
 PLOTS = ("latency", "methods", "lengths", "load", "gantt")
 
 
