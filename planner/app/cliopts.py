@@ -214,7 +214,7 @@ def _flags_show_no_type() -> None:
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag else shown(self, ctx)
 
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]  # patching typer's method on purpose
 
 
 _flags_show_no_type()

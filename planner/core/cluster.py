@@ -96,7 +96,7 @@ class Cluster:
     def of(cls, profile: Profile, gpus: int, objective: str = "end-to-end") -> Cluster:
         if objective not in OBJECTIVES:
             raise UserError(f"objective must be end-to-end or propagation (got {objective!r})", "objective")
-        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]
+        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]  # objective checked above
 
     @property
     def name(self) -> str:
@@ -130,7 +130,7 @@ class Cluster:
 
     def scheme(self, key: tuple) -> Scheme | None:
         """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
-        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]
+        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]  # a 4-tuple either way
 
     @property
     def end_to_end(self) -> bool:
@@ -145,7 +145,7 @@ class Cluster:
         """Per-GPU GB/s of the LNK pull and push in this job (None: the profile has no sync model)."""
         if not sync.has_sync_model(self.profile):
             return None
-        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]
+        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]  # has_sync_model: a network
 
     def transfer_s(self, tp: int | np.ndarray, pp: int | np.ndarray) -> np.ndarray | float:
         """Seconds of one direction (pull or push) for one GPU of a <tp, pp, *> pipeline (0 without a sync model)."""

@@ -36,7 +36,7 @@ class ResolvedCandidate:
         what the cluster's objective charges for its sync."""
         specs = tuple(cand.pipelines)
         schemes = tuple(cluster.scheme(p.key) for p in specs)
-        return cls(cand.name, specs, schemes, tuple(cluster.charged_for(specs).tolist()))  # type: ignore[arg-type]
+        return cls(cand.name, specs, schemes, tuple(cluster.charged_for(specs).tolist()))  # type: ignore[arg-type]  # resolved: no None scheme
 
     def with_schemes(self, schemes: tuple[Scheme, ...]) -> ResolvedCandidate:
         return dataclasses.replace(self, schemes=schemes)

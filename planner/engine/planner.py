@@ -181,14 +181,14 @@ class Planner:
         for k in sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k)):
             yield k, self._solver(rnd, self.candidates[k], k, bounds[k])
         if self.synthesize and best() is not None:
-            made = synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0])  # type: ignore[index]
+            made = synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0])  # type: ignore[index]  # not None: checked above
             last = None
             for _ in range(1 + synthesized.ROUNDS if made else 0):  # then strategies around the winner, while it moves
                 for cand in made:
                     k = len(contenders)
                     contenders.append(cand)
                     yield k, self._solver(rnd, cand, k, candidate_bound(cand, lengths, rnd.longest_first))
-                won = contenders[best()[1]]  # type: ignore[index]
+                won = contenders[best()[1]]  # type: ignore[index]  # not None: checked above
                 if won is last:
                     break
                 last = won
@@ -230,7 +230,7 @@ class Planner:
         assert sol.pipelines is not None
         est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
         sol.solve.iteration_s = est.iteration_s
-        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
+        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]  # solved: set
 
     def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
                         settings: PlanSettings) -> CandidateSolution:
@@ -274,8 +274,8 @@ class Planner:
         t0 = perf_counter()
         b = as_batch(batch, iteration)
         sel = self.select(b)
-        won = sel.outcomes[sel.winner]  # type: ignore[index]
-        plan = won.make_plan()  # type: ignore[misc]
+        won = sel.outcomes[sel.winner]  # type: ignore[index]  # select raises when none wins
+        plan = won.make_plan()  # type: ignore[misc]  # the winner always has one
         e = plan.estimate
         summary = IterationSummary(
             iteration=b.iteration, strategy=plan.strategy, estimate_s=e.propagation_s, iteration_s=e.iteration_s,

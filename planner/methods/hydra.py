@@ -86,7 +86,7 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
                 homo_maxlen.append(_homo_maxlen(sol, c.schemes, lengths, cluster.gpus))
         assert sel.winner is not None
         if sel.winner < len(cands):
-            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]
+            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]  # asserted above
         else:  # a strategy made for the batch
             won, sol = sel.contenders[sel.winner], sel.solutions[sel.winner]
             assert sol.pipelines is not None
