@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import pickle
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ PLANNER = Path(__file__).resolve().parents[1] / "planner"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
+@functools.cache
 def errors_below_app() -> list[tuple[str, ast.AST]]:
     """What makes an error's text below app/: every raise, every UserError built (raised or returned), and every
     default argument value (`what="--out"` would reach a message)."""
@@ -44,8 +46,9 @@ def strings(node: ast.AST) -> list[str]:
 
 
 def test_no_error_below_app_names_a_flag():
-    found = [f"{where}: {FLAG.findall(s)}" for where, node in errors_below_app() for s in strings(node) if FLAG.search(s)]
-    assert len(errors_below_app()) > 100 and not found, found
+    scanned = errors_below_app()
+    found = [f"{where}: {FLAG.findall(s)}" for where, node in scanned for s in strings(node) if FLAG.search(s)]
+    assert len(scanned) > 100 and not found, found
 
 
 def cli_options() -> set[str]:
