@@ -3,7 +3,7 @@
 The tight bound (planner/solve/bound.py on solve/relaxation.py) is a relaxation of every strategy of N GPUs that
 prices pipelines as the cost model does (c per micro-batch, the bubble, the longest sequences whole), so plan /
 bound >= 1 and the excess is an upper limit on what a better strategy, dispatch or packing could still win. The
-first, looser bound (solve/loose.py) is computed first and is the tight one's floor: both are lower bounds, so
+first, looser bound (bench/loose.py) is computed first and is the tight one's floor: both are lower bounds, so
 the tight bisection starts there and reports how far it rises above it. Per bundled
 analytic profile x builtin dataset at 64 and 256 GPUs (32K context, seed 3, 3125 tokens per GPU, the first
 batch), for both objectives: `pack --objective propagation` against the propagation bound, and `pack`'s default
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from bench import reference
+from bench.loose import loose_bound
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import scheme_label
 from hydraplan.methods.run import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
-from hydraplan.solve.loose import loose_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 
 CONTEXT = 32768
@@ -79,7 +79,7 @@ def case(profile: str, dataset: str, gpus: int, objective: str, *, context: int 
     run = PlanRun.prepare(RunConfig(profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens,
                                     iterations=iterations, context_len=context, seed=SEED, objective=objective), prof)
     schemes = list(cluster.schemes)
-    transfer = cluster.charged_for(schemes) if cluster.end_to_end else None
+    transfer = cluster.scheme_charges_s  # zeros with the propagation objective: nothing charged
     rows = []
     for b in run.batches():
         w0, c0 = time.perf_counter(), time.process_time()
@@ -117,15 +117,15 @@ def _row(args: tuple[str, str, int, str, int | None]) -> dict:
     return case(*key, tokens=tokens)
 
 
-def speed(gpus: int, tokens: int, iterations: int, before: Path | None) -> dict:
+def speed(gpus: int, tokens: int, iterations: int, before: Path | None, runs: int = 2) -> dict:
     """`pack`'s defaults in a fresh process (bench_scale.measure): the first plan, then seconds per iteration; and
     the same of the planner at REFERENCE (`before`, its checkout) on the same batches in the same run."""
     keep = ("gpus", "tokens_per_iter", "iterations", "candidates", "first_plan_wall_s", "first_plan_cpu_s",
             "s_per_iter_wall_mean", "s_per_iter_cpu_mean", "s_per_iter_cpu", "mean_estimate_s")
-    r = reference.measure(reference.ROOT, gpus, tokens, iterations + 1)
+    r = reference.measure(reference.ROOT, gpus, tokens, iterations + 1, runs)
     out = {"id": str(gpus), **{k: r[k] for k in keep}}
     if before is not None:
-        b = reference.measure(before, gpus, tokens, iterations + 1)
+        b = reference.measure(before, gpus, tokens, iterations + 1, runs)
         out["reference"] = {"commit": REFERENCE, **{k: b[k] for k in ("first_plan_cpu_s", "s_per_iter_cpu_mean",
                                                                       "s_per_iter_cpu", "mean_estimate_s")}}
         out["cpu_over_reference"] = r["s_per_iter_cpu_mean"] / b["s_per_iter_cpu_mean"]
@@ -199,7 +199,7 @@ def main(run: Run) -> None:
             print(f"speed: no commit {REFERENCE} in this clone's history, so no reference figures", flush=True)
         try:
             for gpus, tokens in run.pick(SPEED, ((64, 50_000),)):
-                s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1), before)
+                s = speed(gpus, tokens, run.pick(SPEED_ITERATIONS, 1), before, runs=run.pick(2, 1))
                 out["speed"].append(s)
                 run.write(out, merged=merged)
                 print(f"speed {gpus:5d} GPUs  per iteration {s['s_per_iter_cpu_mean']:.3f} s CPU, "

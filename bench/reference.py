@@ -41,10 +41,11 @@ def checkout(commit: str) -> Path | None:
     return dest
 
 
-def measure(tree: Path, gpus: int, tokens: int, iterations: int) -> dict:
-    """bench_scale.measure of `tree`'s planner (ROOT: this checkout) in a fresh process, run twice and the second
-    kept: the first compiles and caches the numba kernels it reaches, whose compile time is no planning time."""
-    for _ in range(2):
+def measure(tree: Path, gpus: int, tokens: int, iterations: int, runs: int = 2) -> dict:
+    """bench_scale.measure of `tree`'s planner (ROOT: this checkout) in a fresh process, run `runs` times and the last
+    kept: the first compiles and caches the numba kernels it reaches, whose compile time is no planning time (a
+    smoke run, whose figures nobody reads, runs once)."""
+    for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", _CHILD, str(tree), str(gpus), str(tokens), str(iterations)],
                              cwd=tree, capture_output=True, text=True)
         if out.returncode != 0:

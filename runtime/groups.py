@@ -41,7 +41,7 @@ def plan_groups(plans: Iterable[Plan]) -> list[RankSet]:
     """Every group these plans use (TP, CP, CAD: more than one rank), in a fixed order."""
     out: set[RankSet] = set()
     for plan in plans:
-        out |= process_groups(plan.pipelines)  # type: ignore[arg-type]
+        out |= process_groups(plan.pipelines)  # type: ignore[arg-type]  # PlanPipeline has PipelineSpec's fields
         out.update(g for g in plan_cad_groups(plan) if len(g) > 1)
     return sorted(out)
 

@@ -50,11 +50,6 @@ class Role:
     tp_rank: int = 0
 
 
-def shard_bounds(numel: int, parts: int) -> np.ndarray:
-    """parts+1 boundaries of `parts` balanced contiguous shards of a flat tensor."""
-    return np.arange(parts + 1, dtype=np.int64) * numel // parts
-
-
 def owner_ranges(numels: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray]:
     """[world, P] lo/hi of the flat range of each parameter each rank owns."""
     r = np.arange(world, dtype=np.int64)[:, None]
@@ -90,12 +85,6 @@ class Pieces:
     @property
     def size(self) -> np.ndarray:
         return self.hi - self.lo
-
-    def split_sizes(self, world: int, rank: int) -> list[int]:
-        """Elements per peer, 0 for this rank itself (local pieces are copied, not sent)."""
-        sizes = np.bincount(self.peer, weights=self.size, minlength=world).astype(np.int64)
-        sizes[rank] = 0
-        return sizes.tolist()
 
 
 def _intersect(lo_a, hi_a, lo_b, hi_b) -> Pieces:

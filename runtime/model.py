@@ -103,9 +103,6 @@ class ParamSpec:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def local_shape(self, tp: int) -> tuple[int, ...]:
-        return (self.shape[0] // tp, *self.shape[1:]) if self.sharded else self.shape
-
 
 @functools.cache
 def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:

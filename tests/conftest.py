@@ -1,4 +1,5 @@
-"""Fixtures shared by the solver tests; and GPUs hidden from the whole session."""
+"""Fixtures shared by the solver tests; and GPUs hidden from the whole session. Other shared code is in
+helpers.py, imported one way (`from helpers import ...`), as the worker scripts the runtime tests launch do."""
 
 import os
 

@@ -3,6 +3,7 @@ process groups for multi-process runtime tests."""
 
 import re
 import socket
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -154,3 +155,39 @@ def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none
 # bench/bench_analytic.py reports the ratios.
 HYDRAULIS_TIME = {(2, 1, 1): (2.054e-6, 0.09671, 65.18), (8, 1, 1): (5.07e-7, 0.03662, 44.32)}
 HYDRAULIS_MAX_LEN = {(tp, 1, 1): n for tp, n in hardware.HYDRAULIS_MAX_LEN[("a800", "llama2-7b")].items()}
+
+
+def hp(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`hydraplan ARGS` run in this process: the console script's entry point (hydraplan.app.cli:main, with its
+    one-line errors and exit codes), stdout and stderr captured, without an interpreter start-up per command.
+    `env`: variables set for the command only. The signal handlers and warning hook main() installs are put back."""
+    import contextlib
+    import io
+    import os
+    import signal
+    import sys
+    import warnings
+
+    from hydraplan.app.cli import main
+
+    argv = ["hydraplan", *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    showwarning, saved_argv, saved_env = warnings.showwarning, sys.argv, dict(os.environ)
+    code: int | str | None = 0
+    try:
+        sys.argv = argv
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        warnings.showwarning = showwarning
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return subprocess.CompletedProcess(argv, code if isinstance(code, int) else (0 if code is None else 1),
+                                       out.getvalue(), err.getvalue())

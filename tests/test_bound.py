@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from helpers import tiny_profile
 
+from bench.loose import loose_bound
 from hydraplan.core.cost import pipeline_time
 from hydraplan.core.sync import exposed_s
 from hydraplan.schema import Scheme, TimeCoeffs
 from hydraplan.solve.bound import any_strategy_bound, bisect
-from hydraplan.solve.loose import loose_bound
 from hydraplan.solve.relaxation import probe, relaxation
 
 

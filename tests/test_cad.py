@@ -149,17 +149,14 @@ def test_plan_cad_estimate_recomputes_from_the_section():
 
 def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from helpers import hp
 
     from hydraplan.schema import Plan, Summary
 
-    exe = str(Path(sys.executable).with_name("hydraplan"))
     out = tmp_path / "run"
-    r = subprocess.run([exe, "pack", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "64",
-                        "--context-len", "32768", "--tokens-per-iter", "200000", "--iterations", "2", "--out", str(out),
-                        "--workers", "1", "--cad"], capture_output=True, text=True, timeout=600)
+    r = hp("pack", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "64", "--context-len", "32768",
+           "--tokens-per-iter", "200000", "--iterations", "2", "--out", out, "--workers", "1", "--cad")
     assert r.returncode == 0, r.stderr
     summary = Summary.model_validate_json((out / "summary.json").read_text())
     assert summary.args.cad
@@ -168,7 +165,7 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
         assert it.iteration_s == min(c.iteration_s for c in it.candidates if c.iteration_s is not None)
     cad_iters = [it.iteration for it in summary.iterations if it.strategy == "cad"]
     assert cad_iters  # on prolong at 32K the CAD plan wins (bench/results/cad.json)
-    v = subprocess.run([exe, "validate", str(out), "--profile", "h100-llama2-7b", "--json"], capture_output=True, text=True)
+    v = hp("validate", out, "--profile", "h100-llama2-7b", "--json")
     assert v.returncode == 0, v.stdout
     assert json.loads(v.stdout)["plans"] == 2
     path = out / f"iter_{cad_iters[0]:06d}.json"
@@ -177,7 +174,7 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
     task = plan.cad.steps[0].tasks[0]
     task.rank = (task.rank + 1) % plan.cad.replicas  # the recorded estimate no longer recomputes
     path.write_text(plan.model_dump_json(by_alias=True))
-    v = subprocess.run([exe, "validate", str(out), "--profile", "h100-llama2-7b"], capture_output=True, text=True)
+    v = hp("validate", out, "--profile", "h100-llama2-7b")
     assert v.returncode != 0 and "CAD estimate" in v.stdout + v.stderr
 
 

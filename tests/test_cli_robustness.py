@@ -1,6 +1,7 @@
 """A scripted bad-input and fault run of the CLI: every user mistake and OS write failure is one line and
 exit 2; Ctrl-C/SIGTERM one line naming --resume; a killed `pack` leaves no process or temp folder behind;
-a second `pack` on the same --out is refused while the first runs, and the lock dies with a killed run."""
+a second `pack` on the same --out is refused while the first runs, and the lock dies with a killed run.
+Commands run in this process (helpers.hp) except where a signal or a kill must reach the installed command."""
 
 import glob
 import json
@@ -14,17 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_run_inputs
+from helpers import hp, write_run_inputs
 
 from hydraplan.schema import Strategies
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 WIKI = ["--profile", "h100-llama2-7b", "--dataset", "builtin:wikipedia", "--gpus", "64"]
-
-
-def hp(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([HYDRAPLAN, *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -202,7 +198,9 @@ def test_second_pack_on_the_same_out_is_refused_and_the_lock_dies_with_a_killed_
 
 
 def test_non_terminal_runs_print_progress_lines(inputs):
-    r = hp(*pack_args(inputs, inputs["tmp"] / "run", 200), env={"HYDRAPLAN_PROGRESS_EVERY_S": "0.2"})
+    """The installed command, its stderr a pipe (HYDRAPLAN_PROGRESS_EVERY_S is read at start-up)."""
+    r = subprocess.run([HYDRAPLAN, *map(str, pack_args(inputs, inputs["tmp"] / "run", 40))], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "HYDRAPLAN_PROGRESS_EVERY_S": "0.2"})
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("pack: ")]
     assert lines and all(x.endswith(" s]") for x in lines), r.stderr

@@ -2,12 +2,10 @@
 
 import itertools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp
 
 from hydraplan.app.report import write_report
 from hydraplan.core.cluster import Cluster
@@ -15,8 +13,6 @@ from hydraplan.core.cost import model_flops
 from hydraplan.methods import baselines as bl
 from hydraplan.methods import compare as cp
 from hydraplan.schema import CompareResult, GPUInfo, ModelInfo, Profile, Scheme, TimeCoeffs
-
-HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
 
 
 def scheme(tp=1, pp=1, c=0.0, b=1.0, max_len=100) -> Scheme:
@@ -158,17 +154,16 @@ def test_tiny_run_report_embeds_every_plot(tiny):
 
 
 def test_cli_bad_method_is_one_line_exit_2(tmp_path):
-    r = subprocess.run([str(HYDRAPLAN), "compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong",
-                        "--gpus", "16", "--tokens-per-iter", "10000", "--iterations", "1", "--context-len", "8192",
-                        "--methods", "megatron,nope", "--out", str(tmp_path)], capture_output=True, text=True)
+    r = hp("compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "16", "--tokens-per-iter",
+           "10000", "--iterations", "1", "--context-len", "8192", "--methods", "megatron,nope", "--out", tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "nope" in r.stderr
 
 
 def test_cli_json_prints_compare_json(tmp_path):
-    r = subprocess.run([str(HYDRAPLAN), "compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong",
-                        "--gpus", "16", "--tokens-per-iter", "20000", "--iterations", "2", "--context-len", "8192",
-                        "--methods", "megatron wlb-llm", "--out", str(tmp_path), "--json"], capture_output=True, text=True)
+    r = hp("compare", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "16", "--tokens-per-iter",
+           "20000", "--iterations", "2", "--context-len", "8192", "--methods", "megatron wlb-llm", "--out", tmp_path,
+           "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data["methods"]) == {"megatron", "wlb-llm"}
@@ -195,3 +190,19 @@ def test_hotspa_picks_the_best_scheme_combination_including_switching(bandwidth)
     plans = cp.run_hotspa(batches, Cluster.of(view, 8), 32768, switch)
     switched = any(p.overhead_s > 0 for p in plans)
     assert switched == (bandwidth == 1e18)  # only free switching makes a second scheme worth it here
+
+
+def test_the_registry_is_what_compare_report_and_help_use():
+    """methods/registry.py names every method once: compare runs exactly those (baselines by BASELINE_RUNS),
+    the report has a colour for each and `compare --help` lists them."""
+    from hydraplan.app import report
+    from hydraplan.methods import registry
+
+    assert cp.ALL_METHODS == registry.NAMES and len(registry.BY_NAME) == len(registry.METHODS)
+    assert cp.KNOWN_METHODS == registry.NAMES + registry.OPT_IN
+    assert registry.OPT_IN and all(registry.BY_NAME[m].family == "seam" for m in registry.OPT_IN)
+    assert set(cp.BASELINE_RUNS) == set(cp.BASELINE_METHODS) == set(registry.of_family("baseline"))
+    assert set(report.COLORS) == set(registry.BY_NAME) and len(set(report.COLORS.values())) == len(registry.METHODS)
+    r = hp("compare", "-h", env={"COLUMNS": "400"})
+    help_text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and " ".join(registry.NAMES) in help_text and " ".join(registry.OPT_IN) in help_text

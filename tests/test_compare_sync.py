@@ -5,12 +5,12 @@ import itertools
 
 import numpy as np
 import pytest
+from test_compare import run_of, scheme
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.methods import baselines as bl
 from hydraplan.methods import compare as cp
 from hydraplan.schema import GPUInfo, ModelInfo, Network, Profile, Scheme, TimeCoeffs
-from tests.test_compare import run_of, scheme
 
 
 def synced(schemes: list[Scheme]) -> Profile:

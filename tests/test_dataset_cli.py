@@ -11,25 +11,19 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+from helpers import hp
 from typer.testing import CliRunner
 
-from hydraplan.app.cli import app, main
+from hydraplan.app.cli import app
 from hydraplan.schema import DatasetStats
 
 HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 LENGTHS = [100, 5000, 20_000, 40_000, 3, 17, 900, 4097]
 
 
-def run_main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """The console script's entry point in-process: same error handling, no interpreter start-up."""
-    monkeypatch.setattr(sys, "argv", ["hydraplan", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+def run_main(*args) -> tuple[int, str, str]:
+    r = hp(*args)
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_stats_json_is_one_object_with_the_figures(tmp_path):
@@ -91,7 +85,7 @@ def test_bad_files_exit_2_with_one_line(tmp_path, monkeypatch, capsys, name):
         pq.write_table(pa.table({"length": [1.0, 2.5]}), path)
     else:
         path.write_text(content)
-    code, out, err = run_main(monkeypatch, capsys, "dataset", "stats", path)
+    code, out, err = run_main("dataset", "stats", path)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and expected in err and str(path) in err
 
@@ -102,11 +96,12 @@ def test_bad_files_exit_2_with_one_line(tmp_path, monkeypatch, capsys, name):
     (["builtin:wikipedia", "--context-len", "0"], "--context-len must be a positive"),
 ])
 def test_bad_specs_exit_2_with_one_line(monkeypatch, capsys, args, expected):
-    code, out, err = run_main(monkeypatch, capsys, "dataset", "stats", *args)
+    code, out, err = run_main("dataset", "stats", *args)
     assert code == 2 and err.count("\n") == 1 and expected in err
 
 
 def test_console_script_bad_input_has_no_traceback(tmp_path):
+    """The installed command (the others run its entry point in this process)."""
     (tmp_path / "bad.jsonl").write_text('{"length": 3}\n{"length": -4}\n')
     proc = subprocess.run([HYDRAPLAN, "dataset", "stats", str(tmp_path / "bad.jsonl")], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -117,8 +112,8 @@ def test_console_script_bad_input_has_no_traceback(tmp_path):
 def test_stats_skip_and_report_empty_documents(tmp_path, monkeypatch, capsys):
     path = tmp_path / "l.txt"
     path.write_text("\n".join(map(str, [0, *LENGTHS, 0, 0])) + "\n")
-    code, out, _ = run_main(monkeypatch, capsys, "dataset", "stats", path, "--json")
+    code, out, _ = run_main("dataset", "stats", path, "--json")
     stats = json.loads(out)
     assert code == 0 and stats["empty"] == 3 and stats["count"] == len(LENGTHS) and stats["min"] == min(LENGTHS)
-    code, out, _ = run_main(monkeypatch, capsys, "dataset", "stats", path)
+    code, out, _ = run_main("dataset", "stats", path)
     assert code == 0 and "(3 empty documents skipped)" in " ".join(out.split())  # the title, wrapped by rich

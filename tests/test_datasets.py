@@ -345,7 +345,8 @@ def test_histogram_datasets_sample_without_doc_indices():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"tokens_per_iter": 0}, "--tokens-per-iter"), ({"seed": -1}, "--seed"), ({"start": -2}, "non-negative"),
+    ({"tokens_per_iter": 0}, "^tokens_per_iter must be positive"), ({"seed": -1}, "^seed must be non-negative"),
+    ({"start": -2}, "non-negative"),
 ])
 def test_sampling_rejects_bad_arguments(kwargs, message):
     args = {"tokens_per_iter": 100, "iterations": 1, "seed": 0} | kwargs

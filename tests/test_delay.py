@@ -2,14 +2,12 @@
 streams, the rule's threshold, and `pack --outlier-delay` (plans validate, --resume equals a full run)."""
 
 import math
-import subprocess
-import sys
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
+from helpers import Interrupt, StopAfter, hp, tiny_profile, write_run_inputs
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -17,8 +15,6 @@ from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.core.errors import UserError
 from hydraplan.schema import Plan, Strategies, Summary
 from hydraplan.solve.delay import DelayRule, hydraplan_rule, outlier_delay, stream_batches, wlb_rule
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
 
 def run(batches, rule, iterations=None):
@@ -128,11 +124,11 @@ def test_hydraplan_rule_threshold_and_bound_by_hand():
 
 
 # ------------------------------------------------------------------------------------------- pack
-@pytest.fixture
-def pack_inputs(tmp_path):
+@pytest.fixture(scope="module")
+def pack_inputs(tmp_path_factory):
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 4096)
-    return write_run_inputs(tmp_path, lengths, Strategies(candidates=[
+    return write_run_inputs(tmp_path_factory.mktemp("inputs"), lengths, Strategies(candidates=[
         {"name": "mixed", "pipelines": [{"tp": 2, "pp": 1, "cp": 1}, {"tp": 1, "pp": 1, "cp": 1}, {"tp": 1, "pp": 1, "cp": 1}]},
         {"name": "tp2", "pipelines": [{"tp": 2, "pp": 1, "cp": 1}, {"tp": 2, "pp": 1, "cp": 1}]},
     ]))
@@ -149,12 +145,19 @@ def plans_of(out: Path) -> list[Plan]:
     return [Plan.model_validate_json(p.read_text()) for p in sorted(out.glob("iter_*.json"))]
 
 
-def test_pack_outlier_delay_plans_validate_and_train_the_sampled_stream(tmp_path, pack_inputs):
-    summary = run_pack(pack_opts(pack_inputs, tmp_path / "run"))
+@pytest.fixture(scope="module")
+def delayed_run(pack_inputs, tmp_path_factory):
+    """pack_opts()'s run (6 iterations, outlier delay), planned once for the tests that read it."""
+    out = tmp_path_factory.mktemp("delayed") / "run"
+    return out, run_pack(pack_opts(pack_inputs, out))
+
+
+def test_pack_outlier_delay_plans_validate_and_train_the_sampled_stream(tmp_path, pack_inputs, delayed_run):
+    run, summary = delayed_run
     plain = run_pack(pack_opts(pack_inputs, tmp_path / "plain", outlier_delay=False))
-    report = validate_path(tmp_path / "run", tiny_profile())
+    report = validate_path(run, tiny_profile())
     assert report.ok and report.plans == 6, report.violations
-    plans, undelayed = plans_of(tmp_path / "run"), plans_of(tmp_path / "plain")
+    plans, undelayed = plans_of(run), plans_of(tmp_path / "plain")
     ids = sorted(s.id for p in plans for s in p.batch)
     assert ids == sorted(s.id for p in undelayed for s in p.batch)  # the same sampled stream, each id once
     sampled_in = {s.id: p.iteration for p in undelayed for s in p.batch}
@@ -168,12 +171,11 @@ def test_pack_outlier_delay_plans_validate_and_train_the_sampled_stream(tmp_path
     tokens = sum(s.length for p in plans for s in p.batch)
     waited = sum(s.length * (it - s.sampled_iteration) for it, s in delayed)
     assert delay.avg_delay_iters_per_token == pytest.approx(waited / tokens)
-    saved = Summary.model_validate_json((tmp_path / "run" / "summary.json").read_text())
+    saved = Summary.model_validate_json((run / "summary.json").read_text())
     assert saved.outlier_delay.avg_delay_iters_per_token == pytest.approx(waited / tokens)
 
 
-def test_pack_outlier_delay_resume_equals_an_uninterrupted_run(tmp_path, pack_inputs):
-    run_pack(pack_opts(pack_inputs, tmp_path / "full"))
+def test_pack_outlier_delay_resume_equals_an_uninterrupted_run(tmp_path, pack_inputs, delayed_run):
     out = tmp_path / "cut"
     with pytest.raises(Interrupt):
         run_pack(pack_opts(pack_inputs, out), StopAfter(3))
@@ -183,7 +185,7 @@ def test_pack_outlier_delay_resume_equals_an_uninterrupted_run(tmp_path, pack_in
     def files(d):
         return {p.name: p.read_bytes() for p in sorted(d.glob("*.json")) if p.name != "summary.json"}
 
-    assert files(out) == files(tmp_path / "full")
+    assert files(out) == files(delayed_run[0])
     with pytest.raises(UserError, match="same --iterations"):
         run_pack(pack_opts(pack_inputs, out, resume=True, iterations=8))
 
@@ -198,11 +200,9 @@ def test_validate_flags_a_sequence_trained_before_it_is_sampled(tmp_path, pack_i
 def test_cli_pack_outlier_delay_then_validate(tmp_path, pack_inputs):
     profile, data, strat = pack_inputs
     out = tmp_path / "cli"
-    r = subprocess.run([HYDRAPLAN, "pack", "--profile", str(profile), "--dataset", str(data), "--gpus", "4",
-                        "--tokens-per-iter", "20000", "--iterations", "3", "--out", str(out), "--strategies", str(strat),
-                        "--workers", "1", "--outlier-delay"], capture_output=True, text=True, timeout=120)
+    r = hp("pack", "--profile", profile, "--dataset", data, "--gpus", "4", "--tokens-per-iter", "20000", "--iterations",
+           "3", "--out", out, "--strategies", strat, "--workers", "1", "--outlier-delay")
     assert r.returncode == 0, r.stderr
     assert "outlier delay" in r.stdout
-    v = subprocess.run([HYDRAPLAN, "validate", str(out), "--profile", str(profile)], capture_output=True, text=True,
-                       timeout=120)
+    v = hp("validate", out, "--profile", profile)
     assert v.returncode == 0, v.stdout + v.stderr

@@ -5,10 +5,10 @@ import itertools
 
 import numpy as np
 import pytest
+from test_dispatch import eq2, instances, scheme
 
 from hydraplan.core.sync import end_to_end_s
 from hydraplan.solve.dispatch import dispatch, pigeonhole_bound, top_sequences_bound
-from tests.test_dispatch import eq2, instances, scheme
 
 
 def h_objective(lengths, schemes, transfer, assign):

@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from helpers import doc_pages
+from helpers import doc_pages, hp
 
 from hydraplan.schema import Plan, Profile, Strategies
 from hydraplan.store.paths import ROOT
@@ -173,14 +173,10 @@ def test_the_planner_snippet_prints_what_the_page_says(tmp_path):
     """The `Planner` example, run on the demo's proposed strategies: each `# (...)` comment is the start
     of the value of the expression before it."""
     import shlex
-    import subprocess
-    import sys
-    from pathlib import Path
 
     run = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("RUN :="))
     strategies = tmp_path / "strategies.json"
-    res = subprocess.run([str(Path(sys.executable).with_name("hydraplan")), "propose", *shlex.split(run.split(":=", 1)[1]),
-                          "--out", str(strategies)], capture_output=True, text=True, timeout=300)
+    res = hp("propose", *shlex.split(run.split(":=", 1)[1]), "--out", strategies)
     assert res.returncode == 0, res.stderr
     (block,) = [b for page in PAGES for b in re.findall(r"```python\n(.*?)```", text_of(page), re.S)
                 if "Planner(" in b and "micro_batches(" not in b]

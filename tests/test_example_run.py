@@ -7,15 +7,13 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import doc_pages, free_port
+from helpers import doc_pages, free_port, hp
 
 from hydraplan.store.paths import ROOT
 
 EXAMPLE = ROOT / "plans" / "example"
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 TIMING = {"solver_s", "dispatch_s", "pack_s", "refine_s"}  # wall-clock seconds: the only fields that may differ
 
 
@@ -38,7 +36,7 @@ def normalized(value):
 
 def test_the_committed_example_run_is_what_the_planner_plans_today(tmp_path):
     out = tmp_path / "example"
-    res = subprocess.run([HYDRAPLAN, "pack", *example_args(), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    res = hp("pack", *example_args(), "--out", out)
     assert res.returncode == 0, res.stderr
     committed = sorted(p.name for p in EXAMPLE.iterdir())
     assert committed == sorted(p.name for p in out.iterdir())  # pack removed its --out lock (.hydraplan.lock)

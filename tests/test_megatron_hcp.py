@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pytest
+from megatron_wheel import load_hybrid_cp_schedule, megatron_schedule
 
 from hydraplan.core.cluster import for_gpus
 from hydraplan.core.executors import (
@@ -24,7 +25,6 @@ from hydraplan.integrations import megatron as integ
 from hydraplan.solve.megatron_balanced import balanced_cp_schedule
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
-from tests.megatron_wheel import load_hybrid_cp_schedule, megatron_schedule
 
 PROFILE = "h100-llama2-7b"
 GPUS = 64

@@ -63,12 +63,9 @@ def test_llama2_7b_on_one_h100_fits_at_maxlen_with_the_lnk_terms():
 
 
 def test_profiles_memory_refuses_an_unknown_scheme_in_one_line():
-    import subprocess
-    import sys
-    from pathlib import Path
+    from helpers import hp
 
-    res = subprocess.run([str(Path(sys.executable).with_name("hydraplan")), "profiles", "memory", "h100-llama2-7b",
-                          "3,1,1"], capture_output=True, text=True)
+    res = hp("profiles", "memory", "h100-llama2-7b", "3,1,1")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "not a scheme of profile h100-llama2-7b" in res.stderr
 
 

@@ -1,4 +1,5 @@
-"""`hydraplan pack` end to end: written plans validate, bad input exits 2 with one line."""
+"""`hydraplan pack` end to end (in this process, as helpers.hp runs it; the SIGKILL test launches the installed
+command): written plans validate, bad input exits 2 with one line."""
 
 import json
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import tiny_profile, write_run_inputs
+from helpers import hp, tiny_profile, write_run_inputs
 
 from hydraplan.engine.candidate import PRUNE_RTOL
 from hydraplan.schema import Scheme, Strategies, Summary
@@ -24,10 +25,6 @@ def inputs(tmp_path):
         {"name": "pp2", "pipelines": [{"tp": 1, "pp": 2, "cp": 1}, {"tp": 1, "pp": 2, "cp": 1}]},
     ]))
     return {"profile": profile, "data": data, "strategies": strat, "tmp": tmp_path}
-
-
-def hp(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([HYDRAPLAN, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 def pack_args(inputs, out, *extra, iterations=4):

@@ -2,17 +2,12 @@
 warnings in validate (file, pipeline, ranks; exit 0) and before `pack` plans."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
-from helpers import write_run_inputs
+from helpers import hp, write_run_inputs
 
 from hydraplan.schema import Strategies
 from hydraplan.solve.placement import split_groups
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
 
 def test_split_groups_by_hand():
@@ -40,16 +35,14 @@ def test_pack_warns_and_validate_reports_file_pipeline_and_ranks(tmp_path):
         {"name": "short", "pipelines": [{"tp": 1, "pp": 1, "cp": 1}] * 8},
     ]))
     out = tmp_path / "run"
-    r = subprocess.run([HYDRAPLAN, "pack", "--profile", str(profile), "--dataset", str(data), "--gpus", "8",
-                        "--tokens-per-iter", "15000", "--iterations", "2", "--out", str(out), "--workers", "1",
-                        "--strategies", str(strat)], capture_output=True, text=True, timeout=300)
+    r = hp("pack", "--profile", profile, "--dataset", data, "--gpus", "8", "--tokens-per-iter", "15000", "--iterations",
+           "2", "--out", out, "--workers", "1", "--strategies", strat)
     assert r.returncode == 0, r.stderr
     warned = [x for x in r.stderr.splitlines() if x.startswith("hydraplan: warning: ")]
     assert any("candidate split pipeline 0: stage 0 TP group on ranks [3, 4] spans nodes [0, 1]" in x for x in warned)
     assert any("candidate short holds at most 2048 tokens, below the context length" in x for x in warned)
 
-    v = subprocess.run([HYDRAPLAN, "validate", str(out), "--profile", str(profile), "--json"],
-                       capture_output=True, text=True, timeout=300)
+    v = hp("validate", out, "--profile", profile, "--json")
     assert v.returncode == 0, v.stdout  # warnings do not fail validation
     report = json.loads(v.stdout)
     assert report["ok"] and report["violations"] == []
@@ -61,8 +54,7 @@ def test_pack_warns_and_validate_reports_file_pipeline_and_ranks(tmp_path):
         p["ranks"] = [(r + 1) % 8 for r in p["ranks"]]
     shifted = tmp_path / "iter_000000.json"
     shifted.write_text(json.dumps(plan))
-    v = subprocess.run([HYDRAPLAN, "validate", str(shifted), "--profile", str(profile), "--json"],
-                       capture_output=True, text=True, timeout=300)
+    v = hp("validate", shifted, "--profile", profile, "--json")
     assert v.returncode == 0, v.stdout
     found = {(w["file"], w["pipeline"], w["message"]) for w in json.loads(v.stdout)["warnings"]}
     want = {(str(shifted), i, f"stage 0 TP group on ranks {p['ranks']} spans nodes "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp
 from typer.testing import CliRunner
 
 from hydraplan.app import measure
@@ -113,8 +114,9 @@ def test_scheme_max_len_takes_the_tightest_stage_and_rounds_down():
     cap = 2**24
     want = min(stage_max_len(s, cap) for s in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
     assert scheme_max_len(stages, cap) == want and want % LENGTH_QUANTUM == 0 and want > 0
-    with pytest.raises(UserError, match="--memory-gib"):
+    with pytest.raises(UserError, match="^memory_gib: ") as e:
         scheme_max_len(stages, 1.2e5)
+    assert e.value.field == "memory_gib"
 
 
 def test_time_grid_covers_fractions_of_max_len_single_and_packed():
@@ -331,8 +333,7 @@ def test_profile_bad_input_is_a_one_line_user_error(args, message):
 
 
 def test_profile_bad_input_exits_2():
-    proc = subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "profile", "--schemes", "3,1", "--out", "x.json"],
-                          capture_output=True, text=True)
+    proc = hp("profile", "--schemes", "3,1", "--out", "x.json")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
 
@@ -412,7 +413,8 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
              with_cp(plan_of(2, [(2, [0, 1, 2, 3], [[30, 14], [20]], [[0, 20, 44], [0, 8, 20]])], first_id=20, gpus=4))]
     for p in plans:
         write_model(run / f"iter_{p.iteration:06d}.json", p)
-    # as a logged job runs it: stderr no terminal, so a progress line names what is being replayed
+    # as a logged job runs it (the installed command; HYDRAPLAN_PROGRESS_EVERY_S is read at start-up): stderr no
+    # terminal, so a progress line names what is being replayed
     res = subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "profile", "--check", str(run), "--profile",
                           str(tmp_path / "p.json"), "--repeats", "1", "--json"], capture_output=True, text=True,
                          env={**os.environ, "HYDRAPLAN_PROGRESS_EVERY_S": "0.5"}, timeout=600)

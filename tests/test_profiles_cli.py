@@ -1,10 +1,8 @@
 """`hydraplan profiles list|show|generate`."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+from helpers import hp
 from typer.testing import CliRunner
 
 from hydraplan.app.cli import app
@@ -78,10 +76,9 @@ def test_generate_rewrites_identical_files(tmp_path):
 
 
 def test_unknown_profile_exits_2_with_one_line():
-    exe = Path(sys.executable).parent / "hydraplan"
     for args, named in ((["profiles", "show", "no-such-gpu"], "no-such-gpu"),
                         (["profiles", "show", "a800-llama2-7b", "--gpus", "0"], "--gpus")):
-        proc = subprocess.run([str(exe), *args], capture_output=True, text=True)
+        proc = hp(*args)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr

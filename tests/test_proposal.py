@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp
 
 from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.core.cost import seq_cost
@@ -19,7 +17,6 @@ from hydraplan.schema import GPUInfo, ModelInfo, Profile, Scheme, Strategies, Ti
 from hydraplan.solve.proposal import build_cells, candidates, propose, round_relaxed, solve_integer, solve_relaxed
 
 STEP = 128
-HYDRAPLAN = Path(sys.executable).with_name("hydraplan")
 
 
 def make_profile(schemes: list[Scheme], gpus_per_node: int = 8) -> Profile:
@@ -313,10 +310,6 @@ def test_too_few_gpus_for_any_scheme():
         propose(Cluster.of(prof, 1), wiki_like(5), 4000)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(HYDRAPLAN), *args], capture_output=True, text=True, timeout=120)
-
-
 def test_cli_writes_strategies_and_json_matches_file(tmp_path):
     profile = tmp_path / "p.json"
     profile.write_text(mid_profile().model_dump_json(by_alias=True))
@@ -325,13 +318,13 @@ def test_cli_writes_strategies_and_json_matches_file(tmp_path):
     out = tmp_path / "s.json"
     base = ["propose", "--profile", str(profile), "--dataset", str(data), "--gpus", "16", "--context-len", "20000",
             "--out", str(out)]
-    table = run_cli(*base)
+    table = hp(*base)
     assert table.returncode == 0, table.stderr
     s = Strategies.model_validate_json(out.read_text())
     assert s.gpus == 16 and s.context_len == 20000 and s.candidates
     for c in s.candidates:
         assert c.name in table.stdout
-    as_json = run_cli(*base, "--json")
+    as_json = hp(*base, "--json")
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout) == json.loads(out.read_text())
 
@@ -341,7 +334,7 @@ def test_cli_bad_context_exits_2_with_one_line(tmp_path):
     profile.write_text(mid_profile().model_dump_json(by_alias=True))
     data = tmp_path / "lengths.txt"
     data.write_text("100\n200\n")
-    r = run_cli("propose", "--profile", str(profile), "--dataset", str(data), "--gpus", "8", "--context-len",
+    r = hp("propose", "--profile", str(profile), "--dataset", str(data), "--gpus", "8", "--context-len",
                 "10000000", "--out", str(tmp_path / "s.json"))
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "longest supported length" in r.stderr

@@ -7,13 +7,13 @@ import itertools
 
 import numpy as np
 import pytest
+from test_proposal import cells_of, interval_latency, interval_terms, partitions, small_instance
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.solve.proposal import build_cells, propose, round_relaxed, solve_integer, solve_relaxed
 from hydraplan.store.datasets import load_dataset
 from hydraplan.store.fileio import model_json
 from hydraplan.store.profiles import load_profile
-from tests.test_proposal import cells_of, interval_latency, interval_terms, partitions, small_instance
 
 
 def f(t: float, p: float) -> float:

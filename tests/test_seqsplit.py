@@ -129,7 +129,7 @@ def test_parse_and_raised_scheme() -> None:
 
     assert parse_seq1f1b("4") == 4 and parse_seq1f1b("auto") == "auto"
     for bad in ("0", "x", "-2"):
-        with pytest.raises(UserError, match="--seq1f1b"):
+        with pytest.raises(UserError, match="^seq1f1b must"):
             parse_seq1f1b(bad)
     s = scheme(pp=4, max_len=22_000)
     assert seq1f1b_scheme(s, 4).max_len == seq1f1b_max_len(s, 4) == 4 * (22_000 * 4 // 7 // 2 * 2)

@@ -31,8 +31,9 @@ def run_inputs(tmp_path):
 
 
 def test_gpu_count_past_the_largest_planned_size_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"^--gpus must be at most 16,384.*\(got 1,000,000,000\)"):
+    with pytest.raises(UserError, match=r"^gpus must be at most 16,384.*\(got 1,000,000,000\)") as config:
         build(ProposeConfig, profile="h100-llama2-7b", dataset="builtin:wikipedia", gpus=10**9, out=tmp_path / "s.json")
+    assert config.value.field == "gpus"  # the CLI shows it as --gpus
     with pytest.raises(UserError) as below:
         for_gpus(tiny_profile(), MAX_GPUS + 1)
     assert f"{MAX_GPUS + 1:,} GPUs" in str(below.value) and "--" not in str(below.value)

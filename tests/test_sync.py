@@ -1,11 +1,11 @@
 """The end-to-end sync term (docs/formats.md): hand-computed cases of bandwidth, transfer and exposure."""
 
 import pytest
+from helpers import tiny_profile
 
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.sync import exposed_s
 from hydraplan.store.profiles import load_profile
-from tests.helpers import tiny_profile
 
 
 def test_bandwidth_mixes_intra_and_inter_node_harmonically():

@@ -1,11 +1,10 @@
 """`hydraplan validate`: a hand-built plan passes, and each kind of violation is caught and located."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import hp
 
 from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.schema import (
@@ -25,8 +24,6 @@ from hydraplan.schema import (
 )
 from hydraplan.solve.placement import check_ranks
 from hydraplan.store.fileio import model_json, write_model
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
 
 
 def tiny_profile() -> Profile:
@@ -197,13 +194,12 @@ def test_run_folder_checks_summary_and_strategies(tmp_path):
 def test_cli_exit_codes_and_located_messages(tmp_path):
     plan = good_plan()
     run, profile = write_run(tmp_path, plan)
-    ok = subprocess.run([HYDRAPLAN, "validate", str(run), "--profile", str(profile)], capture_output=True, text=True)
+    ok = hp("validate", run, "--profile", profile)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     plan.pipelines[0].micro_batches[0].seqs = [10, 11, 12]
     plan.pipelines[0].micro_batches[1].seqs = [12]
     write_model(run / "iter_000000.json", plan)
-    bad = subprocess.run([HYDRAPLAN, "validate", str(run / "iter_000000.json"), "--profile", str(profile), "--json"],
-                         capture_output=True, text=True)
+    bad = hp("validate", run / "iter_000000.json", "--profile", profile, "--json")
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
     located = {(v["kind"], v["pipeline"], v["micro_batch"]) for v in report["violations"]}
@@ -216,6 +212,6 @@ def test_cli_unreadable_plan_exits_2_with_one_line(tmp_path, content):
     _, profile = write_run(tmp_path, good_plan())
     broken = tmp_path / "broken.json"
     broken.write_text(content)
-    r = subprocess.run([HYDRAPLAN, "validate", str(broken), "--profile", str(profile)], capture_output=True, text=True)
+    r = hp("validate", broken, "--profile", profile)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "broken.json" in r.stderr

@@ -171,6 +171,17 @@ def _say(text: str) -> None:
     print(f"hydraplan: {text}", file=sys.stderr, flush=True)
 
 
+def flag_of(field: str) -> str:
+    """The option that sets a field below app/: every command spells a setting `--` + its field in kebab case."""
+    return "--" + field.replace("_", "-")
+
+
+def cli_message(e: UserError) -> str:
+    """The error's one line as the command line says it: a message about a field names its flag instead."""
+    text = str(e)
+    return flag_of(e.field) + text[len(e.field):] if e.field else text
+
+
 def run(command: Callable[[], Any]) -> None:
     """Run the CLI with the exit codes above: 2 for a UserError or OS error, 128 + signal number when
     interrupted; never a traceback for either."""
@@ -182,7 +193,7 @@ def run(command: Callable[[], Any]) -> None:
     try:
         command()
     except UserError as e:
-        _say(str(e))
+        _say(cli_message(e))
         sys.exit(2)
     except Interrupted as e:
         name = signal.Signals(e.signum).name
@@ -223,7 +234,7 @@ def _flags_show_no_type() -> None:
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag else shown(self, ctx)
 
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]  # patching typer's method on purpose
 
 
 _flags_show_no_type()

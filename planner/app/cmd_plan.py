@@ -9,6 +9,8 @@ import typer
 
 from hydraplan.app import cliopts
 from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
+from hydraplan.methods.registry import NAMES as METHOD_NAMES
+from hydraplan.methods.registry import OPT_IN as OPT_IN_METHODS
 
 if TYPE_CHECKING:  # the commands import what they run when they run: `hydraplan --help` stays fast
     from hydraplan.core.schema import IterationSummary, Summary
@@ -288,9 +290,8 @@ def compare(
     context_len: int | None = context_len_option(),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
     methods: list[str] | None = typer.Option(
-        None, "--methods", help="methods to run (repeat the option; default all): megatron hotspa wlb-llm wlb-nodelay flexsp "
-        "homo-maxlen homo-pack hetero-static hydraplan hydraplan-delay cad hydraplan-cad; opt-in: Megatron's schedulers and "
-        "hydraplan's on Megatron's seams, megatron-hcp hydraplan-hcp megatron-dp-balanced hydraplan-packing"),
+        None, "--methods", help=f"methods to run (repeat the option; default all): {' '.join(METHOD_NAMES)}; opt-in: "
+        f"Megatron's schedulers and hydraplan's on Megatron's seams, {' '.join(OPT_IN_METHODS)}"),
     json_out: bool = json_option("print compare.json instead of the table"),
     objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
                                   "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
@@ -333,7 +334,7 @@ def compare(
 
     progress = _Progress()
     say_if_compiling()
-    with locked_folder(out), bar, cliopts.Heartbeat(progress.line):
+    with locked_folder(out, "--out"), bar, cliopts.Heartbeat(progress.line):
         outcome = run_compare(config, progress)
         paths = write_report(outcome, out)
     if json_out:

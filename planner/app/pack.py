@@ -45,7 +45,7 @@ def run_pack(config: PackConfig, progress: PackProgress | None = None) -> Summar
     (store/runlock.py): a second run on it fails at once instead of mixing plans. The planning workers start
     first, so that their start-up overlaps the run's preparation."""
     workers = config.workers or os.cpu_count() or 1
-    with _signals_kept() as check, locked_folder(config.out), WorkerPool(workers if workers > 1 else 0) as pool:
+    with _signals_kept() as check, locked_folder(config.out, "--out"), WorkerPool(workers if workers > 1 else 0) as pool:
         return _run_pack_locked(config, progress, pool if pool.size else None, check)
 
 

@@ -15,19 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hydraplan.core.cluster import is_end_to_end
+from hydraplan.core.cluster import objective_of, ranked
 from hydraplan.core.schedules import simulate_1f1b
 from hydraplan.core.schema import CompareResult
 from hydraplan.methods import baselines as bl
 from hydraplan.methods.compare import CompareOutcome, most_common
+from hydraplan.methods.registry import METHODS
 from hydraplan.store.fileio import atomic_write_text, ensure_folder, save_figure, write_model
 
-COLORS = {
-    "megatron": "#7f7f7f", "hotspa": "#bcbd22", "wlb-llm": "#17becf", "wlb-nodelay": "#9edae5", "flexsp": "#8c564b",
-    "homo-maxlen": "#c5b0d5", "homo-pack": "#9467bd", "hetero-static": "#ff7f0e", "hydraplan": "#d62728",
-    "hydraplan-delay": "#e377c2", "cad": "#2ca02c", "hydraplan-cad": "#1f77b4",
-    "megatron-hcp": "#525252", "hydraplan-hcp": "#ff9896", "megatron-dp-balanced": "#a5a5a5", "hydraplan-packing": "#c49c94",
-}
+COLORS = {m.name: m.color for m in METHODS}  # methods/registry.py
 PLOTS = ("latency", "methods", "lengths", "load", "gantt")
 
 
@@ -43,17 +39,13 @@ def _plt():
 
 def _title(r: CompareResult) -> str:
     return (f"{r.profile} · {r.dataset} · {r.gpus} GPUs · {r.tokens_per_iter // 1000}K tokens/iter · "
-            f"context {r.context_len // 1024}K · {r.objective or 'propagation'} objective")
-
-
-def _end_to_end(r: CompareResult) -> bool:
-    return is_end_to_end(r.objective)
+            f"context {r.context_len // 1024}K · {objective_of(r.objective)} objective")
 
 
 def objective_series(r: CompareResult, name: str) -> list[float]:
     """Per-iteration times in the compare's objective (end to end, or propagation)."""
     m = r.methods[name]
-    return m.iteration_s if _end_to_end(r) and m.iteration_s else m.iterations_s
+    return ranked(r.objective, m.iterations_s, m.iteration_s or m.iterations_s)
 
 
 def showcase_iteration(outcome: CompareOutcome) -> int:
@@ -98,7 +90,7 @@ def plot_latency(outcome: CompareOutcome, path: Path) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel(f"{'end-to-end' if _end_to_end(r) else 'propagation'} estimate (s, log scale)")
+    ax.set_ylabel(f"{objective_of(r.objective)} estimate (s, log scale)")
     ax.set_title("Per-iteration latency on the same batches (hydraplan dots: the strategy it chose)\n" + _title(r),
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -114,7 +106,7 @@ def plot_methods(outcome: CompareOutcome, path: Path) -> None:
     prop = np.array([r.methods[n].mean_estimate_s for n in names])
     sync = np.array([r.methods[n].mean_sync_s or 0.0 for n in names])
     std = [float(np.std(objective_series(r, n))) for n in names]
-    top = prop + sync if _end_to_end(r) else prop
+    top = ranked(r.objective, prop, prop + sync)
     sim = [r.methods[n].mean_sim_s or 0.0 for n in names]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(names))
@@ -131,7 +123,7 @@ def plot_methods(outcome: CompareOutcome, path: Path) -> None:
                     fontweight="bold")
     ax.set_xticks(x, names, rotation=20)
     ax.set_ylabel("mean seconds / iteration")
-    what = "end to end" if _end_to_end(r) else "propagation"
+    what = ranked(r.objective, "propagation", "end to end")
     ax.set_title(f"Mean iteration: propagation + exposed sync (error bar: std over iterations; label: speedup over "
                  f"megatron, {what})\n" + _title(r), fontsize=9)
     ax.legend(fontsize=8, frameon=False)
@@ -316,7 +308,7 @@ def render_html(result: CompareResult, images: dict[str, Path], showcase: int) -
     descs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(m.description)}</li>" for n, m in result.methods.items())
     wlb = wlb_line(result)
     captions = {
-        "latency": f"Per-iteration {'end-to-end' if _end_to_end(result) else 'propagation'} estimate of every method "
+        "latency": f"Per-iteration {objective_of(result.objective)} estimate of every method "
                    "on the same batches.",
         "methods": "Mean iteration per method: propagation (closed form) with the exposed sync stacked on top, next to "
                    "the 1F1B timeline simulator's propagation.",
@@ -339,7 +331,7 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #5
 identical sampled batches and is scored with the canonical estimate of hydraplan.core.cost: <i>iter s</i> is the
 end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pull/push that compute does not hide
 (docs/formats.md formula, each method on its own schemes); <i>speedup</i> is over megatron in the
-{html.escape(result.objective or "propagation")} objective, which static choices and hydraplan minimized.</p>
+{html.escape(objective_of(result.objective))} objective, which static choices and hydraplan minimized.</p>
 <table><tr>{head}</tr>{body}</table>
 {f"<p>{html.escape(wlb)}</p>" if wlb else ""}
 <h2>Methods</h2><ul>{descs}</ul>
@@ -351,7 +343,7 @@ end-to-end estimate, <i>prop s</i> its propagation and <i>sync s</i> the LNK pul
 
 def write_report(outcome: CompareOutcome, out: Path) -> dict[str, Path]:
     """compare.json, the PNGs and report.html into `out`; returns the written paths by name."""
-    ensure_folder(out)
+    ensure_folder(out, "--out")
     write_model(out / "compare.json", outcome.result)
     it = showcase_iteration(outcome)
     images = {k: out / f"{k}.png" for k in PLOTS}

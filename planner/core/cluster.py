@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -41,9 +41,9 @@ MAX_GPUS = 1 << 14
 def for_gpus(profile: Profile, gpus: int) -> Profile:
     """The profile as seen by a job of `gpus` GPUs: schemes that fit, MaxLen recomputed for N."""
     if gpus < 1:
-        raise UserError(f"--gpus must be positive (got {gpus})")
+        raise UserError(f"gpus must be positive (got {gpus})", "gpus")
     if gpus > MAX_GPUS:
-        raise UserError(f"{gpus:,} GPUs: at most {MAX_GPUS:,} are planned (the largest size benchmarked)")
+        raise UserError(f"gpus: {gpus:,} GPUs are more than the {MAX_GPUS:,} planned (the largest size benchmarked)", "gpus")
     schemes = []
     for s in profile.schemes:
         if s.gpus > gpus:
@@ -63,17 +63,24 @@ Objective = Literal["end-to-end", "propagation"]
 OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
 
 
-def is_end_to_end(objective: str | None) -> bool:
-    """Whether plans (or a compare.json) ranked by this objective are ranked end to end; files from before the
-    end-to-end estimate carry none: propagation."""
-    return objective == "end-to-end"
+T = TypeVar("T")
 
 
-def default_synthesize(objective: str) -> bool:
-    """Per-batch strategy synthesis unless asked otherwise, with either objective: it dispatches a strategy only
-    when the relaxation shows one beating the best candidate (solve/synthesis.py), so it costs one LP on the
-    batches the candidates already serve well."""
-    return objective in OBJECTIVES
+def objective_of(recorded: str | None) -> Objective:
+    """The objective plans (or a compare.json) were ranked in; files from before the end-to-end estimate carry
+    none: propagation."""
+    return "end-to-end" if recorded == "end-to-end" else "propagation"
+
+
+def ranked(objective: str | None, propagation: T, end_to_end: T) -> T:
+    """Of a figure's propagation and end-to-end forms, the one the objective ranks by. The one place outside
+    Cluster that reads the objective: summaries, reports and baselines ask here, never compare it themselves."""
+    return end_to_end if objective_of(objective) == "end-to-end" else propagation
+
+
+def score(objective: str | None, propagation_s: float, iteration_s: float | None) -> float:
+    """A plan's number in the objective: iteration_s end to end when known, else propagation."""
+    return propagation_s if iteration_s is None else ranked(objective, propagation_s, iteration_s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,8 +100,8 @@ class Cluster:
     @classmethod
     def of(cls, profile: Profile, gpus: int, objective: str = "end-to-end") -> Cluster:
         if objective not in OBJECTIVES:
-            raise UserError(f"--objective must be end-to-end or propagation (got {objective!r})")
-        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]
+            raise UserError(f"objective must be end-to-end or propagation (got {objective!r})", "objective")
+        return cls(profile, gpus, objective, for_gpus(profile, gpus))  # type: ignore[arg-type]  # objective checked above
 
     @property
     def name(self) -> str:
@@ -128,22 +135,22 @@ class Cluster:
 
     def scheme(self, key: tuple) -> Scheme | None:
         """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
-        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]
+        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]  # a 4-tuple either way
 
     @property
     def end_to_end(self) -> bool:
-        return is_end_to_end(self.objective)
+        return objective_of(self.objective) == "end-to-end"
 
-    @property
-    def synthesizes_by_default(self) -> bool:
-        return default_synthesize(self.objective)
+    def ranked(self, propagation: T, end_to_end: T) -> T:
+        """Of a figure's propagation and end-to-end forms, the one this run's objective ranks by."""
+        return ranked(self.objective, propagation, end_to_end)
 
     @functools.cached_property
     def bandwidth_GBps(self) -> float | None:
         """Per-GPU GB/s of the LNK pull and push in this job (None: the profile has no sync model)."""
         if not sync.has_sync_model(self.profile):
             return None
-        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]
+        return sync.effective_bandwidth_GBps(self.profile.network, self.gpus_per_node, self.gpus)  # type: ignore[arg-type]  # has_sync_model: a network
 
     def transfer_s(self, tp: int | np.ndarray, pp: int | np.ndarray) -> np.ndarray | float:
         """Seconds of one direction (pull or push) for one GPU of a <tp, pp, *> pipeline (0 without a sync model)."""
@@ -168,4 +175,4 @@ class Cluster:
 
     def score(self, propagation_s: float, iteration_s: float | None) -> float:
         """A plan's number in the objective (iteration_s end to end when known, else propagation)."""
-        return iteration_s if self.end_to_end and iteration_s is not None else propagation_s
+        return score(self.objective, propagation_s, iteration_s)

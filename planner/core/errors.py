@@ -1,5 +1,20 @@
 """The one exception a user mistake raises; the CLI prints it as one line and exits 2."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
-    """Bad input: a message naming the file, field and value. Never shown with a traceback."""
+    """Bad input: a message naming the file, field and value. Never shown with a traceback.
+
+    Below app/ a setting is named by its field (`gpus`, `context_len`), never by a command-line flag: the planner
+    has callers without a command line (the runtime's online planning, plugins). A message about one setting
+    starts with its field and passes it as `field`, so app/ can show the flag the user typed in its place."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        if field is not None and not message.startswith(field):
+            raise ValueError(f"a UserError about {field!r} must start with it: {message!r}")
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple[type[UserError], tuple[str, str | None]]:  # keeps `field` across a process pool
+        return type(self), (str(self), self.field)

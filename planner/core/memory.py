@@ -95,8 +95,8 @@ def scheme_max_len(stages: Sequence[StageMemory], capacity_bytes: float) -> int:
     """MaxLen of a scheme: the tightest stage, a multiple of LENGTH_QUANTUM."""
     ml = min(stage_max_len(m, capacity_bytes) for m in stages) // LENGTH_QUANTUM * LENGTH_QUANTUM
     if ml < PACKED_DOCS * LENGTH_QUANTUM:
-        raise UserError(f"--memory-gib: {capacity_bytes / 2**30:g} GiB leaves room for only {ml} tokens per micro-batch "
-                        f"(need at least {PACKED_DOCS * LENGTH_QUANTUM})")
+        raise UserError(f"memory_gib: {capacity_bytes / 2**30:g} GiB leaves room for only {ml} tokens per micro-batch "
+                        f"(need at least {PACKED_DOCS * LENGTH_QUANTUM})", "memory_gib")
     return ml
 
 

@@ -174,24 +174,16 @@ def schedule_1f1b(P: int, M: int) -> Schedule:
     return build_schedule(P, M, 1, 1, "1f1b")
 
 
-def schedule_interleaved(P: int, M: int, V: int) -> Schedule:
-    return build_schedule(P, M, 1, V, "interleaved")
-
-
 def schedule_seq1f1b(P: int, M: int, K: int) -> Schedule:
     return build_schedule(P, M, K, 1, "seq1f1b")
-
-
-def schedule_seq1f1b_interleaved(P: int, M: int, K: int, V: int) -> Schedule:
-    return build_schedule(P, M, K, V, "seq1f1b-interleaved")
 
 
 def make_schedule(kind: str, P: int, M: int, K: int = 1, V: int = 1) -> Schedule:
     """A schedule by CLI name; K (splits) is ignored by the 1F1B kinds, V (chunks) by non-interleaved."""
     if kind not in SCHEDULES:
-        raise UserError(f"--schedule must be one of {', '.join(SCHEDULES)} (got {kind!r})")
+        raise UserError(f"schedule must be one of {', '.join(SCHEDULES)} (got {kind!r})", "schedule")
     if kind in ("interleaved", "seq1f1b-interleaved") and V < 2:
-        raise UserError(f"--chunks must be >= 2 for the {kind} schedule (got {V})")
+        raise UserError(f"chunks must be >= 2 for the {kind} schedule (got {V})", "chunks")
     k = K if kind.startswith("seq1f1b") else 1
     v = V if kind.endswith("interleaved") else 1
     return build_schedule(P, M, k, v, kind)

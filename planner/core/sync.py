@@ -83,6 +83,13 @@ def iteration_estimate(transfer: np.ndarray | Sequence[float], propagation_s: Se
     return IterationEstimate(float(total[j]), float(exp[j]), exp.tolist())
 
 
+def charges(transfer: np.ndarray | Sequence[float] | None, n: int) -> np.ndarray:
+    """The one encoding of what the objective charges for sync, per scheme or pipeline: seconds of one direction,
+    0 where nothing is charged (the propagation objective, or no sync model: Cluster.charged_s). A solver argument
+    left out (None) means nothing charged."""
+    return np.zeros(n) if transfer is None else np.asarray(transfer, dtype=np.float64)
+
+
 def end_to_end_s(transfer: np.ndarray | float, propagation: np.ndarray | float) -> np.ndarray | float:
     """propagation + exposed sync = max(2t, t + 2p/3, p) for p > 0 and 0 for an idle pipeline: nondecreasing
     in p (and in t), which is what lets the proposal and pruning map propagation bounds and budgets through it."""

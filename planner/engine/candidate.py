@@ -27,7 +27,7 @@ class ResolvedCandidate:
     name: str
     specs: tuple[PipelineSpec, ...]
     schemes: tuple[Scheme, ...]
-    transfer: tuple[float, ...] = ()  # per pipeline, what the objective charges for sync (empty: nothing)
+    transfer: tuple[float, ...]  # per pipeline, what the objective charges for sync (Cluster.charged_for; 0: nothing)
     synthesized: bool = False  # made for the batch (engine.synthesized), not one of the run's candidates
 
     @classmethod
@@ -36,7 +36,7 @@ class ResolvedCandidate:
         what the cluster's objective charges for its sync."""
         specs = tuple(cand.pipelines)
         schemes = tuple(cluster.scheme(p.key) for p in specs)
-        return cls(cand.name, specs, schemes, tuple(cluster.charged_for(specs).tolist()))  # type: ignore[arg-type]
+        return cls(cand.name, specs, schemes, tuple(cluster.charged_for(specs).tolist()))  # type: ignore[arg-type]  # resolved: no None scheme
 
     def with_schemes(self, schemes: tuple[Scheme, ...]) -> ResolvedCandidate:
         return dataclasses.replace(self, schemes=schemes)
@@ -46,27 +46,23 @@ class ResolvedCandidate:
         return max(s.max_len for s in self.schemes)
 
     @functools.cached_property
-    def transfer_s(self) -> np.ndarray | None:
-        """`transfer` as an array (thousands of pipelines at 8192 GPUs), None when nothing is charged."""
-        return np.asarray(self.transfer, dtype=np.float64) if any(self.transfer) else None
+    def transfer_s(self) -> np.ndarray:
+        """`transfer` as an array (thousands of pipelines at 8192 GPUs)."""
+        return np.asarray(self.transfer, dtype=np.float64)
 
     @functools.cached_property
-    def kinds(self) -> tuple[list[Scheme], np.ndarray, np.ndarray | None]:
+    def kinds(self) -> tuple[list[Scheme], np.ndarray, np.ndarray]:
         """The distinct (scheme, transfer) pairs, how many pipelines have each, and their transfers."""
-        t = self.transfer if self.transfer_s is not None else (0.0,) * len(self.schemes)
         first: dict[tuple, Scheme] = {}
         counts: dict[tuple, int] = {}
-        for s, tk in zip(self.schemes, t, strict=True):
+        for s, tk in zip(self.schemes, self.transfer, strict=True):
             first.setdefault((s.key, tk), s)
             counts[(s.key, tk)] = counts.get((s.key, tk), 0) + 1
-        return (list(first.values()), np.array(list(counts.values())),
-                None if self.transfer_s is None else np.array([k[1] for k in first]))
+        return list(first.values()), np.array(list(counts.values())), np.array([k[1] for k in first], dtype=np.float64)
 
     def objective(self, propagation: np.ndarray | float, pipelines: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Pipelines' propagation times (or lower bounds on them) in the objective: unchanged without a
-        transfer, else their end-to-end times (increasing in propagation, so bounds stay bounds)."""
-        if self.transfer_s is None:
-            return np.asarray(propagation, dtype=np.float64)
+        """Pipelines' propagation times (or lower bounds on them) in the objective: their end-to-end times
+        (increasing in propagation, so bounds stay bounds; with nothing charged exactly the propagation)."""
         return np.asarray(end_to_end_s(self.transfer_s[pipelines], propagation), dtype=np.float64)
 
 
@@ -106,14 +102,13 @@ def candidate_bound(cand: ResolvedCandidate, lengths: np.ndarray, longest_first:
     if not fits.any():
         return float("inf")
     alone_s = pp * ((a * top + b) * top + c)
-    alone = float(np.where(fits, alone_s if t_uniq is None else end_to_end_s(t_uniq, alone_s), np.inf).min())
+    alone = float(np.where(fits, end_to_end_s(t_uniq, alone_s), np.inf).min())
     last = np.flatnonzero(np.r_[ls[1:] != ls[:-1], True])  # each distinct length once, with its count (25K
     u, count = ls[last], np.diff(last, prepend=-1)  # sequences hold ~4K lengths at 8192 GPUs)
     l = u.astype(np.float64)[:, None]
     w = (a * l + b) * l
     mean_work = (np.where(u[:, None] <= ml, w, np.inf).min(axis=1) * count).sum() / len(cand.schemes)
-    if t_uniq is not None:
-        mean_work = end_to_end_s(float(t_uniq.min()), mean_work)
+    mean_work = end_to_end_s(float(t_uniq.min()), mean_work)
     crowded = max(pigeonhole_bound(ls, uniq, counts, t_uniq), top_sequences_bound(ls, uniq, counts, t_uniq))
     return float(max(alone, mean_work, crowded))
 
@@ -136,9 +131,8 @@ def solve_candidate(
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=reason), None)
     t0 = perf_counter()
     try:
-        transfer = np.asarray(cand.transfer) if any(cand.transfer) else None
         d = dispatch(lengths, list(cand.schemes), method=settings.dispatch, trials=settings.dispatch_trials, seed=seed,
-                     time_limit_s=settings.dispatch_time_limit_s, transfer=transfer)
+                     time_limit_s=settings.dispatch_time_limit_s, transfer=cand.transfer_s)
     except Infeasible as e:
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=str(e)), None)
     t1 = perf_counter()

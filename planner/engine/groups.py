@@ -32,5 +32,5 @@ class GroupLedger:
 
     def record(self, plan: Plan) -> bool:
         """Count the plan's groups; returns whether its strategy was made for its batch."""
-        self.groups |= process_groups(plan.pipelines)  # type: ignore[arg-type]
+        self.groups |= process_groups(plan.pipelines)  # type: ignore[arg-type]  # PlanPipeline has PipelineSpec's fields
         return bool(plan.synthesized)

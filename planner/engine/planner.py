@@ -121,8 +121,7 @@ class Planner:
             self.candidates = [c.with_schemes(tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
                                for c in self.candidates]
         self.candidate_keys = frozenset(s.key for c in self.candidates for s in c.schemes)
-        wanted = cluster.synthesizes_by_default if settings.synthesize is None else settings.synthesize
-        self.synthesize = wanted and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
+        self.synthesize = settings.synthesize and self.seq1f1b is None  # Seq1F1B changes MaxLen, which the MILP does not see
 
     @property
     def scheme_keys(self) -> set[tuple[int, int, int, str]]:
@@ -182,14 +181,14 @@ class Planner:
         for k in sorted(range(len(bounds)), key=lambda k: (float(f"{bounds[k]:.9g}"), k)):
             yield k, self._solver(rnd, self.candidates[k], k, bounds[k])
         if self.synthesize and best() is not None:
-            made = synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0])  # type: ignore[index]
+            made = synthesized.strategies(self.cluster, self.candidate_keys, lengths, best()[0])  # type: ignore[index]  # not None: checked above
             last = None
             for _ in range(1 + synthesized.ROUNDS if made else 0):  # then strategies around the winner, while it moves
                 for cand in made:
                     k = len(contenders)
                     contenders.append(cand)
                     yield k, self._solver(rnd, cand, k, candidate_bound(cand, lengths, rnd.longest_first))
-                won = contenders[best()[1]]  # type: ignore[index]
+                won = contenders[best()[1]]  # type: ignore[index]  # not None: checked above
                 if won is last:
                     break
                 last = won
@@ -231,7 +230,7 @@ class Planner:
         assert sol.pipelines is not None
         est = self.cluster.estimate([s.key for s in cand.specs], [p.estimate_s for p in sol.pipelines])
         sol.solve.iteration_s = est.iteration_s
-        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]
+        return self.cluster.score(sol.solve.estimate_s, est.iteration_s)  # type: ignore[arg-type]  # solved: set
 
     def _prune_or_solve(self, rnd: Round, cand: ResolvedCandidate, k: int, bound: float, best: Best | None,
                         settings: PlanSettings) -> CandidateSolution:
@@ -275,8 +274,8 @@ class Planner:
         t0 = perf_counter()
         b = as_batch(batch, iteration)
         sel = self.select(b)
-        won = sel.outcomes[sel.winner]  # type: ignore[index]
-        plan = won.make_plan()  # type: ignore[misc]
+        won = sel.outcomes[sel.winner]  # type: ignore[index]  # select raises when none wins
+        plan = won.make_plan()  # type: ignore[misc]  # the winner always has one
         e = plan.estimate
         summary = IterationSummary(
             iteration=b.iteration, strategy=plan.strategy, estimate_s=e.propagation_s, iteration_s=e.iteration_s,
@@ -297,8 +296,7 @@ class Planner:
         from hydraplan.solve.bound import any_strategy_bound
 
         schemes = list(self.cluster.schemes)
-        transfer = self.cluster.scheme_charges_s if self.cluster.end_to_end else None
-        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=transfer, upper=score,
+        return any_strategy_bound(lengths, schemes, self.cluster.gpus, transfer=self.cluster.scheme_charges_s, upper=score,
                                   upper_reached=True).latency_s
 
     def plan(self, batch: Batch | Sequence[int] | np.ndarray, iteration: int = 0) -> Plan:

@@ -26,7 +26,9 @@ class PlanSettings(BaseModel):
     seed: NonNegativeInt = 0
     seq1f1b: str | None = Field(None, description="K|auto: Seq1F1B splits for pp > 1 pipelines (raises their MaxLen)")
     cp_shard: bool = Field(False, description="record WLB-LLM adaptive CP sharding for cp > 1 pipelines")
-    synthesize: bool | None = Field(None, description="also make a strategy for each batch (None: the objective's default)")
+    # on by default with either objective: a strategy is dispatched only when the relaxation shows one beating the
+    # best candidate (solve/synthesis.py), so it costs one LP on the batches the candidates already serve well
+    synthesize: bool = Field(True, description="also make a strategy for each batch")
     cad: bool = Field(False, description="also plan core-attention disaggregation, kept when faster")
     prune: bool = Field(True, description="abandon a candidate once a lower bound proves it cannot win (same plans)")
     pack_budget_s: PositiveFloat = Field(ITERATION_PACK_BUDGET_S, description="CP-SAT deterministic seconds per iteration")

@@ -38,7 +38,7 @@ def resolve_strategies(strategies: Strategies, cluster: Cluster, *, context_len:
                 )
             schemes.append(scheme)
         if cand.gpus > gpus:
-            raise UserError(f"{where}: candidate {cand.name} uses {cand.gpus} GPUs, --gpus is {gpus}")
+            raise UserError(f"{where}: candidate {cand.name} uses {cand.gpus} GPUs, the run has {gpus}")
         problems = check_ranks([p.ranks or [] for p in cand.pipelines], gpus)
         if problems:
             pi, problem = problems[0]

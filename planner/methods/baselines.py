@@ -112,9 +112,7 @@ def plan_iteration_s(plan: IterationPlan, cluster: Cluster) -> float:
 
 def objective_score(cluster: Cluster) -> Callable[[IterationPlan], float]:
     """What static choices are tuned on: the plan's score in the cluster's objective."""
-    if cluster.end_to_end:
-        return lambda plan: plan_iteration_s(plan, cluster)
-    return lambda plan: plan.estimate_s
+    return lambda plan: cluster.score(plan.estimate_s, plan_iteration_s(plan, cluster))
 
 
 def _check_fits(lengths: np.ndarray, capacity: int, who: str) -> None:
@@ -162,7 +160,7 @@ def best_static(schemes: Sequence[Scheme], run: Callable[[Scheme], list[Iteratio
                 score: Callable[[IterationPlan], float] | None = None) -> tuple[Scheme, list[IterationPlan]]:
     """The scheme whose plans have the lowest mean `score` (default: propagation estimate) over the batches."""
     if not schemes:
-        raise UserError(f"{who}: no scheme of the profile holds the context length; pass a smaller --context-len")
+        raise UserError(f"context_len too long for {who}: no scheme of the profile holds it", "context_len")
     score = score or (lambda p: p.estimate_s)
     runs = [(s, run(s)) for s in schemes]
     return min(runs, key=lambda r: (np.mean([score(p) for p in r[1]]), r[0].gpus))

@@ -35,7 +35,7 @@ def run_cad(batches: Sequence[np.ndarray], cluster: Cluster) -> list[bl.Iteratio
     for it, lengths in enumerate(batches):
         r = best_cad(cluster, lengths)
         if r is None:
-            raise UserError(f"--methods cad: iteration {it}: no cp=1 scheme holds the batch within MaxLen")
+            raise UserError(f"methods cad: iteration {it}: no cp=1 scheme holds the batch within MaxLen", "methods")
         out.append(as_iteration_plan(r, np.asarray(lengths), cluster))
     return out
 

@@ -35,33 +35,16 @@ from hydraplan.methods import baselines as bl
 from hydraplan.methods import megatron_seams as seams
 from hydraplan.methods.cad import choose, run_cad
 from hydraplan.methods.hydra import MethodRun, run_hydra, run_hydra_delay
+from hydraplan.methods.registry import BY_NAME, NAMES, OPT_IN, of_family
 from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import Dataset, load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 
-HYDRA_METHODS = ("homo-maxlen", "homo-pack", "hetero-static", "hydraplan", "hydraplan-delay")
-BASELINE_METHODS = ("megatron", "hotspa", "wlb-llm", "wlb-nodelay", "flexsp")
-CAD_METHODS = ("cad", "hydraplan-cad")  # core-attention disaggregation (hydraplan.solve.cad) and the per-iteration chooser
-ALL_METHODS = BASELINE_METHODS + HYDRA_METHODS + CAD_METHODS
-KNOWN_METHODS = ALL_METHODS + seams.SEAM_METHODS  # Megatron's schedulers and the plugin on its seams: opt-in
-DESCRIPTIONS = {
-    "megatron": "static homogeneous scheme, FFD packing to the context length, micro-batches dealt round-robin",
-    "hotspa": "one homogeneous scheme per length range (<4K, 4K-16K, 16K+), switched within the iteration",
-    "wlb-llm": "static homogeneous scheme, var-len packing with 2-level outlier delay queues",
-    "wlb-nodelay": "wlb-llm without the outlier queues: var-len packing of each iteration's own batch",
-    "flexsp": "sorted sequences chunked into memory-balanced steps (Eq. 23-24), flexible pp=1 groups",
-    "homo-maxlen": "ablation (a): static homogeneous scheme, Eq. 3 dispatch, max-length packing",
-    "homo-pack": "ablation (b): static homogeneous scheme, Eq. 3 dispatch, Eq. 1 packing",
-    "hetero-static": "ablation (c): best static heterogeneous candidate holding the context length",
-    "hydraplan": "propose + dispatch + pack, strategy chosen per iteration",
-    "hydraplan-delay": "hydraplan on batches whose long outliers are queued and released in one-iteration groups",
-    "cad": "core-attention disaggregation (DistCA-style): homogeneous cp=1 replicas, token-balanced linear part, "
-           "attention tasks balanced across replicas under a communication budget",
-    "hydraplan-cad": "per iteration, the faster (in the objective) of hydraplan's plan and the CAD plan",
-    **seams.DESCRIPTIONS,
-}
-DELAYING = ("wlb-llm", "wlb-nodelay", "hydraplan-delay")
-HOMO_NAME = "homo"
+HYDRA_METHODS = of_family("hydra")
+BASELINE_METHODS = of_family("baseline")
+CAD_METHODS = of_family("cad")  # core-attention disaggregation (hydraplan.solve.cad) and the per-iteration chooser
+ALL_METHODS = NAMES  # methods/registry.py: baselines, then hydraplan's, then CAD's
+KNOWN_METHODS = ALL_METHODS + OPT_IN  # Megatron's schedulers and the plugin on its seams: run when named
 HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
 
 
@@ -181,7 +164,7 @@ def run_hotspa(batches: list[np.ndarray], cluster: Cluster, context_len: int, sw
     for (lo, hi), mask in zip(ranges, masks, strict=True):
         cands = bl.holding(cluster.schemes, hi, gpus)
         if not cands:
-            raise UserError(f"hotspa: no scheme holds the range ({lo},{hi}]; lower --context-len")
+            raise UserError(f"context_len too long for hotspa: no scheme holds the range ({lo},{hi}]", "context_len")
         phases.append({s.key: [bl.megatron_phase(b, s, gpus, np.flatnonzero(m), capacity=hi)
                                for b, m in zip(batches, mask, strict=True)] for s in cands})
         times.append({k: sum(ph.latency_s for ph in v) for k, v in phases[-1].items()})
@@ -229,7 +212,7 @@ def summarize(run: MethodRun, cluster: Cluster, peak_flops: float) -> MethodResu
     sync = [max(0.0, e - p) for e, p in zip(e2e, est, strict=True)]
     timed = [cluster.score(p, e) for p, e in zip(est, e2e, strict=True)]
     out = MethodResult(
-        description=DESCRIPTIONS[run.name],
+        description=BY_NAME[run.name].description,
         mean_estimate_s=float(np.mean(est)),
         iterations_s=est,
         mean_iteration_s=float(np.mean(e2e)),
@@ -249,7 +232,7 @@ def summarize(run: MethodRun, cluster: Cluster, peak_flops: float) -> MethodResu
     )
     if run.name in ("wlb-llm", "wlb-nodelay"):
         out.imbalance = [float(p.imbalance) for p in run.plans if p.imbalance is not None]
-    if run.name in DELAYING:
+    if BY_NAME[run.name].reports_delay:
         trained = sum(m.tokens for m in ms)
         out.avg_delay_iters_per_token = float(sum(p.delayed_token_iters for p in run.plans) / trained) if trained else 0.0
     return out
@@ -277,37 +260,53 @@ def _setup(config: CompareConfig) -> _Setup:
     methods = config.methods or ALL_METHODS
     unknown = [m for m in methods if m not in KNOWN_METHODS]
     if unknown:
-        raise UserError(f"--methods: unknown method {unknown[0]!r} (choose from {', '.join(KNOWN_METHODS)})")
+        raise UserError(f"methods: unknown method {unknown[0]!r} (choose from {', '.join(KNOWN_METHODS)})", "methods")
     cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
     dataset = load_dataset(config.dataset, config.context_len)
     context_len = config.context_len or int(dataset.lengths.max())
     longest = max(s.max_len for s in cluster.schemes)
     if context_len > longest:
-        raise UserError(f"--context-len {context_len}: no scheme of profile {cluster.name} within {config.gpus} GPUs "
-                        f"holds it (the longest MaxLen is {longest}); pass a smaller --context-len")
+        raise UserError(f"context_len {context_len}: no scheme of profile {cluster.name} within {config.gpus} GPUs "
+                        f"holds it (the longest MaxLen is {longest})", "context_len")
     batches = [np.asarray(b.lengths, dtype=np.int64)
                for b in sample_iterations(dataset, config.tokens_per_iter, config.iterations, config.seed)]
     return _Setup(config, cluster, dataset, context_len, batches, bl.objective_score(cluster))
 
 
-def _baseline_run(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
-    """One of BASELINE_METHODS on the batches; every one but flexsp keeps one strategy for every iteration."""
-    c, cluster = su.config, su.cluster
-    if m == "megatron":
-        run = MethodRun(m, mega, homo_label)
-    elif m == "hotspa":
-        switch = bl.SwitchModel(bl.model_param_bytes(cluster.profile.model), c.switch_bandwidth_gbs * 1e9)
-        run = MethodRun(m, run_hotspa(su.batches, cluster, su.context_len, switch, su.score))
-    elif m in ("wlb-llm", "wlb-nodelay"):
-        queues = c.wlb_queues if m == "wlb-llm" else 0
-        run = MethodRun(m, run_wlb(su.batches, cluster, su.context_len, c.tokens_per_iter, queues, su.score))
-    else:
-        try:
-            return MethodRun(m, [bl.flexsp(b, cluster.schemes, cluster.gpus, score=su.score) for b in su.batches])
-        except ValueError as e:
-            raise UserError(f"--methods flexsp: {e}") from None
+def _static(run: MethodRun) -> MethodRun:
+    """A baseline that keeps one strategy for every iteration: the first plan's."""
     run.static = run.static or run.plans[0].strategy
     return run
+
+
+def _megatron(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
+    return MethodRun(m, mega, homo_label)
+
+
+def _hotspa(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
+    switch = bl.SwitchModel(bl.model_param_bytes(su.cluster.profile.model), su.config.switch_bandwidth_gbs * 1e9)
+    return _static(MethodRun(m, run_hotspa(su.batches, su.cluster, su.context_len, switch, su.score)))
+
+
+def _wlb(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
+    queues = su.config.wlb_queues if m == "wlb-llm" else 0
+    return _static(MethodRun(m, run_wlb(su.batches, su.cluster, su.context_len, su.config.tokens_per_iter, queues,
+                                        su.score)))
+
+
+def _flexsp(m: str, su: _Setup, homo_label: str, mega: list[bl.IterationPlan]) -> MethodRun:
+    """A strategy per iteration (no static one)."""
+    try:
+        return MethodRun(m, [bl.flexsp(b, su.cluster.schemes, su.cluster.gpus, score=su.score) for b in su.batches])
+    except ValueError as e:
+        raise UserError(f"methods flexsp: {e}", "methods") from None
+
+
+# how each baseline of methods/registry.py plans the batches (megatron's plans are made once, for the others too)
+BASELINE_RUNS: dict[str, Callable[[str, _Setup, str, list[bl.IterationPlan]], MethodRun]] = {
+    "megatron": _megatron, "hotspa": _hotspa, "wlb-llm": _wlb, "wlb-nodelay": _wlb, "flexsp": _flexsp}
+
+
 
 
 def run_compare(config: CompareConfig, progress: CompareProgress | None = None) -> CompareOutcome:
@@ -327,7 +326,7 @@ def run_compare(config: CompareConfig, progress: CompareProgress | None = None) 
     homo_label = f"{homo.label}x{config.gpus // homo.gpus}"
     runs: dict[str, MethodRun] = {}
     for m in (m for m in methods if m in BASELINE_METHODS):
-        runs[m] = _baseline_run(m, su, homo_label, mega)
+        runs[m] = BASELINE_RUNS[m](m, su, homo_label, mega)
         tick(m)
     runs.update(_hydra_runs(su, homo, hydra, methods, runs, tick))
     chosen = [m for m in methods if m in seams.SEAM_METHODS]
@@ -379,8 +378,7 @@ def _speedups(results: dict[str, MethodResult], cluster: Cluster) -> None:
     for r in results.values():
         r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
         r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
-        r.speedup_vs_megatron = (r.end_to_end_speedup_vs_megatron if cluster.end_to_end
-                                 else r.propagation_speedup_vs_megatron)
+        r.speedup_vs_megatron = cluster.ranked(r.propagation_speedup_vs_megatron, r.end_to_end_speedup_vs_megatron)
 
 
 def most_common(items: Sequence[str]) -> str:
@@ -399,9 +397,8 @@ def _notes(runs: dict[str, MethodRun], results: dict[str, MethodResult], config:
         "for uniform micro-batches and pp = 1, and differs when micro-batch times vary under pp > 1; mean "
         "sim/closed - 1 per method: " + ", ".join(f"{m} {d:+.2%}" for m, d in diffs.items()))
     notes["objective"] = (
-        f"{cluster.objective}: static choices and hydraplan minimize "
-        + ("the end-to-end estimate" if cluster.end_to_end else "the propagation estimate")
-        + "; end to end = propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
+        f"{cluster.objective}: static choices and hydraplan minimize the {cluster.objective} estimate; end to end = "
+        "propagation + exposed LNK pull/push of the docs/formats.md formula, each method on its own "
         "schemes (phases in sequence pull once before the first and push once after the last; HotSPa's switching "
         "on top); speedup_vs_megatron is in the objective")
     if "hotspa" in runs:

@@ -67,7 +67,7 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
     """hydraplan and the ablations on the batches (module docstring), each batch planned by the engine with
     the same per-iteration seed as `pack`."""
     strategies = Strategies(candidates=[*proposed.candidates, homo_candidate(homo, cluster.gpus)], context_len=context_len)
-    settings = PlanSettings(seed=seed, synthesize=cluster.synthesizes_by_default, prune=False)
+    settings = PlanSettings(seed=seed, prune=False)
     planner = Planner.for_cluster(cluster, strategies, settings, context_len)
     cands = planner.candidates
     labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
@@ -86,7 +86,7 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
                 homo_maxlen.append(_homo_maxlen(sol, c.schemes, lengths, cluster.gpus))
         assert sel.winner is not None
         if sel.winner < len(cands):
-            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]
+            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]  # asserted above
         else:  # a strategy made for the batch
             won, sol = sel.contenders[sel.winner], sel.solutions[sel.winner]
             assert sol.pipelines is not None

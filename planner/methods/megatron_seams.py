@@ -30,10 +30,6 @@ from hydraplan.solve.megatron_hcp import schedule_hybrid_cp
 from hydraplan.solve.megatron_packing import schedule_packing
 
 HCP_METHODS = ("megatron-hcp", "hydraplan-hcp")
-DESCRIPTIONS = {
-    "megatron-hcp": "Megatron-LM's BalancedCPScheduler (hybrid CP): L^2/cp balanced, CP size from L / limit",
-    "hydraplan-hcp": "hydraplan's hybrid-CP scheduler (integrations.megatron): CP size and placement from the cost model",
-}
 
 
 @dataclass(frozen=True)
@@ -110,10 +106,6 @@ def best_run(runs: Sequence[HybridCPRun], method: str) -> HybridCPRun | None:
 
 # -------------------------------------------------------------------------------------------- packing seam
 PACKING_METHODS = ("megatron-dp-balanced", "hydraplan-packing")
-DESCRIPTIONS.update({
-    "megatron-dp-balanced": "Megatron-LM's dp_balanced packing scheduler: in-order packs, pack i*dp + d to replica d",
-    "hydraplan-packing": "hydraplan's packing scheduler (integrations.megatron): dispatch + Eq. 1 packing, one V per replica",
-})
 
 
 @dataclass(frozen=True)
@@ -241,8 +233,8 @@ def seam_runs(methods: Sequence[str], batches: Sequence[np.ndarray], cluster: Cl
                        for s in packing_layouts(cluster, context_len)}
         options = {k: v for k, v in options.items() if v is not None}
         if not options:
-            raise UserError(f"--methods {m}: runs on no {'TP' if m in HCP_METHODS else 'layout'} of {cluster.gpus} GPUs "
-                            f"of {cluster.name} at this context length")
+            raise UserError(f"methods {m}: runs on no {'TP' if m in HCP_METHODS else 'layout'} of {cluster.gpus} GPUs "
+                            f"of {cluster.name} at this context length", "methods")
         best = min(options, key=lambda k: sum(map(score, options[k])))
         out[m] = (best, options[best])
     return out

@@ -16,9 +16,9 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
-from hydraplan.core.cluster import MAX_GPUS, Cluster, Objective, default_synthesize
+from hydraplan.core.cluster import MAX_GPUS, Cluster, Objective
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Profile, Strategies
 from hydraplan.engine.settings import DispatchMethod, PlanSettings
@@ -41,7 +41,7 @@ def build(cls: type[C], **values: Any) -> C:
     (got 0)`, `--dispatch must be 'greedy' or 'ilp' (got 'x')`."""
     gpus = values.get("gpus")
     if isinstance(gpus, int) and gpus > MAX_GPUS:
-        raise UserError(f"--gpus must be at most {MAX_GPUS:,}, the largest size benchmarked (got {gpus:,})")
+        raise UserError(f"gpus must be at most {MAX_GPUS:,}, the largest size benchmarked (got {gpus:,})", "gpus")
     try:
         return cls(**values)
     except ValidationError as e:
@@ -69,7 +69,7 @@ class RunConfig(PackArgs):
     objective: Objective = "end-to-end"
     profile_sha256: str | None = None  # recorded once the profile is loaded (`args`)
     iterations: PositiveInt
-    synthesize: bool | None = None  # None: the objective's default (core.cluster.default_synthesize), resolved here
+    synthesize: bool = True  # None (neither --synthesize nor --candidates-only given): the default, on
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -83,11 +83,10 @@ class RunConfig(PackArgs):
             parse_seq1f1b(v)
         return v
 
-    @model_validator(mode="after")
-    def _resolve_defaults(self) -> RunConfig:
-        if self.synthesize is None:
-            self.synthesize = default_synthesize(self.objective)
-        return self
+    @field_validator("synthesize", mode="before")
+    @classmethod
+    def _synthesize_by_default(cls, v: bool | None) -> bool | None:
+        return True if v is None else v
 
     @property
     def strategies_path(self) -> Path | None:
@@ -168,6 +167,6 @@ def _strategies(config: RunConfig, cluster: Cluster, dataset: Dataset, source: P
     context_len = config.context_len or int(dataset.lengths.max())
     longest = max(s.max_len for s in cluster.schemes)
     if config.context_len is None and context_len > longest:
-        raise UserError(f"dataset {config.dataset}: its longest sequence ({context_len} tokens) exceeds the largest "
-                        f"MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest}); pass --context-len")
+        raise UserError(f"context_len needed: dataset {config.dataset}'s longest sequence ({context_len} tokens) exceeds "
+                        f"the largest MaxLen of profile {cluster.name} at {cluster.gpus} GPUs ({longest})", "context_len")
     return propose(cluster, dataset, context_len, tokens_per_iter=config.tokens_per_iter)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydraplan.core.schema import Scheme
+from hydraplan.core.sync import charges
 from hydraplan.solve.relaxation import probe, relaxation
 
 REL_TOL = 1e-3  # bisection stops when the bracket is this tight (relative)
@@ -96,7 +97,7 @@ def any_strategy_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Sc
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return BoundResult(0.0, {}, 0.0, 0)
-    rel = relaxation(lengths, list(schemes), gpus, None if transfer is None else np.asarray(transfer, dtype=np.float64))
+    rel = relaxation(lengths, list(schemes), gpus, charges(transfer, len(schemes)))
     floor = max(rel.floor(), rel.volume(), floor)
     if not np.isfinite(floor):
         raise ValueError(f"any-strategy bound: a sequence of length {rel.top} fits no scheme")

@@ -29,16 +29,16 @@ from hydraplan.core.schema import PipelineSpec
 def place_ranks(pipelines: Sequence[PipelineSpec], gpus: int, gpus_per_node: int) -> list[PipelineSpec]:
     """The pipelines, in the given order, with ranks in [0, gpus), disjoint, node-aware, stages on aligned blocks."""
     if gpus_per_node < 1:
-        raise UserError(f"--gpus-per-node must be positive (got {gpus_per_node})")
+        raise UserError(f"gpus_per_node must be positive (got {gpus_per_node})", "gpus_per_node")
     need = sum(p.gpus for p in pipelines)
     if need > gpus:
-        raise UserError(f"strategy needs {need} GPUs but --gpus is {gpus}")
+        raise UserError(f"gpus {gpus}: the strategy needs {need} GPUs", "gpus")
     taken = [False] * gpus
     for i, p in enumerate(pipelines):
         for r in p.ranks or ():
             if r >= gpus or taken[r]:
-                what = "is outside [0, --gpus)" if r >= gpus else "is used twice"
-                raise UserError(f"pipelines.{i}.ranks: rank {r} {what} (--gpus {gpus})")
+                what = f"is outside the run's {gpus} GPUs" if r >= gpus else "is used twice"
+                raise UserError(f"pipelines.{i}.ranks: rank {r} {what}")
             taken[r] = True
     free = _Free(taken, gpus_per_node)
     out = list(pipelines)

@@ -20,7 +20,7 @@ import numpy as np
 
 from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import BACKWARD_SHARE, end_to_end_s
+from hydraplan.core.sync import BACKWARD_SHARE, charges, end_to_end_s
 from hydraplan.solve.dispatch.search import Stall, tied_at_top  # the dispatch search's stop rule
 from hydraplan.solve.packing import pack
 
@@ -48,7 +48,7 @@ class _State:
                  micro_batches: list[list[np.ndarray]]) -> None:
         self.lengths, self.schemes = lengths, schemes
         D = len(schemes)
-        self.t = np.zeros(D) if transfer is None else np.asarray(transfer, dtype=np.float64)
+        self.t = charges(transfer, D)
         self.c = np.array([s.time.c for s in schemes])
         self.p = np.array([s.pp - 1 for s in schemes], dtype=np.float64)
         self.max_len = np.array([s.max_len for s in schemes])

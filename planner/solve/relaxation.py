@@ -38,7 +38,7 @@ import numba
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import end_to_end_s, propagation_budget_s
+from hydraplan.core.sync import charges, end_to_end_s, propagation_budget_s
 from hydraplan.solve.highs import SparseModel
 
 LONG = 8  # longest sequences kept whole
@@ -132,7 +132,7 @@ def relaxation(lengths: np.ndarray, schemes: list[Scheme], gpus: int, transfer: 
                long: int = LONG, group_ratio: float = GROUP_RATIO, level_ratio: float = LEVEL_RATIO,
                prune: bool = True) -> Relaxation:
     """The data of the relaxation (`prune=False` keeps dominated schemes: a given strategy's are what they are)."""
-    t_all = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    t_all = charges(transfer, len(schemes))
     usable = np.array([s.gpus <= gpus for s in schemes])
     if prune:
         usable &= ~dominated(schemes, np.where(usable, t_all, np.inf))

@@ -197,7 +197,7 @@ def parse_seq1f1b(value: str) -> int | str:
     except ValueError:
         k = 0
     if k < 1:
-        raise UserError(f"--seq1f1b must be a positive number of splits or auto (got {value!r})")
+        raise UserError(f"seq1f1b must be a positive number of splits or auto (got {value!r})", "seq1f1b")
     return k
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hydraplan.core.schema import PipelineSpec, Scheme
-from hydraplan.core.sync import propagation_budget_s
+from hydraplan.core.sync import charges, propagation_budget_s
 from hydraplan.solve.bound import Bisection, bisect
 from hydraplan.solve.relaxation import Relaxation, probe, relaxation
 
@@ -135,7 +135,7 @@ def synthesize(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, *, upp
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         return []
-    t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    t = charges(transfer, len(schemes))
     prefer = list(prefer)
     if upper is None:
         return _aimed(lengths, schemes, gpus, None, t, prefer, None)[0]

@@ -119,7 +119,7 @@ class Dataset:
         if context_len is None:
             return self
         if context_len < 1:
-            raise UserError(f"--context-len must be a positive number of tokens (got {context_len})")
+            raise UserError(f"context_len must be a positive number of tokens (got {context_len})", "context_len")
         cut = int(np.count_nonzero(self.lengths > context_len))
         if cut > TRUNCATION_WARN_SHARE * self.lengths.size:
             warnings.warn(f"{self.name}: {cut:,} of {self.lengths.size:,} documents ({cut / self.lengths.size:.0%}) are "
@@ -483,11 +483,11 @@ def sample_iterations(dataset: Dataset, tokens_per_iter: int, iterations: int, s
     Iteration k is the same whatever window is asked for, so a resumed run gets exactly its batches.
     """
     if tokens_per_iter < 1:
-        raise UserError(f"--tokens-per-iter must be positive (got {tokens_per_iter})")
+        raise UserError(f"tokens_per_iter must be positive (got {tokens_per_iter})", "tokens_per_iter")
     if iterations < 0 or start < 0:
         raise UserError(f"iterations and start must be non-negative (got {iterations}, {start})")
     if seed < 0:
-        raise UserError(f"--seed must be non-negative (got {seed})")
+        raise UserError(f"seed must be non-negative (got {seed})", "seed")
     check_batch(dataset, tokens_per_iter)
     streams = _STREAMS.setdefault(dataset, {})
     stream = streams.setdefault((seed, tokens_per_iter), _Stream(dataset.lengths, seed, tokens_per_iter))

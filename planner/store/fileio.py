@@ -73,9 +73,9 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def ensure_folder(path: str | Path, what: str = "--out") -> Path:
-    """An output folder, created with its parents; one line naming it when that is impossible (a file
-    in the way, no permission, a read-only file system)."""
+def ensure_folder(path: str | Path, what: str) -> Path:
+    """An output folder, created with its parents; one line naming it (`what`: how the caller names it) when
+    that is impossible (a file in the way, no permission, a read-only file system)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path}: exists and is not a folder")

@@ -37,14 +37,14 @@ def load_profile(name_or_path: str) -> Profile:
 
 def read_hf_config(path: str | Path) -> HFConfig:
     """A Hugging Face config.json, checked (hydraplan.core.hfconfig.parse_hf_config: one-line errors)."""
-    return parse_hf_config(read_json(path), f"--hf-config {path}")
+    return parse_hf_config(read_json(path), str(path))
 
 
 def hf_profile(config: str | Path, gpu: str, name: str | None = None) -> Profile:
     """The analytic profile of a Hugging Face config on `gpu` (a key of hardware.GPUS), named GPU-STEM of the
     config file unless `name`."""
     if gpu not in GPUS:
-        raise UserError(f"--gpu: {gpu!r} is not one of {', '.join(GPUS)}")
+        raise UserError(f"gpu: {gpu!r} is not one of {', '.join(GPUS)}", "gpu")
     path = Path(config)
     cfg = read_hf_config(path)
     kv = cfg.kv_heads

@@ -10,6 +10,7 @@ from time import perf_counter
 
 import numpy as np
 
+from hydraplan.core.cluster import score
 from hydraplan.core.schema import Summary
 from hydraplan.store.fileio import write_model
 from hydraplan.store.planfile import SUFFIX
@@ -66,8 +67,7 @@ class SummaryWriter:
         self.summary.mean_iteration_s = float(np.mean(e2e)) if its and len(e2e) == len(its) else None
         base = [i.baselines_iteration_s["megatron"] for i in its if "megatron" in i.baselines_iteration_s]
         self.summary.mean_baseline_iteration_s = float(np.mean(base)) if base and len(base) == len(its) else None
-        ratios = [(i.iteration_s if self.summary.objective == "end-to-end" and i.iteration_s is not None else i.estimate_s)
-                  / i.bound_s for i in its if i.bound_s]
+        ratios = [score(self.summary.objective, i.estimate_s, i.iteration_s) / i.bound_s for i in its if i.bound_s]
         self.summary.mean_plan_over_bound = float(np.mean(ratios)) if ratios else None
         self.summary.max_plan_over_bound = float(np.max(ratios)) if ratios else None
         write_model(self.out / SUMMARY_FILE, self.summary)

@@ -26,7 +26,7 @@ LOCK_NAME = ".hydraplan.lock"
 
 
 @contextmanager
-def locked_folder(folder: Path, what: str = "--out") -> Iterator[Path]:
+def locked_folder(folder: Path, what: str) -> Iterator[Path]:
     """Create `folder` and hold its lock until the block ends; a UserError naming the holder if another
     process holds it. The descriptor is close-on-exec, so no child process keeps the lock alive."""
     ensure_folder(folder, what)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import busy_float_s
+from hydraplan.core.sync import busy_float_s, charges
 from hydraplan.solve.dispatch.bounds import (
     lower_bound,
     pigeonhole_bound,
@@ -70,19 +70,20 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
     lengths = np.asarray(lengths, dtype=np.int64)
     if not schemes:
         raise ValueError("dispatch needs at least one pipeline")
-    uniform = None
-    if transfer is not None and len(set(np.asarray(transfer, dtype=np.float64).tolist())) == 1:
-        # one transfer for all: h is one increasing map, so Eq. (3)'s dispatch is optimal for it; search without
-        # it (cheaper) and report the cost through it
-        uniform, transfer = float(np.asarray(transfer)[0]), None
-    res = _solve(lengths, schemes, method, trials, seed, time_limit_s, transfer)
+    t = charges(transfer, len(schemes))
+    uniform = 0.0
+    if len(set(t.tolist())) == 1:
+        # one transfer for all (none charged included): h is one increasing map, so Eq. (3)'s dispatch is optimal
+        # for it; search without it (cheaper) and report the cost through it
+        uniform, t = float(t[0]), np.zeros(len(t))
+    res = _solve(lengths, schemes, method, trials, seed, time_limit_s, t)
     if uniform and res.cost > 0:
         res = dataclasses.replace(res, cost=busy_float_s(uniform, res.cost))
     return res
 
 
 def _solve(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: int, seed: int, time_limit_s: float,
-           transfer: np.ndarray | None) -> DispatchResult:
+           transfer: np.ndarray) -> DispatchResult:
     """dispatch on the pipelines sorted by MaxLen (Pipes): greedy trials, then the ILP when asked and not yet
     proven optimal."""
     P = Pipes.of(schemes, transfer)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import end_to_end_s
+from hydraplan.core.sync import charges, end_to_end_s
 from hydraplan.solve.dispatch.pipes import Pipes, eq2
 
 
@@ -53,7 +53,7 @@ def pigeonhole_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.ndar
     candidates with few wide pipelines for many long sequences (two 32K documents on one pipeline)."""
     ls = _longest_first(lengths)
     a, b, c, ppm1, ml = scheme_arrays(schemes)
-    t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    t = charges(transfer, len(schemes))
     counts = np.asarray(counts, dtype=np.int64)
     levels = np.unique(ml)[::-1]
     best = 0.0
@@ -92,7 +92,7 @@ def top_sequences_bound(lengths: np.ndarray, schemes: list[Scheme], counts: np.n
         return 0.0
     ls = _longest_first(lengths)[:K]
     a, b, c, ppm1, ml = scheme_arrays(schemes)
-    t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)
+    t = charges(transfer, len(schemes))
     l = ls.astype(np.float64)[:, None]
     w = (a * l + b) * l
     fits = ls[:, None] <= ml

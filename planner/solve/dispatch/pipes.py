@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import busy_float_s, busy_s
+from hydraplan.core.sync import busy_float_s, busy_s, charges
 
 busy_jit = numba.njit(cache=True)(busy_float_s)  # h of one busy pipeline in the compiled loops
 
@@ -35,7 +35,7 @@ class Pipes:
         ml = np.array([s.max_len for s in schemes], dtype=np.int64)
         order = np.argsort(-ml, kind="stable")
         pick = [schemes[k] for k in order]
-        t = np.zeros(len(schemes)) if transfer is None else np.asarray(transfer, dtype=np.float64)[order]
+        t = charges(transfer, len(schemes))[order]
         keys = [(s.time.a, s.time.b, s.time.c, s.pp, s.max_len, float(tk)) for s, tk in zip(pick, t)]
         first: dict[tuple, int] = {}
         gid = np.array([first.setdefault(k, len(first)) for k in keys], dtype=np.int64)

@@ -84,14 +84,14 @@ class _Entries:
 def _check_args(cluster: Cluster, context_len: int, max_candidates: int | None, tokens_per_iter: int | None) -> None:
     longest = max(cluster.schemes, key=lambda s: (s.max_len, -s.gpus))
     if context_len > longest.max_len:
-        raise UserError(f"--context-len {context_len}: no scheme of profile {cluster.name} within {cluster.gpus} GPUs holds "
-                        f"it; the longest supported length is {longest.max_len} ({longest.label})")
+        raise UserError(f"context_len {context_len}: no scheme of profile {cluster.name} within {cluster.gpus} GPUs holds "
+                        f"it; the longest supported length is {longest.max_len} ({longest.label})", "context_len")
     if context_len < 1:
-        raise UserError(f"--context-len must be positive (got {context_len})")
+        raise UserError(f"context_len must be positive (got {context_len})", "context_len")
     if max_candidates is not None and max_candidates < 0:
-        raise UserError(f"--max-candidates must be 0 (keep all) or a positive count (got {max_candidates})")
+        raise UserError(f"max_candidates must be 0 (keep all) or a positive count (got {max_candidates})", "max_candidates")
     if tokens_per_iter is not None and tokens_per_iter < 1:
-        raise UserError(f"--tokens-per-iter must be positive (got {tokens_per_iter})")
+        raise UserError(f"tokens_per_iter must be positive (got {tokens_per_iter})", "tokens_per_iter")
 
 
 def _solve(cells: CellCosts, gpus: int) -> _Entries:

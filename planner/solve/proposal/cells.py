@@ -9,7 +9,7 @@ import numpy as np
 
 from hydraplan.core.cost import seq_cost
 from hydraplan.core.schema import Scheme
-from hydraplan.core.sync import end_to_end_s
+from hydraplan.core.sync import charges, end_to_end_s
 
 LENGTH_STEP = 128
 
@@ -28,11 +28,7 @@ class CellCosts:
     floor: np.ndarray  # (M, K) pp * T(lmax): the pipeline holding the cell's longest sequence takes at least this
     feasible: np.ndarray  # (M, K) MaxLen(P) >= hi
     gpus: np.ndarray  # (K,)
-    transfer: np.ndarray | None = None  # (K,) one-direction LNK seconds per scheme (None: the propagation objective)
-
-    def __post_init__(self) -> None:
-        if self.transfer is None:
-            object.__setattr__(self, "transfer", np.zeros(len(self.schemes)))
+    transfer: np.ndarray  # (K,) one-direction LNK seconds per scheme (core.sync.charges: 0 with the propagation objective)
 
     @property
     def n_cells(self) -> int:
@@ -79,7 +75,7 @@ def build_cells(schemes: list[Scheme], values: np.ndarray, counts: np.ndarray, c
     return CellCosts(schemes=tuple(schemes), hi=hi, lmax=lmax, tokens=s1, count=np.add.reduceat(counts, starts),
                      work=work, bubble=bubble, floor=pp * (longest + c),
                      feasible=maxlen[None, :] >= hi[:, None], gpus=np.array([s.gpus for s in schemes]),
-                     transfer=None if transfer is None else np.asarray(transfer, dtype=np.float64))
+                     transfer=charges(transfer, len(schemes)))
 
 
 def best_homogeneous(cells: CellCosts, gpus: int) -> tuple[int, int, float] | None:

@@ -1,7 +1,9 @@
-"""The per-iteration loop: strategy resolution, selection, the Planner API, determinism and --resume."""
+"""The planner (engine/planner.py) and its run loop: strategy resolution, selection, the Planner API,
+determinism and --resume."""
 
 import gc
 import itertools
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +104,7 @@ def test_resolve_places_only_the_pipelines_without_ranks():
     (lambda c: c[1]["pipelines"][1].update(ranks=[1, 2]), "rank 1 also used by pipeline 0"),
     (lambda c: c[1]["pipelines"][1].update(ranks=[2, 9]), "out of range"),
     (lambda c: c[2].update(name="tp2"), "duplicate candidate name"),
-    (lambda c: c[0]["pipelines"].append({"tp": 1, "pp": 1, "cp": 1, "ranks": [4]}), "uses 5 GPUs, --gpus is 4"),
+    (lambda c: c[0]["pipelines"].append({"tp": 1, "pp": 1, "cp": 1, "ranks": [4]}), "uses 5 GPUs, the run has 4"),
 ])
 def test_resolve_rejects_bad_strategies_with_one_line(mutate, message):
     data = strategies().model_dump(by_alias=True, exclude_none=True)
@@ -244,11 +246,11 @@ def test_no_candidate_can_hold_the_batch():
 
 
 # --------------------------------------------------------------------------------------- run_pack
-@pytest.fixture
-def run_inputs(tmp_path):
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory):
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(6.0, 1.2, 3000).astype(np.int64) + 1, 4096)
-    return write_run_inputs(tmp_path, lengths, strategies(ranks=False))
+    return write_run_inputs(tmp_path_factory.mktemp("inputs"), lengths, strategies(ranks=False))
 
 
 def opts(run_inputs, out: Path, **kw) -> PackConfig:
@@ -262,17 +264,25 @@ def plan_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("*.json")) if p.name != "summary.json"}
 
 
-def test_run_pack_writes_valid_plans_identical_for_any_worker_count(tmp_path, run_inputs):
-    s1 = run_pack(opts(run_inputs, tmp_path / "w1", workers=1))
+@pytest.fixture(scope="module")
+def full_run(run_inputs, tmp_path_factory):
+    """opts()'s run (6 iterations, one worker), planned once for the tests that compare with it or start from it
+    (they read it or copy it, never write it)."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    return out, run_pack(opts(run_inputs, out))
+
+
+def test_run_pack_writes_valid_plans_identical_for_any_worker_count(tmp_path, run_inputs, full_run):
+    w1, s1 = full_run
     s2 = run_pack(opts(run_inputs, tmp_path / "w2", workers=2))
-    one, two = plan_bytes(tmp_path / "w1"), plan_bytes(tmp_path / "w2")
+    one, two = plan_bytes(w1), plan_bytes(tmp_path / "w2")
     assert len(one) == 7 and one == two  # 6 plans + strategies.json
     assert [i.strategy for i in s1.iterations] == [i.strategy for i in s2.iterations]
-    report = validate_path(tmp_path / "w1", tiny_profile())
+    report = validate_path(w1, tiny_profile())
     assert report.ok and report.plans == 6, report.violations
     assert s1.mean_estimate_s == pytest.approx(np.mean([i.estimate_s for i in s1.iterations]))
     # ids are positions in the run's sampled stream: unique across the whole run
-    plans = [Plan.model_validate_json(f.read_text()) for f in sorted((tmp_path / "w1").glob("iter_*.json"))]
+    plans = [Plan.model_validate_json(f.read_text()) for f in sorted(w1.glob("iter_*.json"))]
     ids = [s.id for plan in plans for s in plan.batch]
     assert len(ids) == len(set(ids))
 
@@ -308,8 +318,7 @@ def test_run_pack_collects_once_per_plan_and_leaves_the_collector_as_it_was(tmp_
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
-def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inputs):
-    run_pack(opts(run_inputs, tmp_path / "full"))
+def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inputs, full_run):
     out = tmp_path / "cut"
     with pytest.raises(Interrupt):
         run_pack(opts(run_inputs, out), StopAfter(2))
@@ -318,7 +327,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path, run_inp
     (out / "iter_000002.json").write_text("half-written garbage")
     summary = run_pack(opts(run_inputs, out, resume=True))
     assert [i.iteration for i in summary.iterations] == list(range(6))
-    assert plan_bytes(out) == plan_bytes(tmp_path / "full")
+    assert plan_bytes(out) == plan_bytes(full_run[0])
 
 
 def test_resume_refuses_different_arguments(tmp_path, run_inputs):
@@ -331,9 +340,9 @@ def test_resume_refuses_different_arguments(tmp_path, run_inputs):
         run_pack(opts(run_inputs, out, tokens_per_iter=30000, resume=True))
 
 
-def test_fresh_run_replaces_an_older_longer_run(tmp_path, run_inputs):
+def test_fresh_run_replaces_an_older_longer_run(tmp_path, run_inputs, full_run):
     out = tmp_path / "run"
-    run_pack(opts(run_inputs, out, iterations=6))
+    shutil.copytree(full_run[0], out)  # a finished 6-iteration run
     run_pack(opts(run_inputs, out, iterations=2, seed=5))
     assert sorted(p.name for p in out.glob("iter_*.json")) == ["iter_000000.json", "iter_000001.json"]
     assert validate_path(out, tiny_profile()).ok
@@ -350,7 +359,7 @@ def test_benchmark_lp_bound_is_below_the_brute_force_optimum():
         opt = brute_force(cand, lengths)
         lb = lp_lower_bound(lengths, cand)
         assert lb <= opt * (1 + 1e-9)
-        assert candidate_bound(ResolvedCandidate("x", (), tuple(cand)), lengths) <= opt * (1 + 1e-9)
+        assert candidate_bound(ResolvedCandidate("x", (), tuple(cand), (0.0,) * len(cand)), lengths) <= opt * (1 + 1e-9)
 
 
 def test_benchmark_lp_bound_charges_every_pipeline_one_micro_batch():

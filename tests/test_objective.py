@@ -1,14 +1,14 @@
-"""End-to-end fields of plans: validate recomputes them and rejects wrong or missing ones; the Planner
-chooses by iteration_s (a case where propagation and end to end pick different candidates), and
-`--objective propagation` plans exactly as without a sync model."""
+"""The objective: end-to-end fields of plans (validate recomputes them and rejects wrong or missing ones); the
+Planner chooses by iteration_s (a case where propagation and end to end pick different candidates);
+`--objective propagation` plans exactly as without a sync model; and one module interprets the objective."""
 
+import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hp, tiny_profile
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -16,9 +16,52 @@ from hydraplan.app.validate import check_plan, validate_path
 from hydraplan.engine.planner import Planner
 from hydraplan.schema import ModelInfo, Network, Strategies
 from hydraplan.store.fileio import model_json, write_model
-from tests.helpers import tiny_profile
 
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
+PLANNER = Path(__file__).resolve().parents[1] / "planner"
+OBJECTIVE_MODULE = "core/cluster.py"  # Cluster and the functions beside it: the one place that reads the objective
+CHARGES_MODULE = "core/sync.py"  # sync.charges: the one place an omitted transfer becomes its encoding, zeros
+
+
+def planner_modules():
+    for path in sorted(PLANNER.rglob("*.py")):
+        yield path.relative_to(PLANNER).as_posix(), ast.parse(path.read_text())
+
+
+def names_in(node: ast.AST) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, ast.Name | ast.Attribute)}
+
+
+def test_only_the_objective_module_branches_on_the_objective():
+    """No `objective == ...`, no comparison with "end-to-end" / "propagation" and no `.end_to_end` outside
+    core/cluster.py: summaries, baselines and reports score through Cluster.score / ranked / objective_of."""
+    found = []
+    for where, tree in planner_modules():
+        if where == OBJECTIVE_MODULE:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Constant) and s.value in ("end-to-end", "propagation")
+                       or isinstance(s, ast.Attribute) and s.attr == "objective"
+                       or isinstance(s, ast.Name) and s.id == "objective" for s in sides):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Attribute) and node.attr in ("end_to_end", "is_end_to_end"):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_no_transfer_has_one_encoding():
+    """What the objective charges for sync is an array, zeros where nothing is charged: no module below the
+    cluster tests a transfer for None, except where sync.charges turns an omitted argument into zeros."""
+    found = []
+    for where, tree in planner_modules():
+        if where == CHARGES_MODULE:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops) \
+                    and any("transfer" in n or n.startswith("t_") for n in names_in(node)):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
 
 
 def synced_profile():
@@ -89,8 +132,7 @@ def test_cli_rejects_a_wrong_sync_s_naming_file_field_and_value(tmp_path):
     write_model(tmp_path / "iter_000000.json", plan)
     profile = tmp_path / "p.json"
     profile.write_text(model_json(synced_profile()))
-    r = subprocess.run([HYDRAPLAN, "validate", str(tmp_path), "--profile", str(profile), "--json"],
-                       capture_output=True, text=True)
+    r = hp("validate", tmp_path, "--profile", profile, "--json")
     assert r.returncode == 1
     (v,) = json.loads(r.stdout)["violations"]
     assert v["file"].endswith("iter_000000.json") and "estimate.sync_s: 0.5" in v["message"]
