@@ -9,8 +9,9 @@ when some ranks stop and others do not, some running rank watches a stopped one)
 value has not changed for liveness_s is lost: the first rank to see a loss (an atomic add in the store
 decides) prints one line naming the lost rank, its host and the last iteration it finished, records it
 under the job's failure key (runtime/faults.py, so every other rank leaves without a word) and exits with
-status 1; the others exit with status 1 silently. The same count decides which rank prints when several
-ranks' collectives break at once (a node killed: `first_to_report`). A rank that finishes marks its key DONE
+status 1; the others exit with status 1 silently. The count is the job's one failure count (faults.COUNT), so
+a loss seen here and errors of training (a node killed breaks several ranks' collectives at once) elect one
+line between them. A rank that finishes marks its key DONE
 and is not watched any more. The rank hosting the store itself cannot be watched through it: if it stops, store
 operations time out and the rank reports the store lost.
 """
@@ -29,7 +30,6 @@ import torch.distributed as dist
 from hydraplan.runtime import faults
 
 KEY = "hydraplan/heartbeat"
-REPORTED = "hydraplan/heartbeat/reported"
 DONE = "done"
 BEATS_PER_WINDOW = 6  # beats in one liveness window: a single late beat never looks like a loss
 DEFAULT_S = 30.0
@@ -107,12 +107,12 @@ class Heartbeat:
                 self._report(line)
 
     def first_to_report(self) -> bool:
-        """Whether this rank is the first of the job to report a failure (a loss it saw, or an error of its own:
-        two ranks whose collectives break at once when a node dies must not both print)."""
+        """Whether this rank is the first of the job to report a failure (faults.COUNT, shared with the errors
+        of training that faults.Watchdog reports)."""
         if self.store is None:
             return True
         try:
-            return self.store.add(REPORTED, 1) == 1
+            return self.store.add(faults.COUNT, 1) == 1
         except Exception:
             return True
 

@@ -81,7 +81,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-REPORT_WAIT_S = 10.0  # how long a rank that is not the first to report waits for the first one's line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -162,9 +161,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
         raise
     except Exception as e:
         heartbeat.stop()
-        if not heartbeat.first_to_report():  # another rank reports (its line sets the job's failure key)
-            watchdog.failed_elsewhere(wait_s=REPORT_WAIT_S)
-        watchdog.handle(e, at[0], at[1])  # several ranks: never returns
+        watchdog.handle(e, at[0], at[1])  # one line for the job (the first rank to count itself); several ranks: never returns
         code = 1
     heartbeat.stop()
     watchdog.stop()
