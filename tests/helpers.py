@@ -1,6 +1,7 @@
 """Shared by the tests: a tiny profile with the paper's trade-offs, an interrupted pack run, and gloo
 process groups for multi-process runtime tests."""
 
+import glob
 import re
 import socket
 import subprocess
@@ -191,3 +192,26 @@ def hp(*args: object, env: dict[str, str] | None = None) -> subprocess.Completed
             signal.signal(s, h)
     return subprocess.CompletedProcess(argv, code if isinstance(code, int) else (0 if code is None else 1),
                                        out.getvalue(), err.getvalue())
+
+
+def children(pid: int) -> set[int]:
+    """Every descendant of pid (workers, the resource tracker)."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in glob.glob(f"/proc/{p}/task/*/children"):
+            try:
+                kids = {int(k) for k in Path(task).read_text().split()}
+            except OSError:
+                continue
+            todo += list(kids - out)
+            out |= kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

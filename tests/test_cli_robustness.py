@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import hp, write_run_inputs
+from helpers import alive, children, hp, write_run_inputs
 
 from hydraplan.schema import Strategies
 
@@ -125,29 +125,6 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"{path} not written within {timeout} s"
         time.sleep(0.05)
-
-
-def children(pid: int) -> set[int]:
-    """Every descendant of pid (workers, the resource tracker)."""
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        for task in glob.glob(f"/proc/{p}/task/*/children"):
-            try:
-                kids = {int(k) for k in Path(task).read_text().split()}
-            except OSError:
-                continue
-            todo += list(kids - out)
-            out |= kids
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
