@@ -85,3 +85,18 @@ def test_solvers_cached_until_a_compiled_module_is_newer_than_its_cache(tmp_path
     assert solvers_cached(tmp_path)
     os.utime(mod, (index.stat().st_mtime + 10,) * 2)  # edited since: numba recompiles
     assert not solvers_cached(tmp_path)
+
+
+def test_the_compile_note_is_said_when_planning_starts_not_before(tmp_path, monkeypatch, capsys):
+    """On a fresh install the note is looked at before anything compiles but printed only when planning starts,
+    so a bad input found while preparing still fails in one line."""
+    from hydraplan.app import cmd_plan
+    from hydraplan.solve import jitcache
+
+    monkeypatch.setattr(jitcache, "solvers_cached", lambda: False)
+    bar = cmd_plan.PackBar(tmp_path, cmd_plan.compile_note())
+    assert "compiling solvers" not in capsys.readouterr().err
+    bar.start(0, 3)
+    assert capsys.readouterr().err.count("hydraplan: compiling solvers, once per install") == 1
+    monkeypatch.setattr(jitcache, "solvers_cached", lambda: True)
+    assert cmd_plan.compile_note() is None

@@ -135,8 +135,7 @@ def pack(
                    seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
                    static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
                    refine=not no_refine, bound=bound)
-    progress = PackBar(out)
-    say_if_compiling()
+    progress = PackBar(out, compile_note())
     with progress.bar, cliopts.Heartbeat(progress.line):
         summary = run_pack(config, progress)
     if json_out:
@@ -145,21 +144,22 @@ def pack(
     print_pack_summary(summary, out)
 
 
-def say_if_compiling() -> None:
-    """The first run after an install compiles the solvers for about a minute; said, so it is not taken for a hang."""
+def compile_note() -> str | None:
+    """The first run after an install compiles the solvers for about a minute: the line that says so, not to be
+    taken for a hang. Looked at before anything compiles; printed when planning starts, so bad input still fails
+    in one line."""
     from hydraplan.solve.jitcache import solvers_cached
 
-    if not solvers_cached():
-        err_console.print("hydraplan: compiling solvers, once per install (about a minute)", soft_wrap=True)
+    return None if solvers_cached() else "hydraplan: compiling solvers, once per install (about a minute)"
 
 
 class PackBar:
     """pack's progress: a bar on a terminal (iterations/s, the running mean estimate), a line in logs."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, note: str | None = None) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.out = out
+        self.out, self.note = out, note  # the compile note, said when planning starts
         self.done: int | None = None
         self.total: int | None = None
         self._hint()
@@ -168,6 +168,8 @@ class PackBar:
                             disable=not err_console.is_terminal)  # logs get the final summary line, not bar frames
 
     def start(self, done: int, total: int) -> None:
+        if self.note:
+            err_console.print(self.note, soft_wrap=True)
         self.task = self.bar.add_task("pack", total=total, completed=done, rate="", mean="-")
         self.t0, self.n, self.sum = self.bar.get_time(), 0, 0.0
         self.done, self.total = done, total
@@ -320,8 +322,11 @@ def compare(
 
     class _Progress:
         done = total = None
+        note = compile_note()  # said when the comparison starts, so bad input still fails in one line
 
         def start(self, total: int) -> None:
+            if self.note:
+                err_console.print(self.note, soft_wrap=True)
             self.task = bar.add_task("compare", total=total, what="")
             self.done, self.total = 0, total
 
@@ -333,7 +338,6 @@ def compare(
             return "compare: preparing" if self.total is None else f"compare: {self.done}/{self.total} steps"
 
     progress = _Progress()
-    say_if_compiling()
     with locked_folder(out, "--out"), bar, cliopts.Heartbeat(progress.line):
         outcome = run_compare(config, progress)
         paths = write_report(outcome, out)
