@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from helpers import partitions
 
 from hydraplan.core.cost import pipeline_time
 from hydraplan.schema import Scheme, TimeCoeffs
@@ -12,18 +13,6 @@ from hydraplan.solve.packing import pack, pack_fixed_v, v_range
 
 def scheme(pp=2, a=1e-3, b=1.0, c=50.0, max_len=1000, util_len=1):
     return Scheme(tp=1, pp=pp, cp=1, max_len=max_len, util_len=util_len, time=TimeCoeffs(a=a, b=b, c=c))
-
-
-def partitions(items):
-    """Every set partition of `items` (Bell(7) = 877 for seven)."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for p in partitions(rest):
-        for k in range(len(p)):
-            yield p[:k] + [[first] + p[k]] + p[k + 1:]
-        yield [[first]] + p
 
 
 def brute(lengths, s, vs):

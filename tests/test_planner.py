@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Interrupt, StopAfter, tiny_profile, write_run_inputs
+from helpers import Interrupt, StopAfter, partitions, tiny_profile, write_run_inputs
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -149,17 +149,6 @@ def test_pruning_never_changes_the_plan():
                 skipped += 1
                 assert c.bound_s >= b.plan.estimate.propagation_s * (1 - 1e-9)
     assert skipped > 0
-
-
-def partitions(items):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for p in partitions(rest):
-        for k in range(len(p)):
-            yield p[:k] + [[first] + p[k]] + p[k + 1:]
-        yield [[first]] + p
 
 
 def brute_force(schemes, lengths) -> float:
