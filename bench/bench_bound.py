@@ -8,7 +8,7 @@ the tight bisection starts there and reports how far it rises above it. Per bund
 analytic profile x builtin dataset at 64 and 256 GPUs (32K context, seed 3, 3125 tokens per GPU, the first
 batch), for both objectives: `pack --objective propagation` against the propagation bound, and `pack`'s default
 (`--objective end-to-end`, each scheme's exposed sync) against the end-to-end bound. The planner is pack's own
-(methods/run.py PlanRun: proposed candidates, `static`, synthesis and local search by default). Also the five
+(job/planrun.py PlanRun: proposed candidates, `static`, synthesis and local search by default). Also the five
 configurations of issue 28 against the better plans found there by hand, and the planning speed of `pack`
 (whole process, one worker, bench_scale.measure in a fresh process) at 64, 256 and 1024 GPUs next to the planner
 before issue 28's steps on the same batches, measured in the same run (bench/reference.py). Bound probes are
@@ -32,7 +32,7 @@ from bench.loose import loose_bound
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import scheme_label
-from hydraplan.methods.run import PlanRun, RunConfig
+from hydraplan.job.planrun import PlanRun, RunConfig
 from hydraplan.solve.bound import any_strategy_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 

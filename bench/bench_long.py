@@ -27,7 +27,7 @@ from hydraplan.methods.compare import CompareConfig, run_compare
 from hydraplan.schema import Summary
 from hydraplan.store.fileio import load_model
 from hydraplan.store.planfile import read_plan
-from hydraplan.store.run import plan_files
+from hydraplan.store.runfolder import plan_files
 
 LONG_13B = {"profile": "h100-llama2-13b", "dataset": "builtin:prolong", "gpus": 32, "context_len": 131072,
             "tokens_per_iter": 1 << 20, "iterations": 4}

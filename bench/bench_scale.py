@@ -90,7 +90,7 @@ def _any_scheme_family(gpus: int) -> dict:
 def _plan_bytes(run: Path) -> dict:
     """Mean bytes of a plan file as JSON (as written) and in the compact form."""
     from hydraplan.store.planfile import encode, read_plan
-    from hydraplan.store.run import plan_files
+    from hydraplan.store.runfolder import plan_files
 
     files = plan_files(run)
     return {"json_bytes_per_plan": sum(f.stat().st_size for f in files) / len(files),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from hydraplan.core.schema import Plan
 from hydraplan.store.datasets import Dataset, load_dataset
 from hydraplan.store.planfile import read_plan
-from hydraplan.store.run import plan_files
+from hydraplan.store.runfolder import plan_files
 
 if TYPE_CHECKING:
     import torch

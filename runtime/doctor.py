@@ -52,7 +52,7 @@ from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import warm_up
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import get_config
-from hydraplan.runtime.plans import build_plan, rank_model_bytes
+from hydraplan.runtime.plan_roles import build_plan, rank_model_bytes
 from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.verify import TOLERANCE, Verifier

@@ -1,7 +1,7 @@
 """Planning while training: `run_plan.py` without a plan argument plans its own iterations ahead.
 
 It takes what `hydraplan pack` takes, under the same names (`--gpus` is the world size), and plans exactly
-pack's plans (methods/run.py: the same run, each plan a function of the run and its batch alone). The
+pack's plans (job/planrun.py: the same run, each plan a function of the run and its batch alone). The
 planning is spread over the job's nodes: iteration i is planned by node i mod nodes, in planner processes
 of that node's first rank (engine/pool.py), up to `--plan-ahead` iterations ahead of training. A thread on
 every rank takes the plans in iteration order from the node that made each one, over a gloo group of the
@@ -29,13 +29,13 @@ import torch.distributed as dist
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Plan
 from hydraplan.engine.pool import solve_in_order
-from hydraplan.methods.run import PlanRun, RunConfig, build
+from hydraplan.job.planrun import PlanRun, RunConfig, build
 from hydraplan.runtime.groups import RankSet
 from hydraplan.solve.placement import cad_groups, family, process_groups
 from hydraplan.store.fileio import load_model, model_json, write_model
 from hydraplan.store.planfile import decode, encode, write_plan
 from hydraplan.store.profiles import load_profile
-from hydraplan.store.run import STRATEGIES_FILE, plan_path
+from hydraplan.store.runfolder import STRATEGIES_FILE, plan_path
 
 RUN_FILE = "planned_run.json"  # in a --save folder: the planning arguments --resume must repeat
 
@@ -275,7 +275,7 @@ class PlanFeed:
 
 
 def save_plans(folder: str | Path, fmt: str, run: PlanRun) -> Callable[[Plan], None]:
-    """Rank 0: strategies.json now, and a writer of each plan trained on (store/run.py names)."""
+    """Rank 0: strategies.json now, and a writer of each plan trained on (store/runfolder.py names)."""
     folder = Path(folder)
     write_model(folder / STRATEGIES_FILE, run.planner.strategies)
     return lambda plan: write_plan(plan_path(folder, plan.iteration, fmt), plan)

@@ -75,7 +75,7 @@ from hydraplan.runtime.device import DTYPES, Device
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, init_full, load_full, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
-from hydraplan.runtime.plans import rank_roles
+from hydraplan.runtime.plan_roles import rank_roles
 from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer, StepStats
 
@@ -327,7 +327,7 @@ def phases_of(stats: StepStats, got: list, pipelines: int, clock: str) -> Phases
 def check_plans(cfg: ModelConfig, args: argparse.Namespace, dev: Device, at: list | None = None) -> dict | None:
     """Phase seconds of whole iterations of every plan (median of `repeats` after `warmup`, each phase on
     its own; every repeat is a real training step). `at` is kept at the plan being replayed: [iteration, file]."""
-    from hydraplan.runtime.plans import check_plan, load_plans
+    from hydraplan.runtime.plan_roles import check_plan, load_plans
     from hydraplan.runtime.seq1f1b import check_splits
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -24,7 +24,7 @@ from hydraplan.runtime.groups import GroupCache
 from hydraplan.runtime.model import ModelConfig, StageModule, TPGroup, bind_params, group_entries, param_groups, param_specs
 from hydraplan.runtime.optim import ShardedMaster, master_dtype
 from hydraplan.runtime.pipeline_exec import StageComm, run_1f1b
-from hydraplan.runtime.plans import RankRole, rank_roles, strategy_key
+from hydraplan.runtime.plan_roles import RankRole, rank_roles, strategy_key
 from hydraplan.runtime.seq1f1b import pipeline_splits, run_seq1f1b
 
 

@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan, scheme_label
-from hydraplan.methods.run import PlanRun
+from hydraplan.job.planrun import PlanRun
 from hydraplan.runtime import checkpoint, device, faults, hf, liveness, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
@@ -66,7 +66,7 @@ from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
 from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
 from hydraplan.runtime.optim import DECAY_STYLES, Schedule, master_dtype
-from hydraplan.runtime.plans import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
+from hydraplan.runtime.plan_roles import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
 from hydraplan.runtime.verify import TOLERANCE, Verifier, fp64_attention_refusal

@@ -97,7 +97,7 @@ def init_gloo(rank: int, world: int, port: int) -> None:
 def make_plan(iteration: int, strategy: str, pipelines: list[tuple[int, int, list[int], list[list[int]]]],
               gpus: int = 4, first_id: int = 0, cp: int = 1) -> Plan:
     """pipelines: (tp, pp, ranks, micro-batches as lists of sequence lengths); ids are numbered from first_id."""
-    from hydraplan.runtime.plans import build_plan
+    from hydraplan.runtime.plan_roles import build_plan
 
     return build_plan(iteration, strategy, gpus, [(tp, pp, cp, ranks, mbs) for tp, pp, ranks, mbs in pipelines], first_id)
 

@@ -14,7 +14,7 @@ from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
 from hydraplan.engine.cad_plan import cad_plan
 from hydraplan.runtime.model import CONFIGS
-from hydraplan.runtime.plans import check_plan
+from hydraplan.runtime.plan_roles import check_plan
 from hydraplan.schema import CADPiece, CADSection, CADStep, CADTask, Plan
 from hydraplan.solve.cad import best_cad, plan_cad
 from hydraplan.store.profiles import load_profile

@@ -238,7 +238,7 @@ def plans_tp_pp():
     """<2,1> next to <1,2> on permuted ranks: TP and PP cut the HF tensors differently, pipelines sum at the owners;
     then <2,1,2>, TP and CP in one pipeline: each TP rank's K/V head (kv_heads 2 over tp 2) gathered over the CP ring.
     (<2,2> in one pipeline is the same code path; kept out to keep this 4-process test short.)"""
-    from hydraplan.runtime.plans import build_plan
+    from hydraplan.runtime.plan_roles import build_plan
 
     return [make_plan(0, "mix", [(2, 1, [3, 1], [[4, 8], [2, 2, 5]]), (1, 2, [2, 0], [[9, 3], [6], [1, 4]])]),
             build_plan(1, "tp-cp", 4, [(2, 1, 2, [1, 3, 0, 2], [[9, 5], [7, 3, 4]])], first_id=20)]

@@ -1,6 +1,6 @@
 """Imports point down only, and no two modules or folders import each other, however indirectly.
 
-Layers, top to bottom: api (hydraplan/__init__, schema, loader) > app > runtime > methods > engine > solve >
+Layers, top to bottom: api (hydraplan/__init__, schema, loader) > app > runtime > job > methods > engine > solve >
 store > core. A module may import its own layer or a lower one. Every import counts: at module level, inside
 functions, under TYPE_CHECKING, relative, `from hydraplan import X` of a submodule X, and
 `importlib.import_module("hydraplan. ...")` with a literal name. An import is an arrow to the module it names
@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"hydraplan": REPO / "planner", "hydraplan.runtime": REPO / "runtime"}
-LAYERS = ("core", "store", "solve", "engine", "methods", "runtime", "app", "api")  # bottom to top
+LAYERS = ("core", "store", "solve", "engine", "methods", "job", "runtime", "app", "api")  # bottom to top
 API = ("hydraplan", "hydraplan.schema", "hydraplan.loader")
 FOLDER_LAYER = {"integrations": "app"}  # hydraplan.integrations (Megatron's schedulers) sits at the app level
 

@@ -12,8 +12,8 @@ from helpers import free_port
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
+from hydraplan.job.planrun import PlanRun
 from hydraplan.loader import read_plans
-from hydraplan.methods.run import PlanRun
 from hydraplan.runtime.groups import plan_groups
 from hydraplan.runtime.online import check_replay_args, run_config, startup_groups
 from hydraplan.runtime.run_plan import parse_args

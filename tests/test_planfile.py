@@ -15,10 +15,10 @@ from hydraplan.app.validate import validate_path
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import Plan
 from hydraplan.loader import read_plans
-from hydraplan.runtime.plans import load_plans
+from hydraplan.runtime.plan_roles import load_plans
 from hydraplan.store.planfile import COMPACT_SCHEMA, decode, encode, read_plan, write_plan
 from hydraplan.store.profiles import load_profile
-from hydraplan.store.run import plan_files
+from hydraplan.store.runfolder import plan_files
 
 RUN = dict(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, context_len=16384, tokens_per_iter=50_000,
            iterations=3, workers=1)

@@ -17,9 +17,9 @@ from hydraplan.core.batch import as_batch
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import pipeline_estimate, pipeline_time
 from hydraplan.core.errors import UserError
+from hydraplan.engine.assemble import solver_seed
 from hydraplan.engine.candidate import ResolvedCandidate, candidate_bound
 from hydraplan.engine.planner import Planner
-from hydraplan.engine.plans import solver_seed
 from hydraplan.engine.strategies import resolve_strategies, with_static_candidate
 from hydraplan.schema import (
     GPUInfo,

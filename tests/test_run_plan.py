@@ -21,7 +21,7 @@ from overlap_worker import record as record_overlap
 from hydraplan.core.errors import UserError
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import CONFIGS, check_layout
-from hydraplan.runtime.plans import check_plan, load_plans, rank_roles
+from hydraplan.runtime.plan_roles import check_plan, load_plans, rank_roles
 from hydraplan.runtime.run_plan import main
 from hydraplan.schema import BatchSeq, CPShard, Plan
 from hydraplan.solve.cpshard import shard_per_document

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt
 
 from hydraplan.core.cluster import Objective
-from hydraplan.methods.run import RunConfig, build
+from hydraplan.job.planrun import RunConfig, build
 
 __all__ = ["PackConfig", "ProposeConfig", "RunConfig", "build"]
 
@@ -33,7 +33,7 @@ class ProposeConfig(_Config):
 
 
 class PackConfig(RunConfig):
-    """`hydraplan pack`: the run (methods/run.py RunConfig: its PackArgs part is what summary.json records and
+    """`hydraplan pack`: the run (job/planrun.py RunConfig: its PackArgs part is what summary.json records and
     `--resume` compares) and where it goes; out, workers and resume only steer this invocation."""
 
     out: Path

@@ -378,7 +378,7 @@ def check_plans(plan_dir: str, profile: Profile, runs: Runs, timeout_s: float = 
     `runs.launches`, in that many separate runtime jobs, each phase the median over them (as measure_profile)."""
     model, device, clock, dtype = runs.model, runs.device, runs.clock, runs.dtype
     warmup, repeats, launches = runs.warmup, runs.repeats, runs.launches
-    from hydraplan.runtime.plans import load_plans
+    from hydraplan.runtime.plan_roles import load_plans
 
     loaded = load_plans(plan_dir, None)
     plans = [p for _, p in loaded]

@@ -1,6 +1,6 @@
-"""`hydraplan pack`: plan a run's iterations into a run folder (store/run.py), resumable at any point.
+"""`hydraplan pack`: plan a run's iterations into a run folder (store/runfolder.py), resumable at any point.
 
-The run (methods/run.py: strategies, static baseline, Planner, batches) is what a job planning while it
+The run (job/planrun.py: strategies, static baseline, Planner, batches) is what a job planning while it
 trains uses too. Batches are sampled in the parent, solved in a process pool and written in iteration
 order, so the output depends only on the config and its seed, never on the worker count or on timing.
 """
@@ -27,7 +27,7 @@ from hydraplan.engine.strategies import strategies_digest
 from hydraplan.store.fileio import load_model, model_json, write_model
 from hydraplan.store.planfile import read_plan, write_plan
 from hydraplan.store.profiles import load_profile
-from hydraplan.store.run import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
+from hydraplan.store.runfolder import STRATEGIES_FILE, SUMMARY_FILE, SummaryWriter, plan_path, remove_plans_from
 from hydraplan.store.runlock import locked_folder
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def _signals_kept() -> Iterator[Callable[[], None]]:
 
 def _run_pack_locked(config: PackConfig, progress: PackProgress | None, pool: WorkerPool | None,
                      check: Callable[[], None]) -> Summary:
-    from hydraplan.methods.run import PlanRun  # the solvers load here, while the workers start
+    from hydraplan.job.planrun import PlanRun  # the solvers load here, while the workers start
     from hydraplan.store.datasets import BatchTooLarge
 
     profile = load_profile(config.profile)

@@ -24,7 +24,7 @@ from hydraplan.engine.strategies import short_candidates
 from hydraplan.solve.placement import check_ranks, split_groups
 from hydraplan.store.fileio import load_model
 from hydraplan.store.planfile import read_plan
-from hydraplan.store.run import PLAN_FILE, STRATEGIES_FILE, SUMMARY_FILE, plan_files
+from hydraplan.store.runfolder import PLAN_FILE, STRATEGIES_FILE, SUMMARY_FILE, plan_files
 
 REL_TOL = 1e-6
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hydraplan.core.batch import Batch
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import Estimate, MicroBatch, Plan, PlanPipeline
-from hydraplan.engine.plans import batch_seqs
+from hydraplan.engine.assemble import batch_seqs
 from hydraplan.solve.cad import CADResult
 from hydraplan.solve.placement import replica_ranks
 

@@ -25,6 +25,7 @@ from hydraplan.core.batch import Batch, as_batch
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import CandidateSolve, IterationSummary, Plan, Profile, Strategies
 from hydraplan.engine import synthesized
+from hydraplan.engine.assemble import IterationResult, build_plan, infeasible_error, solver_seed, with_sync
 from hydraplan.engine.cad_plan import CAD_CANDIDATE, cad_plan
 from hydraplan.engine.candidate import (
     REFINE_MARGIN,
@@ -37,7 +38,6 @@ from hydraplan.engine.candidate import (
     solve_candidate,
     solver_path,
 )
-from hydraplan.engine.plans import IterationResult, build_plan, infeasible_error, solver_seed, with_sync
 from hydraplan.engine.pool import WorkerPool, solve_in_order
 from hydraplan.engine.settings import PlanSettings
 from hydraplan.engine.strategies import resolve_strategies

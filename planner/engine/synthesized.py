@@ -3,7 +3,7 @@
 LNK pulls every parameter every iteration anyway, so any iteration may run any strategy: the candidate list
 only saves solver time. The strategies are shaped and scored in the cluster's objective (end to end: each
 scheme's transfer enters the MILP). Solving needs only their schemes, so ranks are placed for the winner
-alone (engine.plans.build_plan), like the candidates, stages on aligned blocks: their TP and CP groups are
+alone (engine.assemble.build_plan), like the candidates, stages on aligned blocks: their TP and CP groups are
 among those the runtime created at start-up.
 """
 
@@ -50,7 +50,7 @@ def _counts(cluster: Cluster, cand: ResolvedCandidate) -> tuple[tuple[int, int],
 
 
 def _resolved(cluster: Cluster, counts: dict[int, int], j: int) -> ResolvedCandidate:
-    """Strategy j made for the batch; ranks placed only if it wins (engine.plans.build_plan)."""
+    """Strategy j made for the batch; ranks placed only if it wins (engine.assemble.build_plan)."""
     schemes, index, transfer = cluster.schemes, cluster.scheme_index, cluster.scheme_charges_s
     specs = specs_of(counts, schemes)
     return ResolvedCandidate(f"{NAME}{j}", tuple(specs), tuple(schemes[index[p.key]] for p in specs),

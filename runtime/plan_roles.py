@@ -12,7 +12,7 @@ from hydraplan.runtime.context_parallel import check_ranges
 from hydraplan.runtime.lnk import Role
 from hydraplan.runtime.model import ModelConfig, check_layout, stage_param_indices
 from hydraplan.store.planfile import read_plan
-from hydraplan.store.run import plan_files
+from hydraplan.store.runfolder import plan_files
 
 
 def load_plans(path: str | Path, iterations: int | None) -> list[tuple[str, Plan]]:
