@@ -32,7 +32,8 @@ from bench.loose import loose_bound
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
 from hydraplan.core.schema import scheme_label
-from hydraplan.job.planrun import PlanRun, RunConfig
+from hydraplan.job.config import RunConfig
+from hydraplan.job.planrun import PlanRun
 from hydraplan.solve.bound import any_strategy_bound
 from hydraplan.store.profiles import bundled_profiles, load_profile
 

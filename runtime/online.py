@@ -22,14 +22,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
-from hydraplan.core.errors import UserError
+from hydraplan.core.errors import UserError, cli_message
+from hydraplan.core.options import Opt, Option, nest, options
 from hydraplan.core.schema import PackArgs, Plan
 from hydraplan.engine.pool import solve_in_order
-from hydraplan.job.planrun import PlanRun, RunConfig, build
+from hydraplan.job.config import RunConfig, build
+from hydraplan.job.planrun import PlanRun
 from hydraplan.runtime.groups import RankSet
 from hydraplan.solve.placement import cad_groups, family, process_groups
 from hydraplan.store.fileio import load_model, model_json, write_model
@@ -40,62 +44,65 @@ from hydraplan.store.runfolder import STRATEGIES_FILE, plan_path
 RUN_FILE = "planned_run.json"  # in a --save folder: the planning arguments --resume must repeat
 
 
+class OnlineConfig(BaseModel):
+    """run_plan's planning while training, typed once from its flags: the run (pack's options, `run`) and how the
+    job plans it. Every field with an `Opt` is a flag (add_arguments), so each is declared here or in the run's
+    config only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: RunConfig
+    planners_per_node: Annotated[PositiveInt, Opt("planner processes on each node's first rank")] = 2
+    plan_ahead: Annotated[PositiveInt | None, Opt(
+        "plan up to this many iterations ahead of the one training (default: 2 per planner process)")] = None
+    stop_at: Annotated[int | None, Opt("train only the iterations before this one now (save with --save, continue "
+                                       "with --resume)")] = None
+    save_plans: Annotated[Path | None, Opt("write the plans trained on (and strategies.json) to this folder")] = None
+    format: Annotated[Literal["json", "compact"], Opt("--save-plans file form")] = "json"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nested(cls, values: Any) -> Any:
+        return nest(cls, values) if isinstance(values, dict) else values
+
+
+def planning_options() -> list[Option]:
+    """The flags of planning while training: pack's options but those marked `Opt(online=False)` (--dataset and
+    --iterations are run_plan's own, --gpus is the world size), then the online ones."""
+    return [o for o in options(OnlineConfig) if o.opt.online]
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """pack's planning options (same names and meaning; --dataset and --iterations are run_plan's own) and
-    the online ones."""
+    """The planning flags, generated from their one declaration (pack's names, help and meaning). Not given:
+    None, so that the config's default applies, and so that replaying a plan can refuse any that was given."""
     g = ap.add_argument_group("planning while training (no plan argument): the options of `hydraplan pack`")
-    g.add_argument("--profile", help="bundled profile name or profile JSON")
-    g.add_argument("--strategies", help="candidates (ranks optional); default: propose them")
-    g.add_argument("--tokens-per-iter", type=int, help="token budget of one iteration's batch")
-    g.add_argument("--context-len", type=int, help="truncate documents to this many tokens")
-    g.add_argument("--seed", type=int, default=0, help="sampling and solver seed: same seed, same plans as pack")
-    g.add_argument("--dispatch", default="greedy", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)")
-    g.add_argument("--seq1f1b", help="K|auto: plan Seq1F1B for pp > 1 pipelines")
-    g.add_argument("--cp-shard", action="store_true", help="record adaptive CP sharding for cp > 1 pipelines")
-    g.add_argument("--outlier-delay", action="store_true", help="queue the rare long sequences and train them together")
-    g.add_argument("--objective", default="end-to-end", help="end-to-end or propagation")
-    g.add_argument("--no-static", action="store_true", help="do not add the static baseline's layout as a candidate")
-    g.add_argument("--synthesize", dest="synthesize", action="store_const", const=True, default=None,
-                   help="also make strategies for each batch when the relaxation shows one winning (the default)")
-    g.add_argument("--candidates-only", dest="synthesize", action="store_const", const=False,
-                   help="use only the candidates")
-    g.add_argument("--cad", action="store_true", help="also plan core-attention disaggregation")
-    g.add_argument("--no-refine", action="store_true", help="skip the local search after dispatch and packing")
-    g.add_argument("--planners-per-node", type=int, default=2, help="planner processes on each node's first rank")
-    g.add_argument("--plan-ahead", type=int, default=None,
-                   help="plan up to this many iterations ahead of the one training (default: 2 per planner process)")
-    g.add_argument("--stop-at", type=int, default=None,
-                   help="train only the iterations before this one now (save with --save, continue with --resume)")
-    g.add_argument("--save-plans", metavar="DIR", help="write the plans trained on (and strategies.json) to DIR")
-    g.add_argument("--format", default="json", choices=("json", "compact"), help="--save-plans file form")
-
-
-ONLINE_ONLY = ("profile", "strategies", "tokens_per_iter", "context_len", "seq1f1b", "synthesize", "plan_ahead",
-               "stop_at", "save_plans")
+    for o in planning_options():
+        if o.kind is bool:
+            g.add_argument(o.flag, dest=o.name, action="store_const", const=not o.negated, default=None, help=o.opt.help)
+            if o.opt.off is not None:
+                g.add_argument(o.opt.off, dest=o.name, action="store_const", const=False, help=f"not {o.flag}")
+        else:
+            g.add_argument(o.flag, dest=o.name, type=o.kind, default=None, help=o.opt.help)
 
 
 def check_replay_args(args: argparse.Namespace) -> None:
     """UserError for a planning option given with a plan argument (it would be ignored)."""
-    given = [name for name in ONLINE_ONLY if getattr(args, name) is not None]
-    given += [name for name in ("cp_shard", "outlier_delay", "no_static", "cad", "no_refine") if getattr(args, name)]
+    given = [o for o in planning_options() if getattr(args, o.name) is not None]
     if given:
-        raise UserError(f"--{given[0].replace('_', '-')}: planning options apply only without a plan argument "
+        raise UserError(f"{given[0].flag}: planning options apply only without a plan argument "
                         f"(the job then plans its own iterations); {args.plan} is replayed as planned")
 
 
-def run_config(args: argparse.Namespace, world: int) -> RunConfig:
-    """The run's planning arguments, checked as pack checks them."""
+def online_config(args: argparse.Namespace, world: int) -> OnlineConfig:
+    """The planning flags typed and checked once, as pack checks them; `world` ranks are the run's GPUs."""
     if args.dataset is None or args.profile is None or args.tokens_per_iter is None or args.iterations is None:
         raise UserError("without a plan argument run_plan plans while it trains: give --profile, --dataset, "
                         "--tokens-per-iter and --iterations (as to hydraplan pack)")
-    for flag, value in (("--planners-per-node", args.planners_per_node), ("--plan-ahead", args.plan_ahead)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be a positive integer (got {value})")
-    return build(RunConfig, profile=args.profile, dataset=args.dataset, gpus=world, tokens_per_iter=args.tokens_per_iter,
-                 iterations=args.iterations, strategies=args.strategies, context_len=args.context_len, seed=args.seed,
-                 dispatch=args.dispatch, seq1f1b=args.seq1f1b, cp_shard=args.cp_shard, outlier_delay=args.outlier_delay,
-                 objective=args.objective, static=not args.no_static, synthesize=args.synthesize, cad=args.cad,
-                 refine=not args.no_refine)
+    given = {o.name: getattr(args, o.name) for o in planning_options()}
+    try:
+        return build(OnlineConfig, **given, dataset=args.dataset, gpus=world, iterations=args.iterations)
+    except UserError as e:  # said as the flag the user gave
+        raise UserError(cli_message(e)) from None
 
 
 def profile_sha256(config: RunConfig) -> str:
@@ -157,7 +164,7 @@ def startup_groups(run: PlanRun) -> list[RankSet]:
     planner, gpus = run.planner, run.cluster.gpus
     out = dict.fromkeys(family(planner.scheme_keys, gpus))
     out.update(dict.fromkeys(sorted(process_groups(p for c in planner.strategies.candidates for p in c.pipelines))))
-    if run.config.cad:
+    if run.config.plan.cad:
         out.update(dict.fromkeys(cad_groups([s.key for s in run.cluster.schemes if s.cp == 1], gpus)))
     return list(out)
 

@@ -463,7 +463,8 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
     topology = online.Topology.of(plan_group)
     try:
         faults.configured()
-        config = online.run_config(args, world)
+        planning = online.online_config(args, world)
+        config = planning.run
         args.schedule = _schedule(args, config.iterations)
         cfg, weights = _model(args)
         data = _token_data(args.dataset, cfg, planning=True)
@@ -476,19 +477,20 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
             run = PlanRun.prepare(config, load_profile(config.profile))
             if dist.get_rank() == 0:
                 print(f"planning: run prepared in {time.perf_counter() - t0:.2f}s; {topology.nodes} node(s) x "
-                      f"{args.planners_per_node} planner process(es)", flush=True)
+                      f"{planning.planners_per_node} planner process(es)", flush=True)
     except UserError as e:
         error = str(e)
     if (first := _agree(error)) is not None:
         _say_once(first)
         return 2
     start = 0 if done is None else done + 1
-    stop = min(config.iterations, args.stop_at) if args.stop_at is not None else config.iterations
+    stop = min(config.iterations, planning.stop_at) if planning.stop_at is not None else config.iterations
     groups = online.broadcast_groups(online.startup_groups(run) if dist.get_rank() == 0 else None, plan_group)
-    ahead = args.plan_ahead or 2 * args.planners_per_node * topology.nodes
-    feed = online.PlanFeed(run, topology, start, stop, args.planners_per_node, ahead, plan_group,
+    ahead = planning.plan_ahead or 2 * planning.planners_per_node * topology.nodes
+    feed = online.PlanFeed(run, topology, start, stop, planning.planners_per_node, ahead, plan_group,
                            lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data, args, dev))
-    saving = online.save_plans(args.save_plans, args.format, run) if args.save_plans and dist.get_rank() == 0 else None
+    saving = (online.save_plans(planning.save_plans, planning.format, run)
+              if planning.save_plans is not None and dist.get_rank() == 0 else None)
     try:
         code = train(cfg, data, feed, groups, args, dev, weights, done,
                      lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving, alike=(UserError,))

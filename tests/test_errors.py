@@ -13,9 +13,8 @@ import pytest
 import typer
 
 from hydraplan.app.cli import app
-from hydraplan.app.cliopts import cli_message, flag_of
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.errors import UserError
+from hydraplan.core.errors import UserError, cli_message, flag_of
 from hydraplan.store.profiles import load_profile
 
 PLANNER = Path(__file__).resolve().parents[1] / "planner"

@@ -15,7 +15,7 @@ from hydraplan.app.pack import run_pack
 from hydraplan.job.planrun import PlanRun
 from hydraplan.loader import read_plans
 from hydraplan.runtime.groups import plan_groups
-from hydraplan.runtime.online import check_replay_args, run_config, startup_groups
+from hydraplan.runtime.online import check_replay_args, online_config, startup_groups
 from hydraplan.runtime.run_plan import parse_args
 from hydraplan.store.profiles import load_profile
 
@@ -26,7 +26,7 @@ TINY_CAD = [*TINY[:4], "--tokens-per-iter", "2048", "--context-len", "2048"]  # 
 
 def _pack(tmp: Path, args: list[str], iterations: int) -> list:
     """pack's plans for the same arguments (parsed as run_plan parses them) on 4 GPUs."""
-    config = run_config(parse_args([*args, "--iterations", str(iterations)]), 4)
+    config = online_config(parse_args([*args, "--iterations", str(iterations)]), 4).run
     run_pack(PackConfig(**config.model_dump(exclude={"profile_sha256"}), out=tmp / "pack", workers=1))
     return list(read_plans(tmp / "pack"))
 
@@ -119,11 +119,11 @@ def test_missing_planning_options_are_one_line():
     from hydraplan.core.errors import UserError
 
     with pytest.raises(UserError, match="give --profile, --dataset, --tokens-per-iter and --iterations"):
-        run_config(parse_args(["--profile", "cpu-tiny"]), 4)
+        online_config(parse_args(["--profile", "cpu-tiny"]), 4)
     with pytest.raises(UserError, match="--planners-per-node must be a positive integer"):
-        run_config(parse_args([*TINY, "--iterations", "2", "--planners-per-node", "0"]), 4)
+        online_config(parse_args([*TINY, "--iterations", "2", "--planners-per-node", "0"]), 4)
     with pytest.raises(UserError, match="--dispatch must be"):
-        run_config(parse_args([*TINY, "--iterations", "2", "--dispatch", "x"]), 4)
+        online_config(parse_args([*TINY, "--iterations", "2", "--dispatch", "x"]), 4)
     with pytest.raises(UserError, match="--outlier-delay: planning options apply only without a plan argument"):
         check_replay_args(parse_args(["plans/example", "--outlier-delay"]))
 
@@ -136,7 +136,7 @@ def test_missing_planning_options_are_one_line():
 def test_every_group_of_the_plans_is_made_at_start_up(args, gpus):
     """The start-up family holds every TP, CP and CAD group the run's plans use (CAD's, and strategies made
     for a batch), so none is made mid-run."""
-    config = run_config(parse_args([*args, "--iterations", "3"]), gpus)
+    config = online_config(parse_args([*args, "--iterations", "3"]), gpus).run
     run = PlanRun.prepare(config, load_profile(config.profile))
     plans = [run.planner.solve(b).plan for b in run.batches()]
     assert set(plan_groups(plans)) <= set(startup_groups(run))

@@ -20,15 +20,20 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from hydraplan.core.errors import UserError
+from hydraplan.core.errors import UserError, cli_message
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
     from rich.table import Table
+
+    from hydraplan.core.options import Option
+
+M = TypeVar("M", bound="BaseModel")
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 console = Console()
@@ -46,8 +51,55 @@ def context_len_option(help: str = "longest sequence in tokens; longer documents
     return typer.Option(None, "--context-len", help=help)
 
 
-def workers_option() -> Any:
-    return typer.Option(None, "--workers", help="solver processes (default: the core count); never changes a plan")
+def config_command(model: type[M], **own: tuple[type, Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A typer command whose options are the model's declared ones (core/options.py), then its `own` (name ->
+    (type, typer.Option)). The command function takes the config, built once from the flags (app/config.py
+    `build`: one line for a bad value), and its own values."""
+    import functools
+    import inspect
+
+    from hydraplan.core.options import options
+    from hydraplan.job.config import build
+
+    declared = sorted(options(model), key=lambda o: not o.required)  # the required ones first, as `--help` lists them
+    params = [inspect.Parameter(_param(o), inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o), annotation=_cli_type(o))
+              for o in declared]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+               for name, (kind, default) in own.items()]
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def command(**values: Any) -> None:
+            given = {o.name: _model_value(o, values.pop(_param(o))) for o in declared}
+            fn(build(model, **given), **values)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what typer reads
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+def _param(o: Option) -> str:
+    return o.flag[2:].replace("-", "_")
+
+
+def _cli_type(o: Option) -> Any:
+    return o.kind if o.required or (o.default is not None and o.opt.off is None) else o.kind | None
+
+
+def _typer_option(o: Option) -> Any:
+    """A negated flag (`--no-static`) defaults to False; a pair (`--synthesize/--candidates-only`) to None, so
+    that giving neither leaves the model's default."""
+    if o.negated:
+        return typer.Option(False, o.flag, help=o.opt.help)
+    if o.opt.off is not None:
+        return typer.Option(None, f"{o.flag}/{o.opt.off}", help=o.opt.help)
+    return typer.Option(... if o.required else o.default, o.flag, help=o.opt.help)
+
+
+def _model_value(o: Option, value: Any) -> Any:
+    return (not value) if o.negated else value
 
 
 def positive(value: int | float | None, flag: str, what: str = "a positive integer") -> None:
@@ -169,17 +221,6 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 def _say(text: str) -> None:
     print(f"hydraplan: {text}", file=sys.stderr, flush=True)
-
-
-def flag_of(field: str) -> str:
-    """The option that sets a field below app/: every command spells a setting `--` + its field in kebab case."""
-    return "--" + field.replace("_", "-")
-
-
-def cli_message(e: UserError) -> str:
-    """The error's one line as the command line says it: a message about a field names its flag instead."""
-    text = str(e)
-    return flag_of(e.field) + text[len(e.field):] if e.field else text
 
 
 def run(command: Callable[[], Any]) -> None:

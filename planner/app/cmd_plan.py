@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from hydraplan.app import cliopts
-from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
+from hydraplan.app.cliopts import console, err_console, json_option, positive
+from hydraplan.app.config import PackConfig, ProposeConfig
+from hydraplan.methods.compare_config import CompareConfig
 from hydraplan.methods.registry import NAMES as METHOD_NAMES
 from hydraplan.methods.registry import OPT_IN as OPT_IN_METHODS
 
@@ -16,24 +18,8 @@ if TYPE_CHECKING:  # the commands import what they run when they run: `hydraplan
     from hydraplan.core.schema import IterationSummary, Summary
 
 
-def propose(
-    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
-    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
-    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
-    out: Path = typer.Option(..., "--out", help="strategies file to write (hydraplan.strategies/v1)"),
-    context_len: int | None = context_len_option(),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="node size for rank placement "
-                                             "(default: the profile's)"),
-    tokens_per_iter: int | None = typer.Option(None, "--tokens-per-iter", help="nominal batch the expected cost is "
-                                               "taken on (default: 4096 per GPU)"),
-    max_candidates: int | None = typer.Option(None, "--max-candidates", help="keep at most this many candidates, "
-                                              "preferring the L' ranges that most often hold an iteration's longest "
-                                              "sequence (0: all; default: all while candidates x sequences per "
-                                              "iteration stay within a budget, so fewer only at thousands of GPUs)"),
-    json_out: bool = json_option("print the strategies file instead of the table"),
-    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
-) -> None:
+@cliopts.config_command(ProposeConfig, json_out=(bool, json_option("print the strategies file instead of the table")))
+def propose(config: ProposeConfig, json_out: bool) -> None:
     """Propose candidate strategies (Hydraulis §7): interval DP over the length distribution, its continuous
     relaxation rounded to integer strategies for every L' <= context length, plus the homogeneous fallback.
 
@@ -41,7 +27,6 @@ def propose(
     """
     from rich.table import Table
 
-    from hydraplan.app.config import ProposeConfig, build
     from hydraplan.core.cluster import Cluster
     from hydraplan.solve.proposal import propose as run_propose
     from hydraplan.solve.proposal import strategy_label
@@ -49,10 +34,7 @@ def propose(
     from hydraplan.store.fileio import model_json, write_model
     from hydraplan.store.profiles import load_profile
 
-    config = build(ProposeConfig, profile=profile, dataset=dataset, gpus=gpus, out=out, context_len=context_len,
-                   gpus_per_node=gpus_per_node, tokens_per_iter=tokens_per_iter, max_candidates=max_candidates,
-                   objective=objective)
-    cliopts.out_file(config.out)
+    out = cliopts.out_file(config.out)
     cluster = Cluster.of(load_profile(config.profile), config.gpus, config.objective)
     ds = load_dataset(config.dataset, config.context_len)
     length = config.context_len or int(ds.lengths.max())
@@ -63,7 +45,7 @@ def propose(
         typer.echo(model_json(strategies))
         return
     labels = [strategy_label(c) for c in strategies.candidates]
-    table = Table(title=f"{cluster.name}, {gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
+    table = Table(title=f"{cluster.name}, {config.gpus} GPUs, {ds.name}, context {length:,}", title_justify="left")
     table.add_column("name")
     table.add_column("strategy")
     for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
@@ -76,48 +58,8 @@ def propose(
     console.print(f"wrote {out}")
 
 
-def pack(
-    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
-    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
-    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
-    tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
-    iterations: int = typer.Option(..., "--iterations", help="iterations to plan"),
-    out: Path = typer.Option(..., "--out", help="run folder: iter_NNNNNN.json (or .parquet), strategies.json, summary.json"),
-    strategies: Path | None = typer.Option(
-        None, "--strategies", help="candidates (ranks optional); default: propose them. The static baseline's homogeneous "
-        "layout joins as candidate 'static' unless present; the run's set is written to OUT/strategies.json"),
-    context_len: int | None = context_len_option(),
-    seed: int = typer.Option(0, "--seed", help="sampling and solver seed: same seed, same plans"),
-    workers: int | None = workers_option(),
-    dispatch: str = typer.Option("greedy", "--dispatch", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)"),
-    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (same arguments required)"),
-    seq1f1b: str | None = typer.Option(
-        None, "--seq1f1b", help="K|auto: plan Seq1F1B for pp > 1 pipelines (K sub-sequences per micro-batch; raises their "
-        "MaxLen; plans record splits and seq1f1b_estimate_s)"),
-    cp_shard: bool = typer.Option(False, "--cp-shard", help="record adaptive WLB-LLM CP sharding (per-rank token ranges) "
-                                  "for cp > 1 pipelines"),
-    outlier_delay: bool = typer.Option(
-        False, "--outlier-delay", help="queue the rare long sequences and train them together once they hold an "
-        "iteration's tokens (WLB-LLM outlier delay; plans record sampled_iteration, all drained by the last iteration)"),
-    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
-    no_static: bool = typer.Option(False, "--no-static", help="do not add the static baseline's layout as candidate "
-                                   "'static' (so a hand-written --strategies file is used as given)"),
-    synthesize: bool | None = typer.Option(
-        None, "--synthesize/--candidates-only", help="also make strategies for each batch from the any-strategy "
-        "relaxation when it shows one beating the candidates (plans marked synthesized; the default), or use only "
-        "the candidates"),
-    json_out: bool = json_option("print summary.json instead of the summary lines"),
-    cad: bool = typer.Option(
-        False, "--cad", help="also plan core-attention disaggregation (DistCA: attention tasks balanced across the "
-        "replicas of one homogeneous layout) and keep it in iterations where it is faster; plans record `cad`"),
-    no_refine: bool = typer.Option(False, "--no-refine", help="skip the local search after dispatch and packing "
-                                   "(sequences moved and swapped off the slowest pipeline)"),
-    bound: bool = typer.Option(False, "--bound", help="also compute every batch's any-strategy lower bound: "
-                               "summary.json records bound_s and plan / bound (seconds of MILP per iteration)"),
-    plan_format: str = typer.Option("json", "--format", help="plan files: json (readable) or compact (Parquet, "
-                                    "iter_NNNNNN.parquet: a tenth of the bytes at thousands of GPUs; docs/formats.md)"),
-) -> None:
+@cliopts.config_command(PackConfig, json_out=(bool, json_option("print summary.json instead of the summary lines")))
+def pack(config: PackConfig, json_out: bool) -> None:
     """Plan every iteration: dispatch to pipelines, pack micro-batches, keep the fastest candidate.
 
     Plans are written atomically in iteration order and do not depend on --workers.
@@ -125,23 +67,16 @@ def pack(
     Without --resume an existing run in OUT is replaced; with it, planning continues after the last complete iteration.
     OUT is locked while the run lasts: a second run on it is refused.
     """
-    from hydraplan.app.config import PackConfig, build
     from hydraplan.app.pack import run_pack
     from hydraplan.store.fileio import model_json
 
-    config = build(PackConfig, profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
-                   iterations=iterations, out=out, strategies=None if strategies is None else str(strategies),
-                   context_len=context_len, seed=seed, workers=workers, dispatch=dispatch, resume=resume,
-                   seq1f1b=seq1f1b, cp_shard=cp_shard, outlier_delay=outlier_delay, objective=objective,
-                   static=not no_static, synthesize=synthesize, cad=cad, format=plan_format,
-                   refine=not no_refine, bound=bound)
-    progress = PackBar(out, compile_note())
+    progress = PackBar(config.out, compile_note())
     with progress.bar, cliopts.Heartbeat(progress.line):
         summary = run_pack(config, progress)
     if json_out:
         typer.echo(model_json(summary))
         return
-    print_pack_summary(summary, out)
+    print_pack_summary(summary, config.out)
 
 
 def compile_note() -> str | None:
@@ -282,22 +217,15 @@ def validate(
         raise typer.Exit(1)
 
 
-def compare(
-    profile: str = typer.Option(..., "--profile", help="bundled profile name or profile JSON"),
-    dataset: str = typer.Option(..., "--dataset", help="length file or builtin:wikipedia / builtin:prolong"),
-    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job"),
-    tokens_per_iter: int = typer.Option(..., "--tokens-per-iter", help="token budget of one iteration's batch"),
-    iterations: int = typer.Option(..., "--iterations", help="iterations to sample and compare"),
-    out: Path = typer.Option(..., "--out", help="report folder: compare.json, report.html, *.png"),
-    context_len: int | None = context_len_option(),
-    seed: int = typer.Option(0, "--seed", help="sampling and solver seed"),
-    methods: list[str] | None = typer.Option(
+@cliopts.config_command(
+    CompareConfig,
+    out=(Path, typer.Option(..., "--out", help="report folder: compare.json, report.html, *.png")),
+    methods=(list[str] | None, typer.Option(
         None, "--methods", help=f"methods to run (repeat the option; default all): {' '.join(METHOD_NAMES)}; opt-in: "
-        f"Megatron's schedulers and hydraplan's on Megatron's seams, {' '.join(OPT_IN_METHODS)}"),
-    json_out: bool = json_option("print compare.json instead of the table"),
-    objective: str = typer.Option("end-to-end", "--objective", help="what to minimize: end-to-end (propagation + exposed "
-                                  "LNK pull/push, docs/formats.md) or propagation (the paper's objective)"),
-) -> None:
+        f"Megatron's schedulers and hydraplan's on Megatron's seams, {' '.join(OPT_IN_METHODS)}")),
+    json_out=(bool, json_option("print compare.json instead of the table")),
+)
+def compare(config: CompareConfig, out: Path, methods: list[str] | None, json_out: bool) -> None:
     """Compare hydraplan with Megatron-LM, HotSPa, WLB-LLM, FlexSP and the Hydraulis ablations on the
     same sampled batches and the same cost model; write compare.json, PNG plots and report.html.
 
@@ -307,15 +235,13 @@ def compare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Column, Table
 
-    from hydraplan.app.config import build
     from hydraplan.app.report import STDOUT_COLUMNS, TABLE_HEADER, table_rows, wlb_line, write_report
-    from hydraplan.methods.compare import CompareConfig, run_compare
+    from hydraplan.methods.compare import run_compare
     from hydraplan.store.fileio import model_json
     from hydraplan.store.runlock import locked_folder
 
-    chosen = None if methods is None else tuple(m for part in methods for m in part.replace(",", " ").split())
-    config = build(CompareConfig, profile=profile, dataset=dataset, gpus=gpus, tokens_per_iter=tokens_per_iter,
-                   iterations=iterations, seed=seed, context_len=context_len, methods=chosen, objective=objective)
+    if methods is not None:  # a list of names, spaced or comma-separated, in one option or repeated
+        config = config.model_copy(update={"methods": tuple(m for part in methods for m in part.replace(",", " ").split())})
     bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
                    TimeElapsedColumn(), console=err_console,
                    disable=not err_console.is_terminal)  # logs get the table, not bar frames

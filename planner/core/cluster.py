@@ -6,12 +6,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from hydraplan.core import sync
 from hydraplan.core.errors import UserError
+from hydraplan.core.options import Objective
 from hydraplan.core.schema import PipelineSpec, Profile, Scheme, SchemeMemory
 
 
@@ -59,7 +60,6 @@ def for_gpus(profile: Profile, gpus: int) -> Profile:
     return profile.model_copy(update={"schemes": schemes})
 
 
-Objective = Literal["end-to-end", "propagation"]
 OBJECTIVES: tuple[str, ...] = ("end-to-end", "propagation")
 
 

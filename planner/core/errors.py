@@ -18,3 +18,14 @@ class UserError(Exception):
 
     def __reduce__(self) -> tuple[type[UserError], tuple[str, str | None]]:  # keeps `field` across a process pool
         return type(self), (str(self), self.field)
+
+
+def flag_of(field: str) -> str:
+    """The option that sets a field: every command spells a setting `--` + its field in kebab case."""
+    return "--" + field.replace("_", "-")
+
+
+def cli_message(e: UserError) -> str:
+    """The error's one line as a command line says it: a message about a field names its flag instead."""
+    text = str(e)
+    return flag_of(e.field) + text[len(e.field):] if e.field else text

@@ -42,7 +42,7 @@ from hydraplan.engine.pool import WorkerPool, solve_in_order
 from hydraplan.engine.settings import PlanSettings
 from hydraplan.engine.strategies import resolve_strategies
 from hydraplan.solve.cad import best_cad
-from hydraplan.solve.seqsplit import parse_seq1f1b, refine_plan, seq1f1b_scheme
+from hydraplan.solve.seqsplit import refine_plan, seq1f1b_scheme
 from hydraplan.store.fileio import load_model
 from hydraplan.store.profiles import load_profile
 
@@ -116,7 +116,7 @@ class Planner:
                                                                          source=source)
         self.candidates = [ResolvedCandidate.of(c, cluster) for c in self.strategies.candidates]
         # Seq1F1B (solve.seqsplit) raises the usable MaxLen of pp > 1 pipelines; plans then carry splits
-        self.seq1f1b = None if settings.seq1f1b is None else parse_seq1f1b(settings.seq1f1b)
+        self.seq1f1b = settings.seq1f1b
         if self.seq1f1b is not None:
             self.candidates = [c.with_schemes(tuple(seq1f1b_scheme(s, self.seq1f1b) for s in c.schemes))
                                for c in self.candidates]

@@ -1,9 +1,10 @@
 """A planned run: what `hydraplan pack` and a job that plans while it trains (runtime/online.py) share, so
 that both plan the same iterations from the same arguments.
 
-`RunConfig` is the arguments that decide a run's plans (PackArgs, which summary.json records) and how many
-iterations it has; `PlanRun.prepare` loads the profile's cluster view and the dataset, resolves the
-strategies (given, or proposed) with the static baseline's layout added, and builds the Planner;
+`RunConfig` (job/config.py) is the arguments that decide a run's plans (PackArgs, which summary.json
+records) and how many iterations it has; `PlanRun.prepare` loads the profile's cluster view and the
+dataset, resolves the strategies (given, or proposed) with the static baseline's layout added, and builds
+the Planner;
 `PlanRun.batches(start)` is the sampled stream from any iteration on, outlier queues replayed from the start.
 A plan is `planner.solve(batch)`, a function of these alone, whoever computes it.
 """
@@ -14,15 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError, field_validator
-
-from hydraplan.core.cluster import MAX_GPUS, Cluster, Objective
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
-from hydraplan.core.schema import PackArgs, Profile, Strategies
-from hydraplan.engine.settings import DispatchMethod, PlanSettings
-from hydraplan.solve.seqsplit import parse_seq1f1b
+from hydraplan.core.schema import Profile, Strategies
+from hydraplan.job.config import RunConfig
 
 if TYPE_CHECKING:  # imported where used: a config (app/config.py) does not load the solvers
     from hydraplan.core.batch import Batch
@@ -31,74 +29,7 @@ if TYPE_CHECKING:  # imported where used: a config (app/config.py) does not load
     from hydraplan.solve.delay import DelayRule
     from hydraplan.store.datasets import Dataset
 
-C = TypeVar("C", bound=BaseModel)
-POSITIVE = {"context_len": "a positive number of tokens"}
 SAMPLE_CHUNK = 64  # iterations sampled at once: bounds memory on long runs
-
-
-def build(cls: type[C], **values: Any) -> C:
-    """The config, or a UserError for its first bad value in the CLI's words: `--gpus must be a positive integer
-    (got 0)`, `--dispatch must be 'greedy' or 'ilp' (got 'x')`."""
-    gpus = values.get("gpus")
-    if isinstance(gpus, int) and gpus > MAX_GPUS:
-        raise UserError(f"gpus must be at most {MAX_GPUS:,}, the largest size benchmarked (got {gpus:,})", "gpus")
-    try:
-        return cls(**values)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else ""
-        flag = "--" + field.replace("_", "-")
-        got = err.get("input")
-        if err["type"] in ("greater_than", "greater_than_equal"):
-            raise UserError(f"{flag} must be {POSITIVE.get(field, 'a positive integer')} (got {got})") from None
-        if err["type"] == "literal_error":
-            raise UserError(f"{flag} must be {err['ctx']['expected']} (got {got!r})") from None
-        if err["type"] == "value_error":
-            raise UserError(str(err["ctx"]["error"])) from None
-        raise UserError(f"{flag}: {err['msg']} (got {got!r})") from None
-
-
-class RunConfig(PackArgs):
-    """A run's plans: the PackArgs part (`args`) decides them, `iterations` says how many (the last one drains
-    any outlier queue). `pack` adds its output options (app/config.py PackConfig)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    seed: NonNegativeInt = 0
-    dispatch: DispatchMethod = "greedy"
-    objective: Objective = "end-to-end"
-    profile_sha256: str | None = None  # recorded once the profile is loaded (`args`)
-    iterations: PositiveInt
-    synthesize: bool = True  # None (neither --synthesize nor --candidates-only given): the default, on
-
-    @field_validator("strategies", mode="before")
-    @classmethod
-    def _absolute(cls, v: str | Path | None) -> str | None:
-        return None if v is None else str(Path(v).resolve())
-
-    @field_validator("seq1f1b")
-    @classmethod
-    def _splits(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_seq1f1b(v)
-        return v
-
-    @field_validator("synthesize", mode="before")
-    @classmethod
-    def _synthesize_by_default(cls, v: bool | None) -> bool | None:
-        return True if v is None else v
-
-    @property
-    def strategies_path(self) -> Path | None:
-        return None if self.strategies is None else Path(self.strategies)
-
-    def args(self, profile_sha256: str) -> PackArgs:
-        """What summary.json records: the fields that decide the run's plans."""
-        recorded = self.model_dump(include=set(PackArgs.model_fields))
-        return PackArgs.model_validate({**recorded, "profile_sha256": profile_sha256})
-
-    def settings(self) -> PlanSettings:
-        return PlanSettings.model_validate(self.model_dump(include=set(PlanSettings.model_fields)))
 
 
 @dataclass
@@ -127,12 +58,12 @@ class PlanRun:
         dataset = load_dataset(config.dataset, config.context_len)
         check_batch(dataset, config.tokens_per_iter)  # before the proposal, which takes the batch as nominal
         context_len = config.context_len or int(dataset.lengths.max())
-        strategies = _strategies(config, cluster, dataset, config.strategies_path or strategies_file)
+        strategies = _strategies(config, cluster, dataset, config.strategies or strategies_file)
         warn_placement(strategies, cluster, context_len)
         baseline = static_baseline(cluster, dataset, context_len, config.tokens_per_iter, config.iterations, config.seed)
         if baseline is not None and config.static:
             strategies = with_static_candidate(strategies, baseline.scheme, cluster, config.context_len)
-        planner = Planner.for_cluster(cluster, strategies, config.settings(), config.context_len, resolved=True)
+        planner = Planner.for_cluster(cluster, strategies, config.plan, config.context_len, resolved=True)
         rule = hydraplan_rule(dataset.lengths, config.tokens_per_iter) if config.outlier_delay else None
         return cls(config, cluster, dataset, planner, baseline, rule)
 

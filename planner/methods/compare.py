@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from hydraplan.core.cluster import Cluster, Objective
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.cost import model_flops
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import simulate_1f1b
@@ -34,6 +33,7 @@ from hydraplan.core.schema import CompareResult, MethodResult, Profile, Scheme
 from hydraplan.methods import baselines as bl
 from hydraplan.methods import megatron_seams as seams
 from hydraplan.methods.cad import choose, run_cad
+from hydraplan.methods.compare_config import CompareConfig
 from hydraplan.methods.hydra import MethodRun, run_hydra, run_hydra_delay
 from hydraplan.methods.registry import BY_NAME, NAMES, OPT_IN, of_family
 from hydraplan.solve.proposal import propose
@@ -46,25 +46,6 @@ CAD_METHODS = of_family("cad")  # core-attention disaggregation (hydraplan.solve
 ALL_METHODS = NAMES  # methods/registry.py: baselines, then hydraplan's, then CAD's
 KNOWN_METHODS = ALL_METHODS + OPT_IN  # Megatron's schedulers and the plugin on its seams: run when named
 HOTSPA_SHORTLIST = 3  # schemes per length range tried jointly with the switching cost
-
-
-class CompareConfig(BaseModel):
-    """`hydraplan compare`: built once (by the CLI or in Python), validated once (app.config.build for the CLI's
-    one-line errors)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    profile: str
-    dataset: str
-    gpus: PositiveInt
-    tokens_per_iter: PositiveInt
-    iterations: PositiveInt
-    seed: NonNegativeInt = 0
-    context_len: PositiveInt | None = None
-    methods: tuple[str, ...] | None = Field(None, description="None: every method")
-    wlb_queues: PositiveInt = 2
-    switch_bandwidth_gbs: PositiveFloat = 50.0
-    objective: Objective = "end-to-end"
 
 
 class CompareProgress(Protocol):
