@@ -89,6 +89,7 @@ def _round(items: list[tuple[int, int]], limit: int, n: int) -> tuple[list[list[
             sizes.append(need)
             for r in free[:need]:
                 group_of[r] = best
+        assert best is not None  # no group of this size: pick's condition left enough free ranks for a new one
         w = _workload(l, need)
         for r in members[best]:
             lens[r].append(l)
