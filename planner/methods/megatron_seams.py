@@ -80,7 +80,7 @@ def hybrid_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], 
     for lengths in batches:
         t0 = time.process_time()
         try:
-            sched = (balanced_cp_schedule(lengths.tolist(), limit, target.dpcp) if method == "megatron-hcp"
+            sched = (balanced_cp_schedule(lengths, limit, target.dpcp) if method == "megatron-hcp"
                      else schedule_hybrid_cp(lengths, target))
         except UserError as e:
             return HybridCPRun(method, tp, limit, (), tuple(ms), ooms, str(e))
@@ -199,7 +199,7 @@ def _hcp_plans(method: str, cluster: Cluster, batches: Sequence[np.ndarray], tp:
     plans = []
     for lengths in batches:
         try:
-            sched = (balanced_cp_schedule(lengths.tolist(), limit, target.dpcp) if method == "megatron-hcp"
+            sched = (balanced_cp_schedule(lengths, limit, target.dpcp) if method == "megatron-hcp"
                      else schedule_hybrid_cp(lengths, target))
         except UserError:
             return None
