@@ -8,6 +8,7 @@ the errors with the repository's paths. The incremental cache sits beside it (.c
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -41,11 +42,17 @@ def repo_paths(report: str) -> str:
 
 
 def run() -> tuple[int, str]:
-    """mypy's exit status (0: clean) and its report."""
+    """mypy's exit status (0: clean) and its report. In-process: the garbage collector's threshold and the
+    recursion limit, which mypy raises for itself, are put back for whatever runs next in the process."""
     from mypy import api
 
     layout()
-    out, err, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
+    threshold, limit = gc.get_threshold(), sys.getrecursionlimit()
+    try:
+        out, err, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
+    finally:
+        gc.set_threshold(*threshold)
+        sys.setrecursionlimit(limit)
     return status, repo_paths(out + err)
 
 
