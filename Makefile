@@ -63,8 +63,10 @@ bench: setup
 docs: setup
 	$(PY) -m bench.docs
 
+# ruff, then mypy over planner/ as the installed `hydraplan` (pyproject's [tool.mypy]; tests/test_typecheck.py runs it too)
 lint: setup
 	$(PY) -m ruff check planner runtime bench tests examples
+	$(PY) tests/typecheck.py
 
 clean:
 	rm -rf $(VENV) plans/demo build *.egg-info

@@ -232,7 +232,7 @@ def profiles_memory(
     profile = load_profile(name)
     key = cliopts.scheme_key(scheme, "SCHEME")
     n = gpus if gpus is not None else profile.reference_gpus
-    found = profile.scheme(*key)
+    found = next((s for s in profile.schemes if s.key == key), None)
     if found is None:
         raise UserError(f"SCHEME: {scheme_label(key)} is not a scheme of profile {profile.name}")
     view = next((s for s in for_gpus(profile, n).schemes if s.key == key), None) if n >= found.gpus else None

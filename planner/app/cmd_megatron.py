@@ -79,12 +79,14 @@ def suggest(
                         + "; ".join(f"TP {r.tp}: {r.why_not}" for r in runs if r.method == "hydraplan-hcp"))
     mega = best_run(runs, "megatron-hcp")
     flags = megatron_flags(best.tp, best.max_seqlen_per_rank)
+    ours_p = ours_p if ours_p is not None and ours_p.mean_s < float("inf") else None  # None: no layout runs them
+    theirs_p = theirs_p if theirs_p is not None and theirs_p.mean_s < float("inf") else None
     packing = None
-    if ours_p is not None and ours_p.mean_s < float("inf"):
+    if ours_p is not None:
         packing = {"layout": ours_p.label, "max_seqlen_per_dp_cp_rank": ours_p.capacity // ours_p.scheme.cp,
                    "mean_iteration_s": ours_p.mean_s, "flags": packing_flags(ours_p.scheme, ours_p.capacity),
-                   "dp_balanced_best_layout": theirs_p.label if theirs_p and theirs_p.mean_s < float("inf") else None,
-                   "dp_balanced_best_s": theirs_p.mean_s if theirs_p and theirs_p.mean_s < float("inf") else None}
+                   "dp_balanced_best_layout": theirs_p.label if theirs_p else None,
+                   "dp_balanced_best_s": theirs_p.mean_s if theirs_p else None}
     if json_out:
         typer.echo(json.dumps({
             "tp": best.tp, "max_seqlen_per_dp_cp_rank": best.max_seqlen_per_rank, "flags": flags,
@@ -108,12 +110,11 @@ def suggest(
     console.print("in your training script, before pretrain(...):\n"
                   f"  from hydraplan.integrations.megatron import install; install({profile!r})")
     console.print(f"Megatron flags: {flags}")
-    if packing is None:
+    if ours_p is None:
         console.print("sequence packing: no layout holds the context length")
         return
-    versus = (f"; dp_balanced at its best layout ({packing['dp_balanced_best_layout']}): "
-              f"{packing['dp_balanced_best_s']:.3f} s, {packing['dp_balanced_best_s'] / ours_p.mean_s:.2f}x"
-              if packing["dp_balanced_best_s"] else "")
+    versus = (f"; dp_balanced at its best layout ({theirs_p.label}): "
+              f"{theirs_p.mean_s:.3f} s, {theirs_p.mean_s / ours_p.mean_s:.2f}x" if theirs_p else "")
     console.print(f"sequence packing (Megatron-LM main), end to end: fastest {ours_p.label}, {ours_p.mean_s:.3f} s per "
                   f"global batch{versus}")
-    console.print(f"Megatron settings: {packing['flags']}")
+    console.print(f"Megatron settings: {packing_flags(ours_p.scheme, ours_p.capacity)}")

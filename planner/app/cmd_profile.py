@@ -182,12 +182,14 @@ def _measure(out: Path, schemes: list[str] | None, modes: list[str] | None, gpus
     with console.status(where[0]) as status, cliopts.Heartbeat(lambda: where[0]):
         prof, fits = measure.measure_profile(out.stem, runs, todo, memory_gib * 2**30, gpus_per_node=gpus, progress=step)
     write_model(out, prof)
+    net = prof.network
+    assert net is not None  # measure_profile measures the network
     if json_out:
         typer.echo(json.dumps({"schemes": [{"scheme": s.label, "max_len": s.max_len, "util_len": s.util_len,
                                             **s.time.model_dump(), "r2": f.r2, "worst_rel_err": f.worst_rel_err,
                                             "packed_worst_rel_err": f.packed_worst_rel_err}
                                            for s, f in zip(prof.schemes, fits)],
-                               "network": prof.network.model_dump(), "params": prof.model.params}, indent=1))
+                               "network": net.model_dump(), "params": prof.model.params}, indent=1))
         return
     table = Table("scheme", "MaxLen", "UtilLen", "a", "b", "c", "R^2", "worst err", "packed worst err",
                   title=f"{prof.name}: measured on {prof.gpu.name}, {memory_gib:g} GiB per device", title_justify="left")
@@ -196,7 +198,6 @@ def _measure(out: Path, schemes: list[str] | None, modes: list[str] | None, gpus
         table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",
                       f"{f.r2:.4f}", f"{f.worst_rel_err:.1%}", packed)
     cliopts.print_table(table, piped_width=120)  # 9 columns: not 80 in logs
-    net = prof.network
     console.print(f"LNK pull/push: {net.intra_node_GBps:.3g} GB/s per rank within the node (inter-node set equal: one "
                   f"node measured); model.params {prof.model.params:,}")
     console.print(f"wrote {out}")

@@ -217,7 +217,8 @@ def slowest_pipeline(plan: bl.IterationPlan) -> bl.PipelineRun:
 def gantt_pipelines(outcome: CompareOutcome, it: int) -> list[tuple[str, bl.PipelineRun]]:
     """The slowest pipeline of megatron and of hydraplan, plus, when both have a single stage, the
     slowest multi-stage pipeline any method ran in this iteration (where 1F1B has something to show)."""
-    shown = [(n, slowest_pipeline(outcome.runs[n].plans[it])) for n in ("megatron", "hydraplan") if n in outcome.runs]
+    shown: list[tuple[str, bl.PipelineRun]] = [(n, slowest_pipeline(outcome.runs[n].plans[it]))
+                                               for n in ("megatron", "hydraplan") if n in outcome.runs]
     if not shown:
         n = next(iter(outcome.runs))
         shown = [(n, slowest_pipeline(outcome.runs[n].plans[it]))]

@@ -102,10 +102,10 @@ def check_plan(plan: Plan, profile: Profile | Views, file: str = "<plan>", gpus_
     out: list[Violation] = []
     if plan.profile != views.profile.name:
         out.append(Violation(file, "profile", f"plan is for profile {plan.profile!r}, checked against {views.profile.name!r}"))
-    cluster = views.of(plan.gpus)
-    if isinstance(cluster, UserError):
-        out.append(Violation(file, "scheme", str(cluster)))
-        cluster = None
+    found = views.of(plan.gpus)
+    cluster = None if isinstance(found, UserError) else found
+    if isinstance(found, UserError):
+        out.append(Violation(file, "scheme", str(found)))
     lengths = _check_batch(plan, file, out)
     _check_ranks(plan, file, gpus_per_node or views.profile.gpu.gpus_per_node, out)
     if plan.cad is not None:

@@ -135,7 +135,7 @@ class Cluster:
 
     def scheme(self, key: tuple) -> Scheme | None:
         """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
-        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))  # type: ignore[arg-type]  # a 4-tuple either way
+        return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))
 
     @property
     def end_to_end(self) -> bool:
@@ -171,7 +171,7 @@ class Cluster:
         """The end-to-end estimate of one plan: pipelines given by their keys (tp, pp, cp, ...) and canonical times."""
         tp = np.array([k[0] for k in keys], dtype=np.float64)
         pp = np.array([k[1] for k in keys], dtype=np.float64)
-        return sync.iteration_estimate(self.transfer_s(tp, pp), propagation_s)
+        return sync.iteration_estimate(np.asarray(self.transfer_s(tp, pp)), propagation_s)
 
     def score(self, propagation_s: float, iteration_s: float | None) -> float:
         """A plan's number in the objective (iteration_s end to end when known, else propagation)."""

@@ -48,7 +48,7 @@ def micro_batch_times(scheme: Scheme, lengths: np.ndarray, micro_batches: Sequen
     sums = np.zeros(sizes.size)
     full = np.flatnonzero(sizes)
     if full.size:
-        cost = seq_cost(scheme, np.asarray(lengths)[np.concatenate([micro_batches[k] for k in full])])
+        cost = seq_cost(scheme, np.asarray(lengths)[np.concatenate([micro_batches[k] for k in full.tolist()])])
         sums[full] = np.add.reduceat(cost, np.r_[0, np.cumsum(sizes[full])[:-1]])
     return sums + scheme.time.c
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from hydraplan.core.cluster import for_gpus
 from hydraplan.core.cost import pipeline_time
@@ -33,6 +34,8 @@ from hydraplan.core.schema import Profile, Scheme
 
 # [round][DPxCP rank] -> positions (into the batch's lengths) that rank runs, in order
 HybridSchedule = list[list[list[int]]]
+# a batch's sequence lengths where a function reads them one by one (the others take any ArrayLike)
+Lengths = Sequence[int] | np.ndarray
 RECOMPUTE_OF_GRANULARITY = {None: "none", "none": "none", "selective": "selective", "full": "full"}
 
 
@@ -77,7 +80,7 @@ class HybridCP:
         except ValueError:
             raise UserError(f"hybrid CP: the profile has no <{self.tp},1,{cp}> scheme to price CP size {cp}") from None
 
-    def times(self, lengths: np.ndarray) -> np.ndarray:
+    def times(self, lengths: ArrayLike) -> np.ndarray:
         """(len(cps), n): seconds one rank spends on each sequence at each CP size (a*l^2 + b*l + c)."""
         l = np.asarray(lengths, dtype=np.float64)[None, :]
         a, b, c = self.coef[:, 0:1], self.coef[:, 1:2], self.coef[:, 2:3]
@@ -87,19 +90,19 @@ class HybridCP:
         a, b, c = self.coef[self.cp_index(cp)]
         return float((a * length + b) * length + c)
 
-    def fits(self, lengths: np.ndarray) -> np.ndarray:
+    def fits(self, lengths: ArrayLike) -> np.ndarray:
         """(len(cps), n): whether each sequence may run at each CP size (L / cp within the per-rank limit, and
         L within MaxLen of <tp,1,cp>)."""
         l = np.asarray(lengths, dtype=np.int64)[None, :]
         cps = np.asarray(self.cps, dtype=np.int64)[:, None]
         return (l <= cps * self.max_seqlen_per_rank) & (l <= np.asarray(self.max_lens, dtype=np.int64)[:, None])
 
-    def min_cp_index(self, lengths: np.ndarray) -> np.ndarray:
+    def min_cp_index(self, lengths: ArrayLike) -> np.ndarray:
         """Per sequence, the index into `cps` of the smallest CP size it fits on; len(cps) where none."""
         ok = self.fits(lengths)
         return np.where(ok.any(axis=0), ok.argmax(axis=0), len(self.cps))
 
-    def out_of_memory(self, schedule: HybridSchedule, lengths: Sequence[int]) -> list[int]:
+    def out_of_memory(self, schedule: HybridSchedule, lengths: Lengths) -> list[int]:
         """The positions `schedule` runs on fewer ranks than their memory needs (MaxLen of <tp,1,cp>)."""
         out = set()
         for rnd in schedule:
@@ -113,7 +116,7 @@ class HybridCP:
         return sorted(out)
 
 
-def hybrid_cp_violations(schedule: HybridSchedule, lengths: Sequence[int], dpcp: int, max_seqlen_per_rank: int) -> list[str]:
+def hybrid_cp_violations(schedule: HybridSchedule, lengths: Lengths, dpcp: int, max_seqlen_per_rank: int) -> list[str]:
     """Every way `schedule` breaks the executor's rules (empty: Megatron runs it)."""
     out: list[str] = []
     n = len(lengths)
@@ -175,7 +178,7 @@ def _round_order(rnd: list[list[int]], members: dict[int, list[int]]) -> list[in
     return order
 
 
-def hybrid_cp_rank_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]
+def hybrid_cp_rank_times(target: HybridCP, schedule: HybridSchedule, lengths: ArrayLike
                          ) -> list[tuple[np.ndarray, list[np.ndarray]]]:
     """Per round, as the executor runs it: when each rank finishes (a sequence starts when all its ranks are free
     and takes T(L) of <tp,1,cp> on each), and the seconds each rank computes each of its sequences."""
@@ -198,16 +201,16 @@ def hybrid_cp_rank_times(target: HybridCP, schedule: HybridSchedule, lengths: Se
     return out
 
 
-def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> np.ndarray:
+def hybrid_cp_round_times(target: HybridCP, schedule: HybridSchedule, lengths: ArrayLike) -> np.ndarray:
     """Seconds of each round: until its last rank finishes (then the barrier)."""
     return np.array([ready.max(initial=0.0) for ready, _ in hybrid_cp_rank_times(target, schedule, lengths)])
 
 
-def hybrid_cp_time(target: HybridCP, schedule: HybridSchedule, lengths: Sequence[int]) -> float:
+def hybrid_cp_time(target: HybridCP, schedule: HybridSchedule, lengths: ArrayLike) -> float:
     return float(hybrid_cp_round_times(target, schedule, lengths).sum())
 
 
-def hybrid_cp_lower_bound(target: HybridCP, lengths: Sequence[int]) -> float:
+def hybrid_cp_lower_bound(target: HybridCP, lengths: ArrayLike) -> float:
     """No schedule runs the batch faster: every sequence on the CP size it fits with the fewest GPU-seconds,
     spread evenly over the ranks, and no less than the longest sequence on its fastest CP size."""
     t = np.where(target.fits(lengths), target.times(lengths), np.inf)
@@ -248,13 +251,13 @@ class MegatronPacking:
         cp = self.scheme.cp
         return [[mb[d * cp] for mb in schedule] for d in range(self.dp)]
 
-    def propagation_s(self, schedule: PackingSchedule, lengths: Sequence[int]) -> list[float]:
+    def propagation_s(self, schedule: PackingSchedule, lengths: ArrayLike) -> list[float]:
         """Per replica: the canonical pipeline time of its packs, in order."""
         lengths = np.asarray(lengths, dtype=np.int64)
         return [pipeline_time(self.scheme, [lengths[mb] for mb in rep]) for rep in self.replicas(schedule)]
 
 
-def packing_violations(schedule: PackingSchedule, lengths: Sequence[int], dp: int, cp: int, capacity: int,
+def packing_violations(schedule: PackingSchedule, lengths: Lengths, dp: int, cp: int, capacity: int,
                        multiple: int) -> list[str]:
     """Every way `schedule` breaks the packing executor's rules (empty: Megatron runs it)."""
     out: list[str] = []

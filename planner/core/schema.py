@@ -6,14 +6,14 @@ Every model keeps unknown fields (``extra="allow"``) so files written by newer t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_serializer, model_validator
 
-PROFILE_SCHEMA = "hydraplan.profile/v1"
-STRATEGIES_SCHEMA = "hydraplan.strategies/v1"
-PLAN_SCHEMA = "hydraplan.plan/v1"
-SUMMARY_SCHEMA = "hydraplan.summary/v1"
+PROFILE_SCHEMA: Final = "hydraplan.profile/v1"
+STRATEGIES_SCHEMA: Final = "hydraplan.strategies/v1"
+PLAN_SCHEMA: Final = "hydraplan.plan/v1"
+SUMMARY_SCHEMA: Final = "hydraplan.summary/v1"
 
 
 class _Model(BaseModel):
@@ -401,7 +401,7 @@ class Summary(_Model):
 
 
 # --------------------------------------------------------------------------------------------- compare
-COMPARE_SCHEMA = "hydraplan.compare/v1"
+COMPARE_SCHEMA: Final = "hydraplan.compare/v1"
 
 
 class MethodResult(_Model):
@@ -450,7 +450,7 @@ class CompareResult(_Model):
 
 
 # ---------------------------------------------------------------------------------------- dataset stats
-DATASET_STATS_SCHEMA = "hydraplan.dataset-stats/v1"
+DATASET_STATS_SCHEMA: Final = "hydraplan.dataset-stats/v1"
 
 
 class LengthBin(_Model):

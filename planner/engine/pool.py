@@ -146,7 +146,7 @@ def _collect(pool: list[_Worker], done: dict[int, Any]) -> None:
                 raise exc from WorkerError(text)
             done[k] = value
     for r in ready:
-        if not isinstance(r, Connection):
+        if isinstance(r, int):  # a process sentinel (the rest are the result pipes)
             w = by_sentinel[r]
             if w.results.poll():  # its last results are still in the pipe: read them first
                 return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def install(profile: Profile | str, *, seams: Sequence[str] = SEAMS) -> Callable
         raise UserError(f"install: seams {unknown} unknown (choose from {', '.join(SEAMS)})")
     import importlib
 
-    data_schedule = importlib.import_module(DATA_SCHEDULE)
+    data_schedule: Any = importlib.import_module(DATA_SCHEDULE)  # Megatron's module: its names are not typed here
     undo: list[Callable[[], None]] = []
     if "hybrid_cp" in seams:
         saved = data_schedule.BalancedCPScheduler
@@ -169,7 +170,7 @@ def install(profile: Profile | str, *, seams: Sequence[str] = SEAMS) -> Callable
         for key in _dp_balanced_keys(scheduler_map):
             before = scheduler_map[key]
             scheduler_map[key] = packing_drop_in(profile, before)
-            undo.append(lambda key=key, before=before: scheduler_map.__setitem__(key, before))
+            undo.append(functools.partial(scheduler_map.__setitem__, key, before))
 
     def uninstall() -> None:
         for step in reversed(undo):

@@ -305,6 +305,7 @@ def wlb_llm(batches: Sequence[np.ndarray], scheme: Scheme, gpus: int, micro_batc
     plans = []
     stream = outlier_delay(stream_batches(batches), wlb_rule(thresholds, m_total), len(batches) if drain else None)
     for it, released in enumerate(stream):
+        assert released.sampled is not None  # outlier_delay says when each sequence was sampled
         pending = carry + list(zip(released.lengths.tolist(), released.sampled.tolist()))
         last = drain and it == len(batches) - 1
         lens = np.array([l for l, _ in pending], dtype=np.int64)
@@ -418,7 +419,7 @@ def _step_groups(sub: np.ndarray, schemes: Sequence[Scheme], gpus: int, kind: np
             load, g = heapq.heappop(heap)
             slot[i] = g
             heapq.heappush(heap, (load + c, g))
-        load = np.bincount(slot, weights=costs[k], minlength=count[k])
+        loads = np.bincount(slot, weights=costs[k], minlength=count[k])
         tokens = np.bincount(slot, weights=sub[mem], minlength=count[k])
         for g in range(count[k]):
             if tokens[g] == 0:
@@ -428,7 +429,7 @@ def _step_groups(sub: np.ndarray, schemes: Sequence[Scheme], gpus: int, kind: np
             else:
                 n_mb = len(ffd(sub[mem[slot == g]], s.max_len))
             groups.append((k, mem[slot == g]))
-            lats.append(load[g] + n_mb * s.time.c)
+            lats.append(loads[g] + n_mb * s.time.c)
     return _StepGroups(tuple(groups), np.array(lats), free)
 
 

@@ -19,6 +19,7 @@ def as_iteration_plan(result: CADResult, lengths: np.ndarray, cluster: Cluster) 
     latency = the CAD estimate."""
     sec = result.section
     scheme = cluster.scheme(sec.key)
+    assert scheme is not None  # CAD planned the section on one of the cluster's schemes
     times = np.array([s.time_s for s in sec.steps])
     pipes = []
     for j in range(sec.replicas):

@@ -138,8 +138,8 @@ def run_hotspa(batches: list[np.ndarray], cluster: Cluster, context_len: int, sw
     costs more than it saves."""
     ranges = bl.hotspa_ranges(context_len)
     masks = [[(b > lo) & (b <= hi) for b in batches] for lo, hi in ranges]
-    times: list[dict[tuple[int, int, int], float]] = []  # per range: scheme key -> total phase time
-    phases: list[dict[tuple[int, int, int], list[bl.Phase]]] = []  # per range: scheme key -> phase per batch
+    times: list[dict[tuple[int, int, int, str], float]] = []  # per range: scheme key -> total phase time
+    phases: list[dict[tuple[int, int, int, str], list[bl.Phase]]] = []  # per range: scheme key -> phase per batch
     gpus = cluster.gpus
     by_key = {s.key: s for s in cluster.schemes}
     for (lo, hi), mask in zip(ranges, masks, strict=True):
@@ -155,7 +155,7 @@ def run_hotspa(batches: list[np.ndarray], cluster: Cluster, context_len: int, sw
     shortlists = [list(dict.fromkeys(top[r] + top[0] + overall)) for r in range(len(ranges))]
     present = [[bool(masks[r][i].any()) for r in range(len(ranges))] for i in range(len(batches))]
 
-    def total(combo: tuple[tuple[int, int, int], ...]) -> float:
+    def total(combo: tuple[tuple[int, int, int, str], ...]) -> float:
         if score is not None:  # the plans hotspa() makes for this combination, from the cached phases
             return sum(score(bl.IterationPlan("hotspa", "", b, tuple(phases[r][k][i] for r, k in enumerate(combo) if here[r]),
                                               overhead_s=bl.switch_overhead([by_key[k] for k, p in zip(combo, here) if p],
@@ -332,10 +332,9 @@ def _hydra_runs(su: _Setup, homo: Scheme, hydra: list[str], methods: list[str], 
                 tick: Callable[[str], None]) -> dict[str, MethodRun]:
     """hydraplan, its ablations, hydraplan-delay (one proposal for both) and the CAD methods."""
     out: dict[str, MethodRun] = {}
-    proposed = None
-    if hydra:
-        proposed = propose(su.cluster, su.dataset, su.context_len, tokens_per_iter=su.config.tokens_per_iter)
-    if set(hydra) - {"hydraplan-delay"}:
+    proposed = (propose(su.cluster, su.dataset,  # type: ignore[arg-type]  # a _HasHistogram but for its read-only name
+                        su.context_len, tokens_per_iter=su.config.tokens_per_iter) if hydra else None)
+    if proposed is not None and set(hydra) - {"hydraplan-delay"}:
         out.update(run_hydra(su.batches, su.cluster, proposed, su.context_len, su.config.seed, homo, hydra, tick))
     if set(methods) & set(CAD_METHODS):
         cad_plans = run_cad(su.batches, su.cluster)
@@ -346,7 +345,7 @@ def _hydra_runs(su: _Setup, homo: Scheme, hydra: list[str], methods: list[str], 
             out["hydraplan-cad"] = MethodRun("hydraplan-cad", choose(su.score, out["hydraplan"].plans, cad_plans),
                                              "dynamic", out["hydraplan"].labels)
             tick("hydraplan-cad")
-    if "hydraplan-delay" in hydra:
+    if proposed is not None and "hydraplan-delay" in hydra:
         out["hydraplan-delay"] = run_hydra_delay(su.batches, su.cluster, proposed, np.asarray(su.dataset.lengths),
                                                  su.context_len, su.config.tokens_per_iter, su.config.seed, homo, tick)
     return out
@@ -358,7 +357,7 @@ def _speedups(results: dict[str, MethodResult], cluster: Cluster) -> None:
     base, base_e2e = results["megatron"].mean_estimate_s, results["megatron"].mean_iteration_s
     for r in results.values():
         r.propagation_speedup_vs_megatron = base / r.mean_estimate_s if r.mean_estimate_s > 0 else None
-        r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if r.mean_iteration_s else None
+        r.end_to_end_speedup_vs_megatron = base_e2e / r.mean_iteration_s if base_e2e is not None and r.mean_iteration_s else None
         r.speedup_vs_megatron = cluster.ranked(r.propagation_speedup_vs_megatron, r.end_to_end_speedup_vs_megatron)
 
 

@@ -72,7 +72,8 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
     cands = planner.candidates
     labels = {c.name: strategy_label(c) for c in planner.strategies.candidates}
     per_cand: dict[str, list[bl.IterationPlan | None]] = {c.name: [] for c in cands}
-    homo_maxlen, dynamic = [], []
+    homo_maxlen: list[bl.IterationPlan] = []
+    dynamic: list[bl.IterationPlan] = []
     for it, lengths in enumerate(batches):
         sel = planner.select(Batch.of_lengths(lengths, it))
         for k, c in enumerate(cands):
@@ -86,7 +87,9 @@ def run_hydra(batches: list[np.ndarray], cluster: Cluster, proposed: Strategies,
                 homo_maxlen.append(_homo_maxlen(sol, c.schemes, lengths, cluster.gpus))
         assert sel.winner is not None
         if sel.winner < len(cands):
-            dynamic.append(per_cand[cands[sel.winner].name][-1])  # type: ignore[index]  # asserted above
+            won_plan = per_cand[cands[sel.winner].name][-1]
+            assert won_plan is not None  # the winner has a solution
+            dynamic.append(won_plan)
         else:  # a strategy made for the batch
             won, sol = sel.contenders[sel.winner], sel.solutions[sel.winner]
             assert sol.pipelines is not None

@@ -74,7 +74,9 @@ def hybrid_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], 
                   recompute: str = "none") -> HybridCPRun:
     limit = rank_limit(profile, gpus, tp, recompute)
     target = HybridCP.of(profile, tp=tp, dpcp=gpus // tp, max_seqlen_per_rank=limit, recompute=recompute)
-    times, ms, ooms, why = [], [], 0, ""
+    times: list[float] = []
+    ms: list[float] = []
+    ooms, why = 0, ""
     for lengths in batches:
         t0 = time.process_time()
         try:
@@ -193,6 +195,7 @@ def _hcp_plans(method: str, cluster: Cluster, batches: Sequence[np.ndarray], tp:
     limit = rank_limit(cluster.profile, cluster.gpus, tp)
     target = HybridCP.of(cluster.profile, tp=tp, dpcp=cluster.gpus // tp, max_seqlen_per_rank=limit)
     scheme = cluster.scheme((tp, 1, 1))
+    assert scheme is not None  # rank_limit found it
     plans = []
     for lengths in batches:
         try:
@@ -227,11 +230,11 @@ def seam_runs(methods: Sequence[str], batches: Sequence[np.ndarray], cluster: Cl
     out = {}
     for m in methods:
         if m in HCP_METHODS:
-            options = {f"TP {tp}": _hcp_plans(m, cluster, batches, tp) for tp in hybrid_cp_tps(cluster.profile, cluster.gpus)}
+            tried = {f"TP {tp}": _hcp_plans(m, cluster, batches, tp) for tp in hybrid_cp_tps(cluster.profile, cluster.gpus)}
         else:
-            options = {f"{s.label}x{cluster.gpus // s.gpus}": _packing_plans(m, cluster, batches, s)
-                       for s in packing_layouts(cluster, context_len)}
-        options = {k: v for k, v in options.items() if v is not None}
+            tried = {f"{s.label}x{cluster.gpus // s.gpus}": _packing_plans(m, cluster, batches, s)
+                     for s in packing_layouts(cluster, context_len)}
+        options = {k: v for k, v in tried.items() if v is not None}
         if not options:
             raise UserError(f"methods {m}: runs on no {'TP' if m in HCP_METHODS else 'layout'} of {cluster.gpus} GPUs "
                             f"of {cluster.name} at this context length", "methods")

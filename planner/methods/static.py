@@ -42,7 +42,7 @@ def static_baseline(cluster: Cluster, dataset: Dataset, context_len: int, tokens
     schemes = holding(cluster.schemes, context_len, cluster.gpus)
     if not schemes:
         return None
-    probe = []
+    probe: list[np.ndarray] = []
     for b in sample_iterations(dataset, tokens_per_iter, min(iterations, BASELINE_PROBE_ITERATIONS), seed):
         if sum(p.size for p in probe) >= BASELINE_PROBE_SEQUENCES:
             break  # at thousands of GPUs one batch is enough: more only repeat FFD for the same choice

@@ -136,6 +136,7 @@ def adaptive_shard(lengths: np.ndarray, cp: int, a: float, tile: int = TILE) -> 
     coarser per-sequence)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     options: dict[Strategy, tuple[Shards, np.ndarray]] = {}
+    name: Strategy
     for name, fn in (("per-sequence", shard_per_sequence), ("per-document", shard_per_document)):
         sh = fn(lengths, cp)
         options[name] = (sh, a * cp * attention_work(lengths, sh, cp, tile))

@@ -64,8 +64,9 @@ class _Seqs:
 
     @staticmethod
     def concat(parts: Sequence[_Seqs]) -> _Seqs:
-        docs = None if parts[0].docs is None else np.concatenate([p.docs for p in parts])  # type: ignore[misc]  # all or none have docs
-        return _Seqs(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("ids", "lengths", "sampled")), docs)
+        docs = None if parts[0].docs is None else np.concatenate([p.docs for p in parts])  # all or none have docs
+        ids, lengths, sampled = (np.concatenate([getattr(p, f) for p in parts]) for f in ("ids", "lengths", "sampled"))
+        return _Seqs(ids, lengths, sampled, docs)
 
 
 def _released(queue: _Seqs, rule: DelayRule, iteration: int, last: bool) -> int:

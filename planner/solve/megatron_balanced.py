@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from hydraplan.core.errors import UserError
 
 DELTA = 0.05  # a round may close once max - min rank load <= DELTA * max
@@ -89,6 +91,7 @@ def _round(items: list[tuple[int, int]], limit: int, n: int) -> tuple[list[list[
             sizes.append(need)
             for r in free[:need]:
                 group_of[r] = best
+        assert best is not None  # no group of this size: pick's condition left enough free ranks for a new one
         w = _workload(l, need)
         for r in members[best]:
             lens[r].append(l)
@@ -152,7 +155,7 @@ def _fill_empty(lens, ids, members, sizes, n):
     return new_lens, new_ids
 
 
-def balanced_cp_schedule(lengths: Sequence[int], limit: int, n: int) -> list[list[list[int]]]:
+def balanced_cp_schedule(lengths: Sequence[int] | np.ndarray, limit: int, n: int) -> list[list[list[int]]]:
     """sample_id_groups ([round][rank] -> positions into `lengths`) as Megatron's scheduler makes them."""
     if any(cp_needed(int(l), limit) > n for l in lengths):
         raise UserError(f"hybrid CP: a sequence of {max(lengths)} tokens needs more than {n} ranks of {limit} tokens")

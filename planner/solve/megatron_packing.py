@@ -28,8 +28,9 @@ def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSch
     """sample_id_groups for Megatron's packing executor: [micro-batch][dp*cp rank] -> positions into `lengths`."""
     lengths = np.asarray(lengths, dtype=np.int64)
     dp, cp, group = target.dp, target.scheme.cp, target.multiple // target.dp
+    best: PackingSchedule | None
     try:
-        best: PackingSchedule | None = dp_balanced_schedule(lengths.tolist(), target.capacity, dp, cp, group)
+        best = dp_balanced_schedule(lengths.tolist(), target.capacity, dp, cp, group)
         best_s = max(target.propagation_s(best, lengths))
     except UserError:  # dp_balanced cannot fill the pack count (Megatron's own assertion fails)
         best, best_s = None, np.inf
@@ -44,8 +45,9 @@ def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSch
     for _ in range(V_STEPS):
         if v > most:
             break
-        packs = [pack_fixed_v(lengths[d], scheme, v, time_limit_s=0.0) for d in docs]
-        if any(p is None or len(p.micro_batches) != v for p in packs):
+        tried = [pack_fixed_v(lengths[d], scheme, v, time_limit_s=0.0) for d in docs]
+        packs = [p for p in tried if p is not None and len(p.micro_batches) == v]
+        if len(packs) < len(tried):
             v += group
             continue
         ours = deal([d[mb].tolist() for i in range(v) for d, p in zip(docs, packs, strict=True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+from numpy.typing import ArrayLike
 
 from hydraplan.core.schema import Scheme
 from hydraplan.core.sync import charges, end_to_end_s, propagation_budget_s
@@ -76,7 +77,7 @@ class Relaxation:
     def top(self) -> int:
         return int(self.long[0]) if self.long.size else int(self.hi.max(initial=0))
 
-    def work(self, lengths: np.ndarray) -> np.ndarray:
+    def work(self, lengths: ArrayLike) -> np.ndarray:
         """(len, S) a l^2 + b l per scheme."""
         l = np.asarray(lengths, dtype=np.float64)[:, None]
         return (self.a * l + self.b) * l
@@ -332,7 +333,7 @@ def _pipelines(m: SparseModel, rel: Relaxation, k: int, Y: float, n: int, loads:
     used = count[hull] if p > 0 else np.zeros(0, dtype=np.int64)
     if p == 0:
         if not hull[0]:
-            m.add_rows(1, np.zeros(1), [n], [1.0], upper=0.0)
+            m.add_rows(1, np.zeros(1), np.array([n]), np.ones(1), upper=0.0)
         if hosts.size:
             m.add_rows(1, np.zeros(hosts.size + 1), _cat(hosts, n), _cat(np.ones(hosts.size), -1.0), upper=0.0)
         return

@@ -188,9 +188,10 @@ def _integral(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, t: np.n
     fine = relaxation(lengths, [schemes[k] for k in used], gpus, t[used], long=MIP_LONG, group_ratio=MIP_GROUP_RATIO,
                       level_ratio=MIP_LEVEL_RATIO, prune=False)
     found = ((X, probe(fine, X, max_nodes=MAX_NODES)) for X in steps)
-    hi, first = next(((X, n) for X, n in found if n is not None), (None, None))
-    if hi is None:
+    hit = next(((X, n) for X, n in found if n is not None), None)
+    if hit is None:
         return []
+    hi, first = hit
     out: list[dict[int, int]] = []
     slacks = NEAR_SLACK if small and first.sum() <= NEAR_PIPELINES else SLACK
     for n in (first, *(probe(fine, hi * (1 + slack), fewest_gpus=True, gap=FEWEST_GAP,
@@ -199,6 +200,7 @@ def _integral(lengths: np.ndarray, schemes: Sequence[Scheme], gpus: int, t: np.n
             continue
         made = {used[int(fine.keep[k])]: int(v) for k, v in enumerate(n) if v > 0}
         counts = _fill(made, schemes, gpus, _narrowest(schemes, made) + _narrowest(schemes, range(len(schemes))))
+        assert counts is not None  # the pool ends with every scheme
         if counts not in out:
             out.append(counts)
     return out

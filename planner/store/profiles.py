@@ -79,7 +79,7 @@ class ProfileEntry:
     gpu: str
     model: str
     schemes: int
-    source: str
+    source: str | None  # the profile's own word ("analytic", "measured", ...), if it says
     path: str
 
 

@@ -39,7 +39,7 @@ def estimate(profile: Profile, section: CADSection, lengths_by_seq: dict[int, in
         for seq, n in covered.items():
             if lengths_by_seq.get(seq) != n:
                 problems.append(f"cad.steps.{v}: seq {seq} has {n} tokens in pieces, length {lengths_by_seq.get(seq)}")
-        q = {}
+        q: dict[int, int] = {}
         for t in step.tasks:
             q[t.seq] = q.get(t.seq, 0) + (t.end - t.start)
         if q != covered:

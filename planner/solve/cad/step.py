@@ -46,7 +46,7 @@ def assign_steps(lengths: np.ndarray, scheme: Scheme, steps: int) -> list[list[i
 
 def initial_tasks(pieces: Sequence[tuple[int, int, int, int]], chunk: int) -> list[tuple[int, int, int, int]]:
     """Each piece cut into query chunks of at most `chunk` tokens, run at home: (doc, start, end, home)."""
-    out = []
+    out: list[tuple[int, int, int, int]] = []
     for doc, s, e, h in pieces:
         k = max(1, -(-(e - s) // chunk))
         cuts = [s + ((e - s) * j) // k for j in range(k + 1)]
