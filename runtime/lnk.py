@@ -34,7 +34,8 @@ exchanges, a bounded number of layer groups at a time, is runtime/lnk_streams.py
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from operator import itemgetter
 
 import numpy as np
@@ -105,6 +106,17 @@ def _intersect(lo_a, hi_a, lo_b, hi_b) -> Pieces:
 class Exchange:
     send: Pieces
     recv: Pieces
+
+
+def _by_group(lo_a, hi_a, lo_b, hi_b, first: np.ndarray) -> Pieces:
+    """_intersect's pieces in (layer group, peer, param) order, the order compile_exchange works in
+    (`first`: each group's first parameter, then the parameter count): no sort of them afterwards."""
+    lo, hi = np.maximum(lo_a, lo_b), np.minimum(hi_a, hi_b)
+    mask = hi > lo
+    found = [np.nonzero(mask[:, a:b]) for a, b in zip(first[:-1].tolist(), first[1:].tolist())]
+    peer = np.concatenate([p for p, _ in found]) if found else np.zeros(0, np.int64)
+    param = np.concatenate([q + a for (_, q), a in zip(found, first.tolist())]) if found else np.zeros(0, np.int64)
+    return Pieces(peer, param, lo[peer, param], hi[peer, param])
 
 
 def plan_exchange(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray], rank: int) -> Exchange:
@@ -242,11 +254,10 @@ class _Side:
 
     @classmethod
     def of(cls, pieces: Pieces, layout: FlatLayout, gidx: np.ndarray, ngroups: int) -> "_Side":
+        """`pieces` in (group, peer, param) order (_by_group)."""
         g = gidx[pieces.param]
-        o = _stable_order(g, ngroups)
         lo, hi = cls.ranges(layout, gidx, ngroups)
-        g = g[o]
-        return cls(g, pieces.peer[o], pieces.param[o], layout.starts(pieces)[o] - lo[g], pieces.size[o], lo, hi)
+        return cls(g, pieces.peer, pieces.param, layout.starts(pieces) - lo[g], pieces.size, lo, hi)
 
     @staticmethod
     def ranges(layout: FlatLayout, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +281,7 @@ class _Side:
 def _owner_cuts(distinct: Pieces, owned: FlatLayout, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
     """_cuts of the owner side of both exchanges (pull's send source, push's destination): the owned range
     cut where some role's range starts or ends. `distinct`: the owned range cut by each distinct role once
-    (peer = role row), the same boundaries as cutting it by every rank's, which repeat them."""
+    (peer = role row; _by_group order), the same boundaries as cutting it by every rank's, which repeat them."""
     side = _Side.of(distinct, owned, gidx, ngroups)
     return _cuts(side.hi - side.lo, side.group, side.start, side.start + side.size)
 
@@ -347,13 +358,12 @@ def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[
 
 
 def compile_exchange(ex: Exchange, owned: FlatLayout, local: FlatLayout, gidx: np.ndarray, ngroups: int, world: int,
-                     distinct: Pieces, push: bool) -> list[GroupExchange]:
-    """The exchange cut into one GroupExchange per layer group (`gidx[p]`: the group of parameter p, 0..ngroups-1,
-    non-decreasing), all groups in one numpy pass, once per strategy. Pull sends from `owned` to `local`,
-    push the other way; `distinct`: _owner_cuts's pieces."""
+                     cuts: tuple[np.ndarray, np.ndarray], push: bool) -> list[GroupExchange]:
+    """The exchange (its pieces in (group, peer, param) order) cut into one GroupExchange per layer group
+    (`gidx[p]`: the group of parameter p, 0..ngroups-1, non-decreasing), all groups in one numpy pass, once per
+    strategy. Pull sends from `owned` to `local`, push the other way; `cuts`: _owner_cuts."""
     src, dst = (local, owned) if push else (owned, local)
     s, r = _Side.of(ex.send, src, gidx, ngroups), _Side.of(ex.recv, dst, gidx, ngroups)
-    cuts = _owner_cuts(distinct, owned, gidx, ngroups)
     total = r.totals()
     if push:
         packs = _tiling(s, len(gidx), unpack=False, what="push")
@@ -371,21 +381,36 @@ def compile_exchange(ex: Exchange, owned: FlatLayout, local: FlatLayout, gidx: n
 
 @dataclass(frozen=True)
 class LinkPlan:
-    """Everything one rank needs to pull and push for one strategy."""
+    """Everything one rank needs to pull and push for one strategy. `pull` and `push`, the exchanges' pieces in
+    (peer, param) order, are made when read (the runtime reads only the compiled groups)."""
 
     rank: int
     world: int
     owned: FlatLayout  # the rank's optimizer shard buffer
     local: FlatLayout  # the rank's stage parameters (and gradients), flattened in canonical order
-    pull: Exchange
-    push: Exchange
     group_params: tuple[np.ndarray, ...]  # parameter indices of each layer group, in canonical order
     pull_groups: tuple[GroupExchange, ...]
     push_groups: tuple[GroupExchange, ...]
+    roles: tuple[np.ndarray, np.ndarray, np.ndarray] = field(repr=False)  # _role_rows, for pull and push
+    numels: np.ndarray = field(repr=False)
 
     def needed(self, g: int) -> bool:
         """Whether this rank's stage holds anything of group g (what it waits for, and contributes)."""
         return self.pull_groups[g].dst[1] > self.pull_groups[g].dst[0]
+
+    def _ranges(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        lo, hi, row = self.roles
+        return owner_ranges(self.numels, self.world), (lo[row], hi[row])
+
+    @cached_property
+    def pull(self) -> Exchange:
+        owners, needs = self._ranges()
+        return plan_exchange(owners, needs, self.rank)
+
+    @cached_property
+    def push(self) -> Exchange:
+        owners, needs = self._ranges()
+        return plan_exchange(needs, owners, self.rank)
 
 
 def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Role | None], rank: int,
@@ -397,18 +422,24 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     if np.any(np.diff(gid) < 0):
         raise ValueError("groups must be non-decreasing in canonical parameter order")
     values, gidx = np.unique(gid, return_inverse=True)
-    group_params = tuple(np.flatnonzero(gidx == g) for g in range(len(values)))
+    ngroups = len(values)
+    group_params = tuple(np.flatnonzero(gidx == g) for g in range(ngroups))
+    first = np.searchsorted(gidx, np.arange(ngroups + 1))
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
-    owners = owner_ranges(numels, world)
+    olo, ohi = owner_ranges(numels, world)
     ulo, uhi, row = _role_rows(numels, sharded, roles)
-    needs = ulo[row], uhi[row]
-    owned = FlatLayout.of(owners[0][rank], owners[1][rank])
-    local = FlatLayout.of(needs[0][rank], needs[1][rank])
-    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(needs, owners, rank)
-    distinct = _intersect(owned.lo[None, :], owned.hi[None, :], ulo[:-1], uhi[:-1])
+    nlo, nhi = ulo[row], uhi[row]
+    owned = FlatLayout.of(olo[rank], ohi[rank])
+    local = FlatLayout.of(nlo[rank], nhi[rank])
+    pull = Exchange(_by_group(olo[rank][None], ohi[rank][None], nlo, nhi, first),
+                    _by_group(olo, ohi, nlo[rank][None], nhi[rank][None], first))
+    push = Exchange(_by_group(nlo[rank][None], nhi[rank][None], olo, ohi, first),
+                    _by_group(nlo, nhi, olo[rank][None], ohi[rank][None], first))
+    cuts = _owner_cuts(_by_group(owned.lo[None], owned.hi[None], ulo[:-1], uhi[:-1], first), owned, gidx, ngroups)
     return LinkPlan(
-        rank=rank, world=world, owned=owned, local=local, pull=pull_ex, push=push_ex, group_params=group_params,
-        pull_groups=tuple(compile_exchange(pull_ex, owned, local, gidx, len(values), world, distinct, push=False)),
-        push_groups=tuple(compile_exchange(push_ex, owned, local, gidx, len(values), world, distinct, push=True)),
+        rank=rank, world=world, owned=owned, local=local, group_params=group_params,
+        pull_groups=tuple(compile_exchange(pull, owned, local, gidx, ngroups, world, cuts, push=False)),
+        push_groups=tuple(compile_exchange(push, owned, local, gidx, ngroups, world, cuts, push=True)),
+        roles=(ulo, uhi, row), numels=numels,
     )
