@@ -1,6 +1,7 @@
 """Host work at the start of a step with a new strategy, measured: the LNK setup (runtime/replay.py
 Replayer.link_setup: every rank's role and LNK role, then this rank's plan_link, runtime/lnk.py), in thread CPU
-seconds on this shared 2-core machine (median of 3 runs each, after one warm-up), for every rank of each new
+seconds on this shared 2-core machine (the least of 3 runs each, after one warm-up: the run least disturbed by
+the other jobs), for every rank of each new
 strategy of the demo's plans (`make demo`'s pack: h100-llama2-7b, builtin:wikipedia, 64 GPUs, context 32768,
 200K tokens per iteration, 20 iterations) and for a few ranks of a 1024-GPU data-parallel layout (1024 <1,1,1>
 replicas of LLaMA-2 7B); the previous planner (tests/lnk_reference.py) on two ranks of each, a ratio measured in
@@ -38,13 +39,13 @@ REPEATS = 3
 
 
 def cpu_ms(f: Callable[[], object]) -> float:
-    """Median thread CPU milliseconds of `f` over REPEATS runs."""
+    """The least thread CPU milliseconds of `f` over REPEATS runs."""
     out = []
     for _ in range(REPEATS):
         t = time.thread_time()
         f()
         out.append((time.thread_time() - t) * 1e3)
-    return statistics.median(out)
+    return min(out)
 
 
 def layout(world: int, pipelines: list[tuple[int, int, int]]) -> Plan:
@@ -126,4 +127,4 @@ def main(run: Run) -> None:
         cases = [measure("demo64", llama, demo_plans(), lambda w: list(range(w)), 3),
                  measure("dp1024", llama, [layout(1024, [(1, 1, 1)] * 1024)], lambda w: [0, 1, w // 2, w - 1], 1)]
     run.write({"cases": cases, "repeats": REPEATS,
-               "note": "thread CPU milliseconds on a shared 2-core machine (other jobs running), median of the repeats"})
+               "note": "thread CPU milliseconds on a shared 2-core machine (other jobs running), the least of the repeats"})
