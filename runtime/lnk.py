@@ -27,8 +27,10 @@ push: TP rank t contributes chunk t of each of its stage's TP-sharded gradients 
   pull is an all-gather and push a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the
   owner shards shape the pieces.
 
-The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; running the
-exchanges, a bounded number of layer groups at a time, is runtime/lnk_streams.py.
+The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; it works on
+every layer group and push round in one pass (a step with a new strategy waits for none of it: the runtime
+makes it ahead, runtime/run_plan.py). Running the exchanges, a bounded number of layer groups at a time, is
+runtime/lnk_streams.py.
 """
 
 from __future__ import annotations

@@ -248,8 +248,8 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
 
 
 class _SetupAhead:
-    """A plan's LNK plan (Replayer.link_setup: roles and plan_link, host work of ~10-20 ms for a new 64-GPU
-    strategy and ~0.1-0.3 s at 1024 GPUs, bench/bench_lnk_host.py) made on a helper thread ahead of the step
+    """A plan's LNK plan (Replayer.link_setup: roles and plan_link, host work of tens of milliseconds for a new
+    64-GPU strategy and a quarter second at 1024 GPUs on a loaded CPU, bench/bench_lnk_host.py) made ahead of the step
     that needs it, so a step with a new strategy starts without it: a replayed plan's while the step before it
     runs (the next one is known); a plan planned while training on the feed's thread as it arrives
     (online.PlanFeed.prepare_with). link_setup makes no group (no collective off the main thread)."""
