@@ -27,14 +27,17 @@ push: TP rank t contributes chunk t of each of its stage's TP-sharded gradients 
   pull is an all-gather and push a reduce-scatter (tested); PP and CP never cut a tensor, so only TP and the
   owner shards shape the pieces.
 
-The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; running the
-exchanges, a bounded number of layer groups at a time, is runtime/lnk_streams.py.
+The planning (`plan_link`) is pure numpy, the same on every rank, so no sizes are ever exchanged; it works on
+every layer group and push round in one pass (a step with a new strategy waits for none of it: the runtime
+makes it ahead, runtime/run_plan.py). Running the exchanges, a bounded number of layer groups at a time, is
+runtime/lnk_streams.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from operator import itemgetter
 
 import numpy as np
@@ -59,17 +62,25 @@ def owner_ranges(numels: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray
 def role_ranges(numels: np.ndarray, sharded: np.ndarray, roles: Sequence[Role | None]) -> tuple[np.ndarray, np.ndarray]:
     """[world, P] lo/hi each rank holds during propagation (lo == hi: nothing): its TP chunk of a sharded
     parameter, a replicated one whole (what pull delivers, and push sends back)."""
-    lo = np.zeros((len(roles), len(numels)), dtype=np.int64)
+    lo, hi, row = _role_rows(numels, sharded, roles)
+    return lo[row], hi[row]
+
+
+def _role_rows(numels: np.ndarray, sharded: np.ndarray,
+               roles: Sequence[Role | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """role_ranges once per distinct Role (the replicas of a stage share one): [U + 1, P] lo/hi, the last row
+    an idle rank's, and each rank's row (-1: idle)."""
+    index: dict[Role, int] = {}
+    row = np.array([-1 if role is None else index.setdefault(role, len(index)) for role in roles], dtype=np.int64)
+    lo = np.zeros((len(index) + 1, len(numels)), dtype=np.int64)  # the last row: an idle rank's (row -1)
     hi = np.zeros_like(lo)
-    for r, role in enumerate(roles):
-        if role is None:
-            continue
+    for role, u in index.items():
         p = np.asarray(role.params, dtype=np.int64)
         n = numels[p]
         chunk = sharded[p]
-        lo[r, p] = np.where(chunk, role.tp_rank * n // role.tp, 0)
-        hi[r, p] = np.where(chunk, (role.tp_rank + 1) * n // role.tp, n)
-    return lo, hi
+        lo[u, p] = np.where(chunk, role.tp_rank * n // role.tp, 0)
+        hi[u, p] = np.where(chunk, (role.tp_rank + 1) * n // role.tp, n)
+    return lo, hi, row
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,17 @@ def _intersect(lo_a, hi_a, lo_b, hi_b) -> Pieces:
 class Exchange:
     send: Pieces
     recv: Pieces
+
+
+def _by_group(lo_a, hi_a, lo_b, hi_b, first: np.ndarray) -> Pieces:
+    """_intersect's pieces in (layer group, peer, param) order, the order compile_exchange works in
+    (`first`: each group's first parameter, then the parameter count): no sort of them afterwards."""
+    lo, hi = np.maximum(lo_a, lo_b), np.minimum(hi_a, hi_b)
+    mask = hi > lo
+    found = [np.nonzero(mask[:, a:b]) for a, b in zip(first[:-1].tolist(), first[1:].tolist())]
+    peer = np.concatenate([p for p, _ in found]) if found else np.zeros(0, np.int64)
+    param = np.concatenate([q + a for (_, q), a in zip(found, first.tolist())]) if found else np.zeros(0, np.int64)
+    return Pieces(peer, param, lo[peer, param], hi[peer, param])
 
 
 def plan_exchange(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray], rank: int) -> Exchange:
@@ -127,7 +149,8 @@ class FlatLayout:
 
 @dataclass(frozen=True)
 class Gather:
-    """Copy ranges of a flat source into one contiguous buffer, in a given order, with one torch.cat.
+    """Copy ranges of a flat source into one contiguous buffer, in a given order, with one torch.cat (made by
+    _gathers).
 
     The source is cut once at every range boundary (`split` makes views, no copy) and each range is a run
     of those segments, so overlapping ranges (an owner sending one slice to several replicas) and gaps
@@ -136,23 +159,6 @@ class Gather:
     seg_sizes: tuple[int, ...]  # partition of the source
     ids: tuple[int, ...]  # segments in output order
     total: int
-
-    @classmethod
-    def of(cls, starts: np.ndarray, sizes: np.ndarray, src_len: int) -> "Gather":
-        keep = sizes > 0
-        starts, sizes = starts[keep].astype(np.int64), sizes[keep].astype(np.int64)
-        bounds = np.unique(np.concatenate(([0, src_len], starts, starts + sizes)))
-        a = np.searchsorted(bounds, starts)
-        counts = np.searchsorted(bounds, starts + sizes) - a
-        first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        ids = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-        return cls(tuple(np.diff(bounds).tolist()), tuple(ids.tolist()), int(sizes.sum()))
-
-    def contiguous_start(self) -> int | None:
-        """Where in the source the output lies as one contiguous run (the gather is a view), or None."""
-        if not self.ids or any(b != a + 1 for a, b in zip(self.ids, self.ids[1:])):
-            return None
-        return sum(self.seg_sizes[:self.ids[0]])
 
     def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if not self.ids:
@@ -167,10 +173,10 @@ class GroupExchange:
     send buffer (pieces already coalesced per peer, peers in rank order), one all_to_all_single, then
     unpack. `rounds`: pull has one (the received pieces tile the destination range exactly); push has one
     per contribution an owner element receives (each round tiles the owner range, padded from a zero tail
-    of the receive buffer where a segment has fewer contributions) and the rounds are summed. `stacked`: when
-    round r is the receive buffer's [start + r*n, start + (r+1)*n) for every r (n the owner range: each peer
-    sends it whole, as in a data-parallel layout), that start: the push sum is then one batched reduction of
-    a [rounds, n] view instead of one gather and add per round."""
+    of the receive buffer where a segment has fewer contributions) and the rounds are summed. `stacked`:
+    (start, count) when round r is the receive buffer's [start + r*n, start + (r+1)*n) for each of count >= 2
+    rounds (n the owner range: each peer sends it whole, as in a data-parallel layout); the push sum is then
+    one batched reduction of a [count, n] view and `rounds` is empty (no gather per round is ever built)."""
 
     src: tuple[int, int]  # [lo, hi) in the source layout
     dst: tuple[int, int]  # [lo, hi) in the destination layout
@@ -179,103 +185,234 @@ class GroupExchange:
     pack: Gather
     rounds: tuple[Gather, ...]
     zero_tail: int
-    stacked: int | None = None
+    stacked: tuple[int, int] | None = None
 
     @property
     def recv_total(self) -> int:
         return sum(self.recv_splits)
 
 
-def _group_range(layout: FlatLayout, params: np.ndarray) -> tuple[int, int]:
-    if len(params) == 0:
-        return 0, 0
-    lo = int(layout.offset[params[0]])
-    return lo, lo + int((layout.hi - layout.lo)[params].sum())
+_KEY = 40  # composite sort keys batch << _KEY | offset: offsets below 2**40 elements, batches below 2**23
 
 
-def _rounds(dst_start: np.ndarray, size: np.ndarray, recv_off: np.ndarray, n: int, tail: int) -> tuple[list[Gather], int]:
-    """Per round k, the ranges of the receive buffer that tile [0, n) of the destination with each
-    segment's k-th contribution (in piece order), or zeros from the tail at `tail`; and the tail's size."""
-    keep = size > 0
-    dst_start, size, recv_off = dst_start[keep], size[keep], recv_off[keep]
-    bounds = np.unique(np.concatenate(([0, n], dst_start, dst_start + size)))
-    seg_lo, seg_size = bounds[:-1], np.diff(bounds)
-    a = np.searchsorted(bounds, dst_start)
-    counts = np.searchsorted(bounds, dst_start + size) - a
-    piece = np.repeat(np.arange(len(size)), counts)
-    first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    seg = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-    order = np.lexsort((piece, seg))  # by segment, then piece: the k-th contribution of each segment
+def _keys(batch: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    return (batch << _KEY) + offset
+
+
+def _cuts(lengths: np.ndarray, batch: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every batch b's [0, lengths[b]] cut at the starts and ends of its ranges: the sorted distinct cut keys
+    (_keys) and where each batch's cuts begin in them (nb + 1 entries)."""
+    nb = len(lengths)
+    if nb >= 1 << (63 - _KEY) or (nb and int(lengths.max()) >= 1 << _KEY):
+        raise ValueError(f"LNK planning: {nb} batches or {int(lengths.max(initial=0))} elements exceed the key range")
+    b = np.arange(nb, dtype=np.int64)
+    keys = np.sort(np.concatenate((_keys(b, 0), _keys(b, lengths), _keys(batch, starts), _keys(batch, ends))))
+    keys = keys[np.concatenate((keys[:1] == keys[:1], keys[1:] != keys[:-1]))]  # np.unique hashes: 20x slower here
+    return keys, np.searchsorted(keys >> _KEY, np.arange(nb + 1))
+
+
+def _gathers(batch: np.ndarray, starts: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
+             cuts: tuple[np.ndarray, np.ndarray] | None = None) -> list[Gather]:
+    """The Gathers of many batches in one numpy pass: batch b copies the ranges with batch == b (batch
+    non-decreasing, ranges in output order) out of a source of lengths[b] elements. A push group has a
+    round per contribution (1024 at 1024-way data parallelism), so one numpy round per Gather is what made
+    planning take seconds. `cuts`: _cuts of these batches when known (from the distinct ranges only)."""
+    keep = sizes > 0
+    batch, starts, sizes = batch[keep], starts[keep].astype(np.int64), sizes[keep].astype(np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keys, first = cuts or _cuts(lengths, batch, starts, starts + sizes)
+    a = np.searchsorted(keys, _keys(batch, starts))
+    counts = np.searchsorted(keys, _keys(batch, starts + sizes)) - a
+    before = np.cumsum(counts) - counts
+    ids = np.repeat(a - first[batch] - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    nb = len(lengths)
+    per = np.concatenate(([0], np.cumsum(np.bincount(batch, weights=counts, minlength=nb)))).astype(np.int64).tolist()
+    totals = np.bincount(batch, weights=sizes, minlength=nb).astype(np.int64).tolist()
+    seg, idl, fl = np.diff(keys & ((1 << _KEY) - 1)).tolist(), ids.tolist(), first.tolist()
+    return [Gather(tuple(seg[fl[b]:fl[b + 1] - 1]), tuple(idl[per[b]:per[b + 1]]), totals[b]) for b in range(nb)]
+
+
+def _exclusive(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x) - x
+
+
+def _stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
+    """Stable argsort of small non-negative ints (numpy radix-sorts 16-bit keys: linear in the pieces)."""
+    return np.argsort(keys.astype(np.uint16) if bound <= 1 << 16 else keys, kind="stable")
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One side's pieces of an exchange, regrouped by layer group (stable: (peer, param) order within each),
+    with offsets relative to the group's range of the layout."""
+
+    group: np.ndarray
+    peer: np.ndarray
+    param: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+    lo: np.ndarray  # [G] the group's range in the layout
+    hi: np.ndarray
+
+    @classmethod
+    def of(cls, pieces: Pieces, layout: FlatLayout, gidx: np.ndarray, ngroups: int) -> "_Side":
+        """`pieces` in (group, peer, param) order (_by_group)."""
+        g = gidx[pieces.param]
+        lo, hi = cls.ranges(layout, gidx, ngroups)
+        return cls(g, pieces.peer, pieces.param, layout.starts(pieces) - lo[g], pieces.size, lo, hi)
+
+    @staticmethod
+    def ranges(layout: FlatLayout, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's [lo, hi) in the layout (its parameters are contiguous)."""
+        first = np.searchsorted(gidx, np.arange(ngroups))
+        last = np.searchsorted(gidx, np.arange(ngroups), side="right") - 1
+        lo = layout.offset[first]
+        return lo, layout.offset[last] + (layout.hi - layout.lo)[last]
+
+    def splits(self, world: int) -> list[list[int]]:
+        return np.bincount(self.group * world + self.peer, weights=self.size,
+                           minlength=len(self.lo) * world).astype(np.int64).reshape(len(self.lo), world).tolist()
+
+    def counts(self) -> np.ndarray:
+        return np.bincount(self.group, minlength=len(self.lo))
+
+    def totals(self) -> np.ndarray:
+        return np.bincount(self.group, weights=self.size, minlength=len(self.lo)).astype(np.int64)
+
+
+def _owner_cuts(distinct: Pieces, owned: FlatLayout, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
+    """_cuts of the owner side of both exchanges (pull's send source, push's destination): the owned range
+    cut where some role's range starts or ends. `distinct`: the owned range cut by each distinct role once
+    (peer = role row; _by_group order), the same boundaries as cutting it by every rank's, which repeat them."""
+    side = _Side.of(distinct, owned, gidx, ngroups)
+    return _cuts(side.hi - side.lo, side.group, side.start, side.start + side.size)
+
+
+def _tiling(side: _Side, nparams: int, unpack: bool, what: str) -> list[Gather]:
+    """Gathers of the rank's own side, whose pieces tile each group's range of its stage layout (owners cut
+    every parameter into a partition): the segments are the pieces themselves, in layout order (param, then
+    peer), so nothing is searched. unpack (pull): from the receive buffer (the side's (peer, param) order)
+    into layout order; else (push's pack) from the layout into the side's order."""
+    lay = _stable_order(side.param, nparams)
+    counts, totals = side.counts(), side.totals()
+    first = _exclusive(counts)
+    if not np.array_equal(_exclusive(side.size[lay]) - _exclusive(totals)[side.group[lay]], side.start[lay]) or \
+            not np.array_equal(totals, side.hi - side.lo):
+        raise ValueError(f"{what} pieces do not tile the rank's stage layout")
+    if unpack:
+        seg, ids = side.size, lay - first[side.group[lay]]
+    else:
+        pos = np.empty_like(lay)
+        pos[lay] = np.arange(len(lay))
+        seg, ids = side.size[lay], pos - first[side.group]
+    cut, seg, ids, totals = np.cumsum(counts).tolist(), seg.tolist(), ids.tolist(), totals.tolist()
+    return [Gather(tuple(seg[c - n:c]), tuple(ids[c - n:c]), t) for n, c, t in zip(counts.tolist(), cut, totals)]
+
+
+def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[np.ndarray, np.ndarray]
+                 ) -> tuple[list[tuple[Gather, ...]], np.ndarray, list[tuple[int, int] | None]]:
+    """Per group, the rounds that tile the owner range [0, n) with each segment's k-th contribution (in piece
+    order) from the receive buffer, or zeros from its tail at `total` (rounds for a stacked group are not
+    built), the zero tail's size and GroupExchange.stacked; all groups in one numpy pass. `cuts`: the owner
+    range's segments (_owner_cuts)."""
+    ng = len(r.lo)
+    n = r.hi - r.lo
+    keys = cuts[0]
+    kb, kv = keys >> _KEY, keys & ((1 << _KEY) - 1)
+    is_seg = kb[:-1] == kb[1:]  # consecutive cuts of one group bound a segment
+    seg_lo, seg_size, seg_g = kv[:-1][is_seg], np.diff(kv)[is_seg], kb[:-1][is_seg]
+    seg_of_key = np.cumsum(is_seg) - 1
+    a_key = np.searchsorted(keys, _keys(r.group, r.start))
+    counts = np.searchsorted(keys, _keys(r.group, r.start + r.size)) - a_key
+    piece = np.repeat(np.arange(len(r.size)), counts)
+    seg = np.repeat(seg_of_key[a_key] - _exclusive(counts), counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    order = _stable_order(seg, len(seg_size))  # by segment, then piece: the k-th contribution of each segment
     seg, piece = seg[order], piece[order]
-    k = np.arange(len(seg)) - np.searchsorted(seg, seg)  # rank of each contribution within its segment
-    src = recv_off[piece] + seg_lo[seg] - dst_start[piece]
     per_seg = np.bincount(seg, minlength=len(seg_size))
-    if len(seg) == 0:
-        return [], 0
-    zero_tail = int(seg_size.max()) if per_seg.min() < per_seg.max() else 0
-    out = []
-    for r in range(int(per_seg.max())):
-        starts = np.full(len(seg_size), tail, dtype=np.int64)
-        pick = k == r
-        starts[seg[pick]] = src[pick]
-        out.append(Gather.of(starts, seg_size, tail + zero_tail))
-    return out, zero_tail
+    k = np.arange(len(seg)) - _exclusive(per_seg)[seg]
+    src = recv_off[piece] + seg_lo[seg] - r.start[piece]
+    most, fewest, widest = np.zeros(ng, np.int64), np.full(ng, np.iinfo(np.int64).max), np.zeros(ng, np.int64)
+    np.maximum.at(most, seg_g, per_seg)
+    np.minimum.at(fewest, seg_g, per_seg)
+    np.maximum.at(widest, seg_g, seg_size)
+    has = r.counts() > 0
+    tail = np.where(has & (fewest < most), widest, 0)
+    rounds = np.where(has, most, 0)
+    eg = seg_g[seg]  # each contribution's group
+    seg_first = np.searchsorted(seg_g, np.arange(ng))
+    first_src = src[np.minimum(np.searchsorted(eg, np.arange(ng)), len(src) - 1)] if len(src) else np.zeros(ng, np.int64)
+    off = src != first_src[eg] + k * n[eg] + seg_lo[seg]
+    stacked = has & (tail == 0) & (rounds >= 2) & (np.bincount(eg, weights=off, minlength=ng) == 0)
+    # the rounds of the other groups: batch (g, k) lists g's segments, filled where a segment has a k-th contribution
+    built = np.where(stacked, 0, rounds)
+    batch_g = np.repeat(np.arange(ng), built)
+    nseg = np.bincount(seg_g, minlength=ng)[batch_g]
+    range_first = _exclusive(nseg)
+    range_batch = np.repeat(np.arange(len(batch_g)), nseg)
+    range_seg = seg_first[batch_g][range_batch] + np.arange(int(nseg.sum()), dtype=np.int64) - range_first[range_batch]
+    starts = total[batch_g][range_batch]
+    m = ~stacked[eg]
+    starts[range_first[_exclusive(built)[eg[m]] + k[m]] + seg[m] - seg_first[eg[m]]] = src[m]
+    gathers = _gathers(range_batch, starts, seg_size[range_seg], (total + tail)[batch_g])
+    per_group = [tuple(gathers[c - b:c]) for b, c in zip(built.tolist(), np.cumsum(built).tolist())]
+    first_src, rounds = first_src.tolist(), rounds.tolist()
+    return per_group, tail, [(first_src[g], rounds[g]) if s else None for g, s in enumerate(stacked.tolist())]
 
 
-def _stacked(rounds: list[Gather], n: int) -> int | None:
-    """GroupExchange.stacked of these rounds (None: not one regular [rounds, n] view)."""
-    starts = [r.contiguous_start() for r in rounds]
-    if len(rounds) < 2 or starts[0] is None or any(s != starts[0] + k * n for k, s in enumerate(starts)):
-        return None
-    return starts[0]
-
-
-def compile_exchange(ex: Exchange, src: FlatLayout, dst: FlatLayout, group_params: list[np.ndarray], world: int,
-                     accumulate: bool) -> list[GroupExchange]:
-    """The exchange cut into one GroupExchange per layer group (pure numpy, once per strategy)."""
-    s_start, r_start = src.starts(ex.send), dst.starts(ex.recv)
-    out = []
-    for params in group_params:
-        s_lo, s_hi = _group_range(src, params)
-        d_lo, d_hi = _group_range(dst, params)
-        ms = np.isin(ex.send.param, params)
-        mr = np.isin(ex.recv.param, params)
-        send_size, recv_size = ex.send.size[ms], ex.recv.size[mr]
-        send_splits = np.bincount(ex.send.peer[ms], weights=send_size, minlength=world).astype(np.int64).tolist()
-        recv_splits = np.bincount(ex.recv.peer[mr], weights=recv_size, minlength=world).astype(np.int64).tolist()
-        pack = Gather.of(s_start[ms] - s_lo, send_size, s_hi - s_lo)
-        recv_off = np.concatenate(([0], np.cumsum(recv_size)[:-1])).astype(np.int64)
-        total, n = int(recv_size.sum()), d_hi - d_lo
-        tail = 0
-        if accumulate:
-            rounds, tail = _rounds(r_start[mr] - d_lo, recv_size, recv_off, n, total)
-        else:
-            order = np.argsort(r_start[mr], kind="stable")
-            if not np.array_equal(np.cumsum(recv_size[order]) - recv_size[order], r_start[mr][order] - d_lo) or total != n:
-                raise ValueError("pull pieces do not tile the destination")
-            rounds = [Gather.of(recv_off[order], recv_size[order], total)]
-        out.append(GroupExchange((s_lo, s_hi), (d_lo, d_hi), send_splits, recv_splits, pack, tuple(rounds), tail,
-                                 _stacked(rounds, n) if accumulate and tail == 0 else None))
-    return out
+def compile_exchange(ex: Exchange, owned: FlatLayout, local: FlatLayout, gidx: np.ndarray, ngroups: int, world: int,
+                     cuts: tuple[np.ndarray, np.ndarray], push: bool) -> list[GroupExchange]:
+    """The exchange (its pieces in (group, peer, param) order) cut into one GroupExchange per layer group
+    (`gidx[p]`: the group of parameter p, 0..ngroups-1, non-decreasing), all groups in one numpy pass, once per
+    strategy. Pull sends from `owned` to `local`, push the other way; `cuts`: _owner_cuts."""
+    src, dst = (local, owned) if push else (owned, local)
+    s, r = _Side.of(ex.send, src, gidx, ngroups), _Side.of(ex.recv, dst, gidx, ngroups)
+    total = r.totals()
+    if push:
+        packs = _tiling(s, len(gidx), unpack=False, what="push")
+        recv_off = _exclusive(r.size) - _exclusive(total)[r.group]  # where each piece lands in its group's buffer
+        rounds, tail, stacked = _push_rounds(r, recv_off, total, cuts)
+    else:
+        packs = _gathers(s.group, s.start, s.size, s.hi - s.lo, cuts)
+        rounds = [(g,) for g in _tiling(r, len(gidx), unpack=True, what="pull")]
+        tail, stacked = np.zeros(ngroups, np.int64), [None] * ngroups
+    send_splits, recv_splits = s.splits(world), r.splits(world)
+    s_lo, s_hi, d_lo, d_hi, tail = s.lo.tolist(), s.hi.tolist(), r.lo.tolist(), r.hi.tolist(), tail.tolist()
+    return [GroupExchange((s_lo[g], s_hi[g]), (d_lo[g], d_hi[g]), send_splits[g], recv_splits[g], packs[g], rounds[g],
+                          tail[g], stacked[g]) for g in range(ngroups)]
 
 
 @dataclass(frozen=True)
 class LinkPlan:
-    """Everything one rank needs to pull and push for one strategy."""
+    """Everything one rank needs to pull and push for one strategy. `pull` and `push`, the exchanges' pieces in
+    (peer, param) order, are made when read (the runtime reads only the compiled groups)."""
 
     rank: int
     world: int
     owned: FlatLayout  # the rank's optimizer shard buffer
     local: FlatLayout  # the rank's stage parameters (and gradients), flattened in canonical order
-    pull: Exchange
-    push: Exchange
     group_params: tuple[np.ndarray, ...]  # parameter indices of each layer group, in canonical order
     pull_groups: tuple[GroupExchange, ...]
     push_groups: tuple[GroupExchange, ...]
+    roles: tuple[np.ndarray, np.ndarray, np.ndarray] = field(repr=False)  # _role_rows, for pull and push
+    numels: np.ndarray = field(repr=False)
 
     def needed(self, g: int) -> bool:
         """Whether this rank's stage holds anything of group g (what it waits for, and contributes)."""
         return self.pull_groups[g].dst[1] > self.pull_groups[g].dst[0]
+
+    def _ranges(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        lo, hi, row = self.roles
+        return owner_ranges(self.numels, self.world), (lo[row], hi[row])
+
+    @cached_property
+    def pull(self) -> Exchange:
+        owners, needs = self._ranges()
+        return plan_exchange(owners, needs, self.rank)
+
+    @cached_property
+    def push(self) -> Exchange:
+        owners, needs = self._ranges()
+        return plan_exchange(needs, owners, self.rank)
 
 
 def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Role | None], rank: int,
@@ -286,17 +423,25 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     gid = np.zeros(len(numels), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
     if np.any(np.diff(gid) < 0):
         raise ValueError("groups must be non-decreasing in canonical parameter order")
-    group_params = tuple(np.flatnonzero(gid == g) for g in np.unique(gid))
+    values, gidx = np.unique(gid, return_inverse=True)
+    ngroups = len(values)
+    group_params = tuple(np.flatnonzero(gidx == g) for g in range(ngroups))
+    first = np.searchsorted(gidx, np.arange(ngroups + 1))
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
-    owners = owner_ranges(numels, world)
-    needs = role_ranges(numels, sharded, roles)
-    owned = FlatLayout.of(owners[0][rank], owners[1][rank])
-    local = FlatLayout.of(needs[0][rank], needs[1][rank])
-    pull_ex, push_ex = plan_exchange(owners, needs, rank), plan_exchange(needs, owners, rank)
+    olo, ohi = owner_ranges(numels, world)
+    ulo, uhi, row = _role_rows(numels, sharded, roles)
+    nlo, nhi = ulo[row], uhi[row]
+    owned = FlatLayout.of(olo[rank], ohi[rank])
+    local = FlatLayout.of(nlo[rank], nhi[rank])
+    pull = Exchange(_by_group(olo[rank][None], ohi[rank][None], nlo, nhi, first),
+                    _by_group(olo, ohi, nlo[rank][None], nhi[rank][None], first))
+    push = Exchange(_by_group(nlo[rank][None], nhi[rank][None], olo, ohi, first),
+                    _by_group(nlo, nhi, olo[rank][None], ohi[rank][None], first))
+    cuts = _owner_cuts(_by_group(owned.lo[None], owned.hi[None], ulo[:-1], uhi[:-1], first), owned, gidx, ngroups)
     return LinkPlan(
-        rank=rank, world=world, owned=owned, local=local, pull=pull_ex, push=push_ex, group_params=group_params,
-        pull_groups=tuple(compile_exchange(pull_ex, owned, local, list(group_params), world, accumulate=False)),
-        push_groups=tuple(compile_exchange(push_ex, local, owned, list(group_params), world, accumulate=True)),
+        rank=rank, world=world, owned=owned, local=local, group_params=group_params,
+        pull_groups=tuple(compile_exchange(pull, owned, local, gidx, ngroups, world, cuts, push=False)),
+        push_groups=tuple(compile_exchange(push, owned, local, gidx, ngroups, world, cuts, push=True)),
+        roles=(ulo, uhi, row), numels=numels,
     )
-

@@ -340,9 +340,8 @@ class PushStream(_Direction):
         ge = self.exchanges[fl.g]
         dst = self.out[ge.dst[0]:ge.dst[1]]
         if ge.stacked is not None:  # every contribution a whole copy of the range: one batched reduction
-            n = dst.numel()
-            torch.sum(fl.recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n), dim=0,
-                      dtype=dst.dtype, out=dst)
+            (start, count), n = ge.stacked, dst.numel()
+            torch.sum(fl.recv[start:start + count * n].view(count, n), dim=0, dtype=dst.dtype, out=dst)
         elif ge.rounds and fl.recv.dtype == dst.dtype:
             ge.rounds[0](fl.recv, dst)  # out starts at zero: the first round is assigned
             scratch = torch.empty_like(dst) if len(ge.rounds) > 1 else None

@@ -189,7 +189,9 @@ class PlanFeed:
     rank by a thread of its own; `waits` holds how long training waited for each (rank 0 logs them).
 
     On a node's first rank a second thread keeps its planner processes busy from the start: it takes their
-    plans (this node's share, in order) as they come, up to `ahead / nodes` of them encoded and waiting."""
+    plans (this node's share, in order) as they come, up to `ahead / nodes` of them encoded and waiting.
+    `prepare_with(f)`: the feed thread calls f on each plan before training can take it (the runtime makes
+    the plan's LNK plan there, ahead of the step that needs it)."""
 
     def __init__(self, run: PlanRun | None, topology: Topology, start: int, stop: int, planners: int, ahead: int,
                  group: dist.ProcessGroup, check: Callable[[Plan], None]):
@@ -197,6 +199,9 @@ class PlanFeed:
         self.ready: queue.Queue[Plan | UserError] = queue.Queue(maxsize=ahead)
         self.waits: list[float] = []
         self._abort = threading.Event()
+        self._lock = threading.Lock()
+        self._prepare: Callable[[Plan], None] | None = None
+        self._unprepared: dict[int, Plan] = {}  # by iteration: plans queued before prepare_with, not yet taken
         self._threads = [threading.Thread(target=self._feed, name="hydraplan-plan-feed", daemon=True)]
         if topology.leader:
             assert run is not None
@@ -252,8 +257,27 @@ class PlanFeed:
             if raw.startswith(b"!"):  # a planning failure, which every rank raises at this iteration
                 self._offer(self.ready, UserError(raw[1:].decode()))
                 return
-            self._offer(self.ready, plan if plan is not None else decode(raw, f"plan of iteration {i} from node "
-                                                                              f"{self.topology.planner_of(i)}"))
+            if plan is None:
+                plan = decode(raw, f"plan of iteration {i} from node {self.topology.planner_of(i)}")
+            self._offer(self.ready, self._prepared(plan))
+
+    def prepare_with(self, prepare: Callable[[Plan], None]) -> None:
+        """Call `prepare` on every plan before training takes it: from now on on the feed thread, as each
+        arrives; the plans already queued here, before training starts. `prepare` must not raise (a bad plan
+        is refused by `check` when training takes it) and must make no collective."""
+        with self._lock:
+            self._prepare, queued, self._unprepared = prepare, list(self._unprepared.values()), {}
+        for plan in queued:
+            prepare(plan)
+
+    def _prepared(self, plan: Plan) -> Plan:
+        with self._lock:
+            prepare = self._prepare
+            if prepare is None:
+                self._unprepared[plan.iteration] = plan
+        if prepare is not None:
+            prepare(plan)
+        return plan
 
     def __len__(self) -> int:
         return max(0, self.stop - self.start)
@@ -263,6 +287,8 @@ class PlanFeed:
             t0 = time.perf_counter()
             got = self.ready.get()
             self.waits.append(time.perf_counter() - t0)
+            with self._lock:
+                self._unprepared.pop(i, None)
             if isinstance(got, UserError):
                 raise got
             self.check(got)

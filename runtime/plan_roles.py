@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from hydraplan.core.errors import UserError
@@ -86,7 +87,13 @@ class RankRole:
 
     def link_role(self, cfg: ModelConfig) -> Role:
         """CP ranks hold the same slices as their TP rank: to LNK they are replicas (lnk.py)."""
-        return Role(tuple(stage_param_indices(cfg, self.pp, self.stage)), self.tp, self.tp_rank)
+        return Role(_stage_params(cfg, self.pp, self.stage), self.tp, self.tp_rank)
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(cfg: ModelConfig, pp: int, stage: int) -> tuple[int, ...]:
+    """stage_param_indices, kept: every rank of a 1024-GPU layout asks for one of a few stages' lists."""
+    return tuple(stage_param_indices(cfg, pp, stage))
 
 
 def rank_roles(plan: Plan, world: int) -> list[RankRole | None]:

@@ -108,6 +108,11 @@ class Replayer:
 
     def setup(self, plan: Plan) -> Setup:
         self.groups.ensure(plan)
+        return self.link_setup(plan)
+
+    def link_setup(self, plan: Plan) -> Setup:
+        """The strategy's Setup, made once and kept: roles and LNK plan, pure host work that makes no group (so
+        a helper thread may make it ahead of the step, runtime/run_plan.py)."""
         key = strategy_key(plan)
         if key not in self._setups:
             roles = rank_roles(plan, self.world)

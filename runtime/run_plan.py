@@ -248,16 +248,18 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
 
 
 class _SetupAhead:
-    """A replayed plan's LNK plan (Replayer.setup: roles and plan_link, host work that takes 0.2-0.9 s for a new
-    64-GPU strategy and seconds at 1024 GPUs) made on a helper thread while the step before it runs, so a step
-    with a new strategy starts without it. Only for replayed plans (the next one is known); every group the
-    plans use was made before the first iteration (`_make_groups`), so setup makes none (no collective off the
-    main thread)."""
+    """A plan's LNK plan (Replayer.link_setup: roles and plan_link, host work of tens of milliseconds for a new
+    64-GPU strategy and a quarter second at 1024 GPUs on a loaded CPU, bench/bench_lnk_host.py) made ahead of the step
+    that needs it, so a step with a new strategy starts without it: a replayed plan's while the step before it
+    runs (the next one is known); a plan planned while training on the feed's thread as it arrives
+    (online.PlanFeed.prepare_with). link_setup makes no group (no collective off the main thread)."""
 
     def __init__(self, replayer: Replayer, plans: Collection[Plan]):
         self.replayer = replayer
         self.plans = plans if isinstance(plans, Sequence) else None
         self._thread: threading.Thread | None = None
+        if isinstance(plans, online.PlanFeed):
+            plans.prepare_with(self._run)
 
     def start(self, i: int) -> None:
         if self.plans is not None and i < len(self.plans):
@@ -267,7 +269,7 @@ class _SetupAhead:
 
     def _run(self, plan: Plan) -> None:
         try:
-            self.replayer.setup(plan)
+            self.replayer.link_setup(plan)
         except Exception:  # the step that needs it sets it up again and reports the error where it belongs
             pass
 

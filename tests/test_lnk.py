@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import lnk_reference
 import numpy as np
 import pytest
 import torch
@@ -156,10 +157,10 @@ def run_groups(plans: list[lnk.LinkPlan], which: str, sources: list[torch.Tensor
             out = outs[dst][ge.dst[0]:ge.dst[1]]
             for r in ge.rounds:
                 out += r(recv, torch.empty_like(out))
-            if ge.stacked is not None:  # the batched reduction PushStream uses instead equals the rounds' sum
-                n = out.numel()
-                stacked = recv[ge.stacked:ge.stacked + len(ge.rounds) * n].view(len(ge.rounds), n).sum(0)
-                torch.testing.assert_close(stacked, out, rtol=0, atol=1e-12)
+            if ge.stacked is not None:  # contribution k is recv[start + k*n : start + (k+1)*n]: summed one by one
+                (start, count), n = ge.stacked, out.numel()
+                for k in range(count):
+                    out += recv[start + k * n:start + (k + 1) * n]
     return outs
 
 
@@ -183,10 +184,69 @@ def test_compiled_group_exchanges_pull_slices_and_push_sums(world, tps, seed, cp
         np.testing.assert_allclose(got[r].numpy(), want, rtol=0, atol=1e-12)
 
 
-def test_gather_copies_overlapping_ranges_in_order_with_gaps():
-    src = torch.arange(10.0)
-    g = lnk.Gather.of(np.array([6, 2, 3, 0]), np.array([3, 4, 0, 1]), 10)
-    assert g(src, torch.empty(g.total)).tolist() == [6, 7, 8, 2, 3, 4, 5, 0]
+def test_gathers_copy_overlapping_ranges_in_order_with_gaps_per_batch():
+    """Batch 0 cuts a 10-element source at overlapping ranges (one empty), batch 1 a 6-element one; batch 2
+    copies nothing from 4 elements."""
+    g0, g1, g2 = lnk._gathers(np.array([0, 0, 0, 0, 1, 1]), np.array([6, 2, 3, 0, 4, 0]), np.array([3, 4, 0, 1, 2, 3]),
+                              np.array([10, 6, 4]))
+    assert g0(torch.arange(10.0), torch.empty(g0.total)).tolist() == [6, 7, 8, 2, 3, 4, 5, 0]
+    assert g1(torch.arange(6.0), torch.empty(g1.total)).tolist() == [4, 5, 0, 1, 2]
+    assert (g2.seg_sizes, g2.ids, g2.total) == ((4,), (), 0)
+
+
+def same_plan(new: lnk.LinkPlan, ref: lnk_reference.RefPlan) -> None:
+    """Everything the runtime reads equal; a group the reference summed stacked (its rounds all contiguous
+    runs, stride n) has the same start and count and no rounds built."""
+    for f in ("owned", "local"):
+        a, b = getattr(new, f), getattr(ref, f)
+        assert a.total == b.total and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("lo", "hi", "offset"))
+    for f in ("pull", "push"):
+        for side in ("send", "recv"):
+            a, b = getattr(getattr(new, f), side), getattr(getattr(ref, f), side)
+            assert all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("peer", "param", "lo", "hi"))
+    assert len(new.group_params) == len(ref.group_params)
+    assert all(np.array_equal(a, b) for a, b in zip(new.group_params, ref.group_params))
+    for f in ("pull_groups", "push_groups"):
+        for a, b in zip(getattr(new, f), getattr(ref, f), strict=True):
+            assert (a.src, a.dst, a.send_splits, a.recv_splits, a.pack, a.zero_tail) == \
+                   (b.src, b.dst, b.send_splits, b.recv_splits, b.pack, b.zero_tail)
+            if b.stacked is not None:
+                assert a.stacked == (b.stacked, len(b.rounds)) and a.rounds == ()
+            else:
+                assert a.stacked is None and a.rounds == b.rounds
+
+
+@pytest.mark.parametrize("world,tps,seed", [(w, t, seed) for w, t, _ in CASES[::4] for seed in range(3)]
+                         + [(16, [1, 2, 4], 0), (24, [1, 2, 3, 4], 1), (32, [1, 2, 4, 8], 2)])
+def test_plan_link_equals_the_reference_on_mixed_layouts(world, tps, seed):
+    """TP/PP/CP mixes with idle ranks, numels that TP or the world do not divide, parameters smaller than the
+    world (empty owner ranges), random layer groups: the vectorized plan equals the per-group one exactly."""
+    rng = np.random.default_rng(seed * 1000 + world)
+    numels, sharded = make_params(rng, 9, math.lcm(*tps))
+    numels = numels + rng.integers(0, 3, len(numels)) * (seed % 2)
+    numels[seed % len(numels)] = 1 + seed
+    groups = np.sort(rng.integers(0, 4, len(numels))) if seed != 1 else None
+    roles, _ = random_strategy(rng, world, len(numels), tps, (1, 2, 3))
+    for r in range(world):
+        same_plan(plan_link(numels, sharded, roles, r, groups), lnk_reference.plan_link(numels, sharded, roles, r, groups))
+
+
+def test_plan_link_equals_the_reference_on_llama_shaped_layouts():
+    """The demo's kind of layout (64 GPUs: <2,1,4> replicas beside <1,2,1> and <4,1,1> pipelines, per-layer
+    groups) and a 256-way data-parallel one on LLaMA-like parameter shapes (norms replicated), a few ranks each:
+    every group's rounds, stacked sums and zero tails as the reference made them."""
+    from hydraplan.runtime.model import TINY_WIDE, param_groups, param_specs
+
+    specs = param_specs(TINY_WIDE)
+    numels, sharded = np.array([s.numel for s in specs]), np.array([s.sharded for s in specs])
+    groups, every = param_groups(TINY_WIDE), tuple(range(len(specs)))
+    half = len(specs) // 2
+    mixed = ([Role(every, 2, r % 2) for r in range(48)] + [Role(every[:half]), Role(every[half:])] * 4
+             + [Role(every, 4, r % 4) for r in range(8)])
+    for roles, ranks in ((mixed, (0, 1, 47, 48, 55, 56, 63)), ([Role(every)] * 256, (0, 255))):
+        for r in ranks:
+            same_plan(plan_link(numels, sharded, roles, r, groups),
+                      lnk_reference.plan_link(numels, sharded, roles, r, groups))
 
 
 @pytest.mark.parametrize("world,tps", [(2, [1, 2]), (4, [1, 2, 4]), (8, [2, 4]), (6, [1, 2])])
@@ -224,10 +284,10 @@ def test_homogeneous_strategy_pull_is_all_gather_and_push_is_reduce_scatter(worl
         np.testing.assert_array_equal(pl.push.recv.lo, r * shard[pl.push.recv.param])
         assert np.bincount(pl.push.recv.param).tolist() == [world // tp, world // tp, world]
         if tp == 1:  # data parallel: each peer's contribution is the owner range whole, stacked in the buffer
-            assert [ge.stacked for ge in pl.push_groups] == [0]
+            assert [ge.stacked for ge in pl.push_groups] == [(0, world)]
         pl = plan_link(numels, sharded, roles, r, (0, 1, 2))
         if tp == 1:  # per layer group too: one batched reduction each, no round by round sum
-            assert [ge.stacked for ge in pl.push_groups] == [0, 0, 0]
+            assert [ge.stacked for ge in pl.push_groups] == [(0, world)] * 3
 
 
 def test_communication_volume_bound_of_appendix_b():

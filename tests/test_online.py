@@ -195,3 +195,34 @@ def test_an_error_while_planning_and_training_is_one_line_naming_the_plan_source
     assert len(lines) == 1 and "Traceback" not in "".join(err for _, err in outs), lines
     assert lines[0].startswith("run_plan: rank 1 on ") and "iteration 1 (planned on node 0)" in lines[0] \
         and "communication error" in lines[0], lines
+
+
+def test_every_plan_is_prepared_before_training_takes_it():
+    """PlanFeed.prepare_with (run_plan makes each plan's LNK plan there, ahead of its step): the plans already
+    queued are prepared when it is called, before training starts, every later one on the feed thread as it
+    arrives (the queue holds one plan, so at most two are queued by then); each once, before training takes it."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from hydraplan.runtime.online import PlanFeed, Topology
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        config = run_config(parse_args([*TINY, "--iterations", "3"]), 4)
+        group = dist.new_group(backend="gloo")
+        feed = PlanFeed(PlanRun.prepare(config, load_profile(config.profile)), Topology.of(group), 0, 3, 1, 1, group,
+                        check=lambda plan: None)
+        while feed.ready.empty():
+            time.sleep(0.01)
+        prepared: list[tuple[int, str]] = []
+        feed.prepare_with(lambda plan: prepared.append((plan.iteration, threading.current_thread().name)))
+        early = len(prepared)
+        for plan in feed:
+            assert plan.iteration in [i for i, _ in prepared]
+        feed.close()
+    finally:
+        dist.destroy_process_group()
+    assert [i for i, _ in prepared] == list(range(3)) and 1 <= early <= 2
+    assert [name for _, name in prepared] == ["MainThread"] * early + ["hydraplan-plan-feed"] * (3 - early)
