@@ -32,7 +32,7 @@ from hydraplan.loader import read_plans
 from hydraplan.runtime import lnk
 from hydraplan.runtime.groups import plan_groups
 from hydraplan.runtime.model import ModelConfig, get_config, param_groups, param_specs
-from hydraplan.runtime.plans import rank_roles, strategy_key
+from hydraplan.runtime.plan_roles import rank_roles, strategy_key
 from tests import lnk_reference
 
 REPEATS = 3
