@@ -388,6 +388,25 @@ def test_clipping_schedule_and_decay_groups_train_exactly_like_torch_in_one_proc
 
 
 @pytest.mark.slow
+def test_bf16_verify_passes_its_default_tolerance_at_20k_tokens_and_tp_4(tmp_path):
+    """Issue 40: a <4,1,1> pipeline (TP 4 with SP) on one 19K-token micro-batch failed bf16 --verify's old 1e-2
+    (1.1e-2: the CPU embedding backward summed each row's token gradients in bf16). A 20K-token micro-batch at TP 4,
+    then two TP 2 pipelines of 10K (rank 0's fp64 reference of more would outlast the 60 s collective timeout
+    here): every iteration passes the error model's tolerance, and the model is no blanket: the measured error is
+    bf16's (above 2e-3) and within 3x of the bound (measured 7.0e-3 against 1.21e-2 at TP 4)."""
+    for p in (make_plan(0, "A", [(4, 1, [0, 1, 2, 3], [[1000] * 20])]),
+              make_plan(1, "B", [(2, 1, [0, 1], [[500] * 10]), (2, 1, [2, 3], [[500] * 10])], first_id=100)):
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "bf16", "--verify", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = [(float(e), float(t)) for e, t in
+           re.findall(r"^verify: iteration \d+ grad_rel_err=(\S+) \(fp64 reference at the same weights, tolerance (\S+)\)$",
+                      res.stdout, re.M)]
+    assert len(got) == 2
+    assert all(2e-3 < err < tol < 3 * err for err, tol in got)
+
+
+@pytest.mark.slow
 def test_recomputation_with_sequence_parallelism_trains_exactly_like_one_process(tmp_path):
     """Selective and full recomputation on 4 ranks in fp64 under TP 2 and 4 (sequence parallel, token counts
     that do not divide by TP), PP, CP and Seq1F1B, next to pipelines that do not recompute, with pull and push
