@@ -7,8 +7,8 @@ What the backward keeps does not change for RMSNorm and SwiGLU: their custom aut
 recompute._SwiGLU and _SwiGLUDown) decide what they save and call the compiled functions inside their forward and
 backward, where autograd does not record (the compiled graphs are inference graphs, nothing of theirs is saved).
 RoPE and the loss's local part are differentiated by autograd, so compiled they are AOTAutograd graphs whose
-partitioner picks what to save: for RoPE the input and the shared cos/sin tables, as eager does; for the loss it
-may keep the logits and recompute the exponentials instead of keeping them (never more than eager's fp32 copy).
+partitioner picks what to save: for a layer (RoPE) the same storages as eager (tests/test_kernels.py); for the
+loss it is not measured (eager keeps the fp32 exponentials of the logits).
 
 `EAGER` and `compiled()` are the two sets; `active()` is the one the model uses now, `using(EAGER)` a scope that runs
 the eager set (the fp64 --verify reference on rank 0 stays eager whatever the run uses)."""
@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 
 
-def _upcast(x: torch.Tensor) -> torch.Tensor:
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for bf16/fp16 (what their reductions and the loss run in), else x itself."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x * rstd(x) * w in x's dtype, rstd in fp32 for bf16/fp16)."""
-    xf = _upcast(x)
+    xf = upcast(x)
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * rstd).to(x.dtype) * w, rstd
 
@@ -38,7 +39,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of `rms_norm`; dw's sum over tokens in fp32 for bf16/fp16 (Megatron's fp32 main grads)."""
-    xf = _upcast(x)
+    xf = upcast(x)
     xhat = xf * rstd
     dw = (dy.to(xhat.dtype) * xhat.to(x.dtype).to(xhat.dtype)).flatten(0, -2).sum(0).to(w.dtype)
     dxhat = dy.to(xhat.dtype) * w.to(xhat.dtype)
@@ -65,7 +66,7 @@ def loss_parts(logits: torch.Tensor, m: torch.Tensor, idx: torch.Tensor, inside:
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The local part of the vocab-parallel cross-entropy, in fp32 whatever the logits' dtype: each token's sum
     of exp(logit - m) over this rank's vocabulary slice, and its label's shifted logit (0 off the slice)."""
-    z = _upcast(logits) - m[:, None]
+    z = upcast(logits) - m[:, None]
     target = z.gather(1, idx[:, None]).squeeze(1).masked_fill(~inside, 0.0)
     return z.exp().sum(dim=-1), target
 

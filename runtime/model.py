@@ -196,8 +196,7 @@ def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPGroup) -> torch.Tensor:
     """Per-token cross-entropy when each TP rank holds the logits of vocab [vocab_start, +local)."""
     local = logits.shape[-1]
-    m = logits.detach().max(dim=-1).values
-    m = m.float() if m.dtype in (torch.float16, torch.bfloat16) else m  # the loss runs in fp32 (as Megatron's)
+    m = kernels.upcast(logits.detach().max(dim=-1).values)  # the loss runs in fp32, as Megatron's
     if tp.size > 1:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp.group)
     idx = labels - vocab_start
