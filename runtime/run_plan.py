@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N runtime/run_plan.py PLAN_DIR_OR_FILE [--iterations K] [--model tiny | --init-from HF_DIR]
              [--dtype fp64|fp32|bf16] [--dataset TOKENIZED_DATASET] [--verify] [--save DIR] [--resume DIR]
-             [--no-overlap] [--memory]
+             [--no-overlap] [--memory] [--compile]
     torchrun ... runtime/run_plan.py --profile P --dataset D --tokens-per-iter T --iterations K [pack's options]
              [--planners-per-node 2] [--plan-ahead A] [--save-plans DIR [--format compact]] [--stop-at I] ...
 
