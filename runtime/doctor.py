@@ -55,7 +55,7 @@ from hydraplan.runtime.model import get_config
 from hydraplan.runtime.plan_roles import build_plan, rank_model_bytes
 from hydraplan.runtime.recompute import MODES
 from hydraplan.runtime.replay import Replayer
-from hydraplan.runtime.verify import TOLERANCE, Verifier
+from hydraplan.runtime.verify import Verifier, tolerance
 
 CHECKS = ("attention", "collectives", "replay", "memory", "activations")
 ATTENTION_TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative L2 error vs fp64 SDPA
@@ -200,8 +200,9 @@ def check_replays(dev: device.Device, dtype_name: str, timeout: timedelta) -> st
         replayer.step(plan)
         box = [verifier.compare(plan)]
         dist.broadcast_object_list(box, src=0)
-        if box[0] > TOLERANCE[dtype_name]:
-            raise AssertionError(f"{name}: {verifier.what} {box[0]:.2e} exceeds {TOLERANCE[dtype_name]:g}")
+        tol = tolerance(dtype_name, cfg.layers, plan)
+        if box[0] > tol:
+            raise AssertionError(f"{name}: {verifier.what} {box[0]:.2e} exceeds {tol:.2e}")
         worst.append(f"{name} {box[0]:.1e}")
     return f"{verifier.what} in {dtype_name} against fp64: " + ", ".join(worst)
 

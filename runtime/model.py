@@ -33,6 +33,7 @@ from torch import nn
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.hardware import MODELS
+from hydraplan.runtime import kernels
 from hydraplan.runtime.attention import Windows, keeps_scores, window_attention
 from hydraplan.runtime.batches import IGNORE, PackedBatch
 from hydraplan.runtime.context_parallel import attend_gathered, gather_kv
@@ -195,15 +196,13 @@ def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPGroup) -> torch.Tensor:
     """Per-token cross-entropy when each TP rank holds the logits of vocab [vocab_start, +local)."""
     local = logits.shape[-1]
-    m = logits.detach().max(dim=-1).values
+    m = kernels.upcast(logits.detach().max(dim=-1).values)  # the loss runs in fp32, as Megatron's
     if tp.size > 1:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp.group)
-    z = logits - m[:, None]
-    sum_exp = reduce_from_tp(z.exp().sum(dim=-1), tp)
     idx = labels - vocab_start
     inside = (idx >= 0) & (idx < local)
-    target = z.gather(1, idx.clamp(0, local - 1)[:, None]).squeeze(1).masked_fill(~inside, 0.0)
-    return sum_exp.log() - reduce_from_tp(target, tp)
+    sum_exp, target = kernels.active().loss_parts(logits, m, idx.clamp(0, local - 1), inside)
+    return reduce_from_tp(sum_exp, tp).log() - reduce_from_tp(target, tp)
 
 
 # ------------------------------------------------------------------------------------------- modules
@@ -217,8 +216,7 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: tor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return kernels.active().rope(x, cos, sin)
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low: float, high: float, old_context: int) -> torch.Tensor:
@@ -236,20 +234,13 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float):
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y, rstd = kernels.active().rms_norm(x, w, eps)
         ctx.save_for_backward(x, w, rstd)
-        return (xf * rstd).to(x.dtype) * w
+        return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, w, rstd = ctx.saved_tensors
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        xhat = xf * rstd
-        dw = (dy.to(xhat.dtype) * xhat.to(x.dtype).to(xhat.dtype)).flatten(0, -2).sum(0).to(w.dtype)
-        dxhat = dy.to(xhat.dtype) * w.to(xhat.dtype)
-        dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
-        return dx.to(x.dtype), dw, None
+        return *kernels.active().rms_norm_backward(dy, *ctx.saved_tensors), None
 
 
 class RMSNorm(nn.Module):
@@ -341,6 +332,26 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x), mb.num_tokens)
 
 
+class _Embedding(torch.autograd.Function):
+    """F.embedding whose weight gradient sums each row's token gradients in fp32 for bf16/fp16 weights, as CUDA's
+    embedding backward does (an fp32 accumulator) and Megatron's fp32 main grads assume. torch's CPU backward
+    index-adds in the weight's dtype: in bf16 a row's error grows with the number of its tokens (1.5e-2 relative at
+    19K tokens of a 128-token vocabulary against 3.8e-3 at 1K), the largest length-dependent error of a bf16 replay."""
+
+    @staticmethod
+    def forward(ctx, idx: torch.Tensor, weight: torch.Tensor):
+        ctx.save_for_backward(idx)
+        ctx.rows, ctx.dtype = weight.shape[0], weight.dtype
+        return F.embedding(idx, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (idx,) = ctx.saved_tensors
+        acc = torch.float32 if ctx.dtype in (torch.float16, torch.bfloat16) else ctx.dtype
+        dw = grad.new_zeros(ctx.rows, grad.shape[-1], dtype=acc).index_add_(0, idx, grad.to(acc))
+        return None, dw.to(ctx.dtype)
+
+
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, **kw):
         super().__init__()
@@ -351,7 +362,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         idx = tokens - self.start
         inside = (idx >= 0) & (idx < self.weight.shape[0])
-        out = F.embedding(idx.clamp(0, self.weight.shape[0] - 1), self.weight).masked_fill(~inside[:, None], 0.0)
+        out = _Embedding.apply(idx.clamp(0, self.weight.shape[0] - 1), self.weight).masked_fill(~inside[:, None], 0.0)
         return scatter_to_sp(out, self.tp)
 
 
@@ -367,8 +378,6 @@ class VocabParallelHead(nn.Module):
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """x: the SP rows of the tokens whose labels are given."""
         (logits,) = gather_linear(x, labels.shape[0], self.tp, self.weight)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
         losses = vocab_parallel_cross_entropy(logits, labels, self.start, self.tp)
         return losses.masked_fill(labels == IGNORE, 0.0).sum()
 

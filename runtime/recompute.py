@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils import checkpoint
+
+from hydraplan.runtime import kernels
 
 MODES = ("none", "selective", "full")
 
@@ -37,15 +38,13 @@ class _SwiGLUDown(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: torch.Tensor, u: torch.Tensor, w: torch.Tensor):
         ctx.save_for_backward(g, u, w)
-        return (F.silu(g) * u) @ w
+        return kernels.active().swiglu(g, u) @ w
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         g, u, w = ctx.saved_tensors
-        sig = torch.sigmoid(g)
-        silu = g * sig
-        dp = dy @ w.T
-        return dp * u * sig * (1 + g * (1 - sig)), dp * silu, (silu * u).T @ dy
+        dg, du = kernels.active().swiglu_backward(dy @ w.T, g, u)
+        return dg, du, kernels.active().swiglu(g, u).T @ dy
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -55,13 +54,11 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: torch.Tensor, u: torch.Tensor):
         ctx.save_for_backward(g, u)
-        return F.silu(g) * u
+        return kernels.active().swiglu(g, u)
 
     @staticmethod
     def backward(ctx, dp: torch.Tensor):
-        g, u = ctx.saved_tensors
-        sig = torch.sigmoid(g)
-        return dp * u * sig * (1 + g * (1 - sig)), dp * (g * sig)
+        return kernels.active().swiglu_backward(dp, *ctx.saved_tensors)
 
 
 def swiglu_down(g: torch.Tensor, u: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:

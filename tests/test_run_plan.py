@@ -17,8 +17,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
 
 from hydraplan.core.errors import UserError
+from hydraplan.runtime import kernels
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.model import CONFIGS, check_layout
 from hydraplan.runtime.plan_roles import check_plan, load_plans, rank_roles
@@ -151,6 +154,21 @@ def test_single_process_replay_verifies(tmp_path, monkeypatch, capsys):
     assert main([str(tmp_path), "--dtype", "fp64", "--verify"]) == 0
     out = capsys.readouterr().out
     diffs = [float(x) for x in re.findall(r"verify: iteration \d+ max_abs_param_diff=(\S+)", out)]
+    assert len(diffs) == 2 and max(diffs) <= 1e-12
+
+
+def test_single_process_replay_with_compiled_blocks_verifies(tmp_path, monkeypatch, capsys):
+    """--compile: the run's blocks go through torch.compile (inductor) and still train like the eager fp64
+    reference (which stays eager)."""
+    _no_torchrun_env(monkeypatch)
+    monkeypatch.setattr(kernels, "_active", [kernels.EAGER])  # the run switches this process's blocks: undone after
+    monkeypatch.setattr(inductor_config, "compile_threads", 1)
+    write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5, 3], [7]])], gpus=1))
+    write_model(tmp_path / "iter_000001.json", make_plan(1, "S0", [(1, 1, [0], [[4, 4, 2]])], gpus=1, first_id=3))
+    counters.clear()
+    assert main([str(tmp_path), "--dtype", "fp64", "--verify", "--compile"]) == 0
+    assert kernels.active() is not kernels.EAGER and counters["frames"]["ok"] >= len(kernels.EAGER.__dataclass_fields__)
+    diffs = [float(x) for x in re.findall(r"verify: iteration \d+ max_abs_param_diff=(\S+)", capsys.readouterr().out)]
     assert len(diffs) == 2 and max(diffs) <= 1e-12
 
 
@@ -385,6 +403,25 @@ def test_clipping_schedule_and_decay_groups_train_exactly_like_torch_in_one_proc
     cos = [1e-3 + 0.5 * (1 + np.cos(np.pi * r)) * 9e-3 for r in (0, 0.25, 0.5, 0.75)]
     assert lrs == pytest.approx([5e-3, 1e-2, *cos], rel=1e-3)
     assert len(norms) == 6 and min(norms) > 0.05
+
+
+@pytest.mark.slow
+def test_bf16_verify_passes_its_default_tolerance_at_20k_tokens_and_tp_4(tmp_path):
+    """Issue 40: a <4,1,1> pipeline (TP 4 with SP) on one 19K-token micro-batch failed bf16 --verify's old 1e-2
+    (1.1e-2: the CPU embedding backward summed each row's token gradients in bf16). A 20K-token micro-batch at TP 4,
+    then two TP 2 pipelines of 10K (rank 0's fp64 reference of more would outlast the 60 s collective timeout
+    here): every iteration passes the error model's tolerance, and the model is no blanket: the measured error is
+    bf16's (above 2e-3) and within 3x of the bound (measured 7.0e-3 against 1.21e-2 at TP 4)."""
+    for p in (make_plan(0, "A", [(4, 1, [0, 1, 2, 3], [[1000] * 20])]),
+              make_plan(1, "B", [(2, 1, [0, 1], [[500] * 10]), (2, 1, [2, 3], [[500] * 10])], first_id=100)):
+        write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
+    res = _torchrun(4, str(tmp_path), "--dtype", "bf16", "--verify", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = [(float(e), float(t)) for e, t in
+           re.findall(r"^verify: iteration \d+ grad_rel_err=(\S+) \(fp64 reference at the same weights, tolerance (\S+)\)$",
+                      res.stdout, re.M)]
+    assert len(got) == 2
+    assert all(2e-3 < err < tol < 3 * err for err, tol in got)
 
 
 @pytest.mark.slow
