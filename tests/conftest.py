@@ -29,3 +29,13 @@ def cpsat_calls(monkeypatch):
     monkeypatch.setattr(cp_model.CpSolver, "solve", spy)
     packing._pack_sorted.cache_clear()
     return calls
+
+
+def pytest_collection_modifyitems(items):
+    """Multi-process runtime tests (`slow`) and bench smoke runs first, the rest in collection order behind them:
+    `make test`'s two xdist workers take the long ones in turns at the start and the short ones even out the end,
+    so neither worker is left running a minute-long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.originalname != BENCH_RUN)
+
+
+BENCH_RUN = "test_every_bench_runs_and_writes_what_the_docs_cite"  # tests/test_bench.py: a bench's smoke run

@@ -126,14 +126,14 @@ MEMORY_LINE = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d
 MiB, model MiB, measured/model."""
 
 
-def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none") -> list[Plan]:
-    """Micro-batches at cpu-tiny's MaxLen in recomputation `mode` on every rank of 4, for each of its schemes: a
-    <2,1,1> pipeline with one next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>, one <4,1,1>,
-    <2,2,1> with two and <1,4,1> with four, every pipeline recomputing in `mode`; each plan `repeats` times in a
-    row (the first warms the allocator up)."""
+def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none", fraction: float = 1.0) -> list[Plan]:
+    """Micro-batches at `fraction` of cpu-tiny's MaxLen in recomputation `mode` on every rank of 4, for each of its
+    schemes: a <2,1,1> pipeline with one next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>,
+    one <4,1,1>, <2,2,1> with two and <1,4,1> with four, every pipeline recomputing in `mode`; each plan `repeats`
+    times in a row (the first warms the allocator up)."""
     from hydraplan.store.profiles import load_profile
 
-    ml = {s.key[:2]: s.max_len for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
+    ml = {s.key[:2]: int(s.max_len * fraction) for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
     a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
     chosen = [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
               ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),

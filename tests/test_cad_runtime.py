@@ -67,23 +67,6 @@ def test_check_plan_refuses_cad_tasks_that_do_not_cover_the_queries():
         check_plan(plan, "p.json", 4, TINY)
 
 
-@pytest.mark.slow
-def test_cad_plans_train_exactly_like_one_process(tmp_path):
-    plans = [
-        _planned([60, 9, 25, 6, 17, 3, 30, 12], 0, (1, 1, 1), 1),  # 4 replicas, documents split over replicas
-        _planned([41, 8, 5, 22, 13, 7, 19, 2, 11], 1, (1, 1, 1), 2),  # two steps
-        _planned([50, 6, 14, 9, 3], 2, (2, 1, 1), 1),  # TP = 2: two exchange groups of two replicas
-        _handmade(),
-    ]
-    assert all(_moved(p) > 0 for p in plans)  # attention really runs away from home
-    out, diffs = _replay_verified(tmp_path, plans)
-    assert len(diffs) == 4 and max(diffs) <= 1e-9
-    balance = re.findall(r"^cad: iteration (\d+) attention imbalance per layer call \(measured max/mean-1\): ([\d. ]+);",
-                         out, re.M)
-    assert [int(i) for i, _ in balance] == [0, 1, 2, 9]
-    assert all(len(b.split()) == TINY.layers * (len(p.cad.steps)) for (_, b), p in zip(balance, plans, strict=True))
-
-
 def _recomputing(plan: Plan, mode: str) -> Plan:
     plan.cad.recompute = mode
     for p in plan.pipelines:
@@ -92,19 +75,31 @@ def _recomputing(plan: Plan, mode: str) -> Plan:
 
 
 @pytest.mark.slow
-def test_cad_plans_with_recomputation_train_exactly_like_one_process(tmp_path):
-    """Full recomputation re-runs each layer's projections, output projection and MLP around its attention
-    exchanges in the backward (the ping-pong keeps what the exchanges delivered); selective recomputes the SwiGLU
-    intermediates, with TP 2 (sequence parallel) inside the replicas."""
-    plans = [
-        _recomputing(_planned([60, 9, 25, 6, 17, 3, 30, 12], 0, (1, 1, 1), 1), "full"),
-        _recomputing(_planned([41, 8, 5, 22, 13, 7, 19, 2, 11], 1, (1, 1, 1), 2), "full"),
-        _recomputing(_planned([50, 6, 14, 9, 3], 2, (2, 1, 1), 1), "selective"),
-        _recomputing(_planned([50, 6, 14, 9, 3], 3, (2, 1, 1), 1), "full"),
+def test_cad_plans_train_exactly_like_one_process(tmp_path):
+    """One job replays, without recomputation (iterations 0-2 and 9): 4 replicas with documents split over them,
+    two steps, TP 2 (two exchange groups of two replicas) and the handmade plan; then with recomputation
+    (iterations 10-13): full re-runs each layer's projections, output projection and MLP around its attention
+    exchanges in the backward (the ping-pong keeps what the exchanges delivered); selective recomputes the
+    SwiGLU intermediates, with TP 2 (sequence parallel) inside the replicas."""
+    plain = [
+        _planned([60, 9, 25, 6, 17, 3, 30, 12], 0, (1, 1, 1), 1),  # 4 replicas, documents split over replicas
+        _planned([41, 8, 5, 22, 13, 7, 19, 2, 11], 1, (1, 1, 1), 2),  # two steps
+        _planned([50, 6, 14, 9, 3], 2, (2, 1, 1), 1),  # TP = 2: two exchange groups of two replicas
+        _handmade(),
     ]
-    assert all(_moved(p) > 0 for p in plans)
-    _, diffs = _replay_verified(tmp_path, plans)
-    assert len(diffs) == 4 and max(diffs) <= 1e-9
+    recomputed = [
+        _recomputing(_planned([60, 9, 25, 6, 17, 3, 30, 12], 10, (1, 1, 1), 1), "full"),
+        _recomputing(_planned([41, 8, 5, 22, 13, 7, 19, 2, 11], 11, (1, 1, 1), 2), "full"),
+        _recomputing(_planned([50, 6, 14, 9, 3], 12, (2, 1, 1), 1), "selective"),
+        _recomputing(_planned([50, 6, 14, 9, 3], 13, (2, 1, 1), 1), "full"),
+    ]
+    assert all(_moved(p) > 0 for p in plain + recomputed)  # attention really runs away from home
+    out, diffs = _replay_verified(tmp_path, plain + recomputed)
+    assert len(diffs) == 8 and max(diffs) <= 1e-9
+    balance = re.findall(r"^cad: iteration (\d+) attention imbalance per layer call \(measured max/mean-1\): ([\d. ]+);",
+                         out, re.M)[:4]
+    assert [int(i) for i, _ in balance] == [0, 1, 2, 9]
+    assert all(len(b.split()) == TINY.layers * (len(p.cad.steps)) for (_, b), p in zip(balance, plain, strict=True))
 
 
 def test_best_cad_on_the_tiny_profile_is_valid():

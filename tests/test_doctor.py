@@ -56,23 +56,17 @@ def test_doctor_passes_on_cpu_with_four_gloo_ranks():
 
 
 @pytest.mark.slow
-def test_doctor_fails_naming_the_check_when_a_backend_is_broken(tmp_path):
-    """The attention check catches it; the collectives still pass (the replay cannot: its fp64 reference
-    attends with the same broken backend, so it checks the distribution, not the kernel)."""
+def test_doctor_fails_naming_each_check_when_a_backend_is_broken_and_the_runtime_fails_inside_a_replay(tmp_path):
+    """One job, two faults, each named against its own check: the attention check catches a slightly wrong kernel
+    (the replay cannot: its fp64 reference attends with the same broken backend, so it checks the distribution,
+    not the kernel); a communication error injected on rank 1 in the second plan ends the runtime job in one
+    line, which the doctor reports against the replay check; the collectives still pass."""
     (tmp_path / "sitecustomize.py").write_text(BROKEN_BACKEND)
-    res, report = doctor("--check", "attention", "--check", "collectives", PYTHONPATH=str(tmp_path))
+    res, report = doctor("--check", "attention", "--check", "collectives", "--check", "replay", PYTHONPATH=str(tmp_path),
+                         HYDRAPLAN_INJECT_FAULT="comm@1:1")
     assert res.returncode == 1, res.stdout + res.stderr
     by = {c["check"]: c for c in report["checks"]}
     assert not by["attention"]["passed"] and by["attention"]["detail"].startswith("rank 0: sdpa-per-document, plain: ")
     assert by["collectives"]["passed"] and not report["passed"]
-
-
-@pytest.mark.slow
-def test_doctor_fails_naming_the_check_when_the_runtime_fails_inside_a_replay():
-    """A communication error injected on rank 1 in the second plan ends the runtime job in one line; the doctor
-    reports it against the replay check."""
-    res, report = doctor("--check", "collectives", "--check", "replay", HYDRAPLAN_INJECT_FAULT="comm@1:1")
-    assert res.returncode == 1, res.stdout + res.stderr
-    by = {c["check"]: c for c in report["checks"]}
-    assert by["collectives"]["passed"] and not by["replay"]["passed"]
+    assert not by["replay"]["passed"]
     assert by["replay"]["detail"].startswith("doctor: rank 1 on ") and "communication error" in by["replay"]["detail"]

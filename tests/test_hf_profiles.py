@@ -3,12 +3,10 @@ tying and bias term against hand computation, the bundled Llama-3.1 / Qwen2.5 pr
 them, one-line refusals of what the cost model does not have, and pack / compare / validate on them."""
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from helpers import hp
 from typer.testing import CliRunner
 
 from hydraplan.app.cli import app
@@ -143,9 +141,7 @@ MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hi
 def test_mixtral_is_refused_in_one_line_exit_2(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(MIXTRAL))
-    exe = Path(sys.executable).parent / "hydraplan"
-    proc = subprocess.run([str(exe), "profiles", "generate", "--hf-config", str(path), "--gpu", "h100", "--out",
-                           str(tmp_path / "p.json")], capture_output=True, text=True)
+    proc = hp("profiles", "generate", "--hf-config", path, "--gpu", "h100", "--out", tmp_path / "p.json")
     assert proc.returncode == 2 and not (tmp_path / "p.json").exists()
     assert proc.stderr == (f"hydraplan: {path}: field num_local_experts: 8: mixture-of-experts (Mixtral) "
                            "is not modelled (dense LLaMA-style decoders only)\n")

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import hp
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import (
@@ -184,13 +185,8 @@ def test_cli_interleaved_bubble_and_plot(tmp_path) -> None:
 def test_cli_table_and_bad_input() -> None:
     r = _run(["pipeline", "--schedule", "1f1b", "--stages", "3", "--micro-batches", "5"])
     assert r.exit_code == 0 and "bubble ratio" in r.output
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    exe = Path(sys.executable).parent / "hydraplan"
     for bad in (["--schedule", "2f2b", "--stages", "2", "--micro-batches", "2"],
                 ["--schedule", "1f1b", "--stages", "0", "--micro-batches", "2"],
                 ["--schedule", "interleaved", "--stages", "5", "--micro-batches", "7"]):
-        p = subprocess.run([str(exe), "pipeline", *bad], capture_output=True, text=True)
+        p = hp("pipeline", *bad)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
