@@ -129,50 +129,97 @@ def _subsets(items: list) -> Iterator[tuple]:
     yield from itertools.chain.from_iterable(itertools.combinations(items, n) for n in sizes)
 
 
+VARIANT_BLOCK = 64  # variants screened at once (bounds the (variants, cells, schemes) arrays of _screen)
+
+
 def _best_rounding(cells: CellCosts, j: int, tau: np.ndarray, cs: np.ndarray, used: np.ndarray, droppable: list,
                    gpus: int) -> Rounded | None:
     """Best allocation over every way of dropping some of `droppable` (their cells move to a kept scheme).
     The cells that may move are costed on every used scheme once; a variant only masks the dropped ones.
-    tau: each scheme's propagation budget."""
+    Variants are screened a block at a time (_screen): only those whose bound may beat the best so far are
+    allocated, in the order of _subsets, so the result is the one-by-one search's. tau: each scheme's
+    propagation budget."""
     g = cells.gpus
     c = np.arange(j + 1)
     base = (cells.work[c, cs], cells.bubble[c, cs], cells.floor[c, cs])
-    dropped = np.zeros(len(g), dtype=bool)
-    dropped[droppable] = True
-    rows = np.flatnonzero(dropped[cs])
+    movable = np.zeros(len(g), dtype=bool)
+    movable[droppable] = True
+    rows = np.flatnonzero(movable[cs])
     sub = np.ix_(rows, used)
     Wu, Bu, Fu = cells.work[sub], cells.bubble[sub], cells.floor[sub]
     slack = tau[used] - Bu
     floor_u = np.where(cells.feasible[sub] & (slack > 0), Fu, np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         need_u = np.where(floor_u <= tau[used], g[used] * Wu / slack, np.inf)
+    column = np.zeros(len(g), dtype=np.int64)
+    column[used] = np.arange(len(used))
     best: Rounded | None = None
     best_key: tuple | None = None
-    for drop in _subsets(droppable):
-        dropped[:] = False
-        dropped[list(drop)] = True
-        kept = ~dropped[used]
-        if not kept.any():
-            continue
-        mapping = cs
-        W, B, F = base
-        if drop:
-            sel = dropped[cs[rows]]
-            floor = np.where(kept, floor_u[sel], np.inf)
-            if not np.isfinite(floor.min(axis=1)).all():
+    variants = _subsets(droppable)
+    while block := list(itertools.islice(variants, VARIANT_BLOCK)):
+        dropped = np.zeros((len(block), len(used)), dtype=bool)
+        for v, drop in enumerate(block):
+            dropped[v, column[list(drop)]] = True
+        mapping, W, B, F = _moved(dropped, cs, rows, column, base, used, (Wu, Bu, Fu), floor_u, need_u)
+        fits, bound = _bounds(g, tau, cells.transfer, mapping, W, B, F, gpus)
+        for v in range(len(block)):
+            beat = np.inf if best_key is None else best_key[0]
+            if not fits[v] or bound[v] > beat:  # allocate would return None
                 continue
-            need = np.where(kept, need_u[sel], np.inf)
-            col = np.where(np.isfinite(need.min(axis=1)), need.argmin(axis=1), floor.argmin(axis=1))
-            moved, r = rows[sel], np.arange(len(col))
-            mapping, W, B, F = cs.copy(), W.copy(), B.copy(), F.copy()
-            mapping[moved] = used[col]
-            W[moved], B[moved], F[moved] = Wu[sel][r, col], Bu[sel][r, col], Fu[sel][r, col]
-        scaled = _Scaled(g, tau, cells.transfer, mapping, W, B, F)
-        d = scaled.allocate(gpus, np.inf if best_key is None else best_key[0])
-        if d is None:
-            continue
-        counts = tuple((int(k), int(n)) for k, n in zip(scaled.schemes, d))
-        key = (float(scaled.per_scheme(d).max()), int((d * scaled.g).sum()), counts)
-        if best_key is None or key < best_key:
-            best, best_key = Rounded(counts, key[0]), key
+            scaled = _Scaled(g, tau, cells.transfer, mapping[v], W[v], B[v], F[v])
+            d = scaled.allocate(gpus, beat)
+            if d is None:
+                continue
+            counts = tuple((int(k), int(n)) for k, n in zip(scaled.schemes, d))
+            key = (float(scaled.per_scheme(d).max()), int((d * scaled.g).sum()), counts)
+            if best_key is None or key < best_key:
+                best, best_key = Rounded(counts, key[0]), key
     return best
+
+
+def _moved(dropped: np.ndarray, cs: np.ndarray, rows: np.ndarray, column: np.ndarray,
+           base: tuple[np.ndarray, ...], used: np.ndarray, costs_u: tuple[np.ndarray, ...], floor_u: np.ndarray,
+           need_u: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per variant (rows of `dropped`: which used schemes it drops), each cell's scheme and its work, bubble and
+    floor there: a cell of a dropped scheme moves to the kept scheme meeting the budget with the fewest GPUs,
+    else to the one with the lowest floor. A variant keeping nothing, or with a cell no kept scheme holds, is
+    rejected: scheme -1 in its first cell."""
+    V = len(dropped)
+    kept = ~dropped[:, None, :]
+    floor = np.where(kept, floor_u, np.inf)  # (variant, movable cell, used scheme)
+    need = np.where(kept, need_u, np.inf)
+    col = np.where(np.isfinite(need.min(axis=2)), need.argmin(axis=2), floor.argmin(axis=2))
+    moves = dropped[:, column[cs[rows]]]
+    stuck = (moves & ~np.isfinite(floor.min(axis=2))).any(axis=1) | dropped.all(axis=1)
+    mapping = np.repeat(cs[None, :], V, axis=0)
+    out = [np.repeat(x[None, :], V, axis=0) for x in base]
+    v, r = np.nonzero(moves)
+    mapping[v, rows[r]] = used[col[v, r]]
+    for x, xu in zip(out, costs_u):
+        x[v, rows[r]] = xu[r, col[v, r]]
+    mapping[stuck, 0] = -1
+    return (mapping, *out)
+
+
+def _bounds(g: np.ndarray, tau: np.ndarray, transfer: np.ndarray, mapping: np.ndarray, W: np.ndarray,
+            B: np.ndarray, F: np.ndarray, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per variant (rows): whether it is allocated at all (not rejected by _moved, every scheme room for a
+    pipeline: cap >= 1) and the bound `_Scaled.allocate` starts from, the largest scaled latency with every
+    scheme at its cap. The same operations as _Scaled's, per (variant, scheme) instead of per scheme, so the
+    same floats."""
+    V, K = len(mapping), len(g)
+    rejected = (mapping < 0).any(axis=1)
+    keys = (np.arange(V)[:, None] * K + np.maximum(mapping, 0)).ravel()
+    present = (np.bincount(keys, minlength=V * K) > 0).reshape(V, K)
+    load = np.bincount(keys, weights=(W / (tau[np.maximum(mapping, 0)] - B)).ravel(), minlength=V * K).reshape(V, K)
+    bmin, bmax, fmax = np.full(V * K, np.inf), np.full(V * K, -np.inf), np.full(V * K, -np.inf)
+    np.minimum.at(bmin, keys, B.ravel())
+    np.maximum.at(bmax, keys, B.ravel())
+    np.maximum.at(fmax, keys, F.ravel())
+    bmin, bmax, fmax = bmin.reshape(V, K), bmax.reshape(V, K), fmax.reshape(V, K)
+    cap = (gpus - (present * g).sum(axis=1, keepdims=True) + g) // g
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = load / cap
+        prop = np.maximum(tau * r - (r - 1) * np.where(r >= 1, bmin, bmax), fmax)
+    latency = np.where(present, np.asarray(end_to_end_s(transfer, prop)), -np.inf).max(axis=1)
+    return ~rejected & ~(present & (cap < 1)).any(axis=1), latency
