@@ -391,7 +391,12 @@ def every_variant_rounding(cells, relaxed, j: int, gpus: int, droppable: list[in
             F.append(cells.floor[c, k])
         if not ok:
             continue
-        scaled = _Scaled(cells.gpus, tau, cells.transfer, mapping, np.array(W), np.array(B), np.array(F))
+        held = np.array(sorted(set(mapping.tolist())))
+        stats = [[sum(W[c] / (tau[k] - B[c]) for c in range(len(W)) if mapping[c] == k),
+                  min(B[c] for c in range(len(W)) if mapping[c] == k), max(B[c] for c in range(len(W)) if mapping[c] == k),
+                  max(F[c] for c in range(len(W)) if mapping[c] == k)] for k in held]
+        load, bmin, bmax, fmax = np.array(stats).T
+        scaled = _Scaled(held, load, bmin, bmax, fmax, tau[held], cells.transfer[held], cells.gpus[held])
         d = scaled.allocate(gpus)
         if d is not None:
             counts = tuple((int(k), int(n)) for k, n in zip(scaled.schemes, d))

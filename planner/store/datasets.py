@@ -21,9 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from hydraplan.core.batch import Batch
@@ -48,8 +45,9 @@ MAX_DOCUMENTS = 2**28
 # A context length that cuts more than this share of the documents is likely a mistake (a typo, a unit): warned.
 # Fewer are reported by `pack` and `dataset stats` as a count (a 768-token test context cuts 27% of Wikipedia's).
 TRUNCATION_WARN_SHARE = 1 / 3
-# Only an empty field is missing: "NaN" or "inf" are values, reported as what they are.
-_CSV_CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
+# Only an empty field is missing: "NaN" or "inf" are values, reported as what they are (pyarrow.csv's
+# ConvertOptions). pyarrow's compute, csv and json modules are imported where used: the builtins need none of them.
+_CSV_NULLS = {"null_values": [""], "strings_can_be_null": True}
 
 Locate = Callable[[int], str]
 
@@ -235,6 +233,8 @@ def _first_non_integer(values: list[object]) -> int:
 def _int_column(col: pa.ChunkedArray | pa.Array, what: str, locate: Locate) -> np.ndarray:
     """An integer column as int64; anything else names the first offending row and its value."""
     if col.null_count:
+        import pyarrow.compute as pc
+
         i = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{what} {locate(i)}: empty, expected an integer")
     if pa.types.is_integer(col.type):
@@ -311,6 +311,8 @@ def _token_column(table: pa.Table, source: str) -> str | None:
 
 
 def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[np.ndarray, bool, TokenStore]:
+    import pyarrow.compute as pc
+
     arr = col.combine_chunks()
     if arr.null_count:
         i = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
@@ -328,12 +330,17 @@ def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[
 
 # ------------------------------------------------------------------------------------------ readers
 def _read_csv(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
-    table = pacsv.read_csv(path, convert_options=_CSV_CONVERT)
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(**_CSV_NULLS))
     return _from_table(table, str(path), lambda i: f"line {i + 2}")
 
 
 def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
-    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]), convert_options=_CSV_CONVERT)
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]),
+                           convert_options=pacsv.ConvertOptions(**_CSV_NULLS))
     if table.num_rows == 0:
         raise UserError(f"{path}: no documents (no lines)")
     locate: Locate = lambda i: f"line {i + 1}"  # noqa: E731
@@ -350,6 +357,8 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
 
 
 def _read_jsonl(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
+    import pyarrow.json as pajson
+
     return _from_table(pajson.read_json(path), str(path), lambda i: f"line {i + 1}")
 
 
