@@ -4,7 +4,7 @@ propose at 64 GPUs <= 1.5 s, pack of 8 iterations at 64 GPUs <= 5 s), next to wh
 Each command runs `repeats` times; the best wall time is kept (the others count what else the machine ran) with
 the CPU seconds of the process and its workers. The configuration is the README demo's: h100-llama2-7b,
 builtin:wikipedia, 64 GPUs, context 32768, 200K tokens per iteration; pack with 2 workers. Run on a quiet
-machine: on a shared one the wall times include the other jobs (compare `cpu_s`).
+machine: on a shared one the wall times include the other jobs (compare `cpu_s`; `load_1min` records the load).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def best(argv: list[str], repeats: int) -> dict:
 
 def main(run: Run) -> None:
     repeats, iterations = run.pick(3, 1), run.pick(8, 1)
+    load_before = os.getloadavg()[0]
     rows: dict[str, dict] = {}
     rows["import_cli"] = best([sys.executable, "-c", "import hydraplan.app.cli"], repeats)
     rows["import_config"] = best([sys.executable, "-c", "import hydraplan.app.config"], repeats)
@@ -56,4 +57,6 @@ def main(run: Run) -> None:
                              "--workers", "2", "--out", f"{tmp}/run"], repeats)
     run.write({"config": {"gpus": 64, "context_len": 32768, "tokens_per_iter": 200_000, "pack_iterations": iterations,
                           "workers": 2, "repeats": repeats},
-               "targets_s": {"propose": 1.5, "pack": 5.0}, "seconds": rows})
+               "targets_s": {"propose": 1.5, "pack": 5.0}, "seconds": rows,
+               # the 1-minute load average before and after: above the 2 cores, wall times count other jobs
+               "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)]})

@@ -127,6 +127,41 @@ def test_jsonl_token_lists_any_single_list_column(tmp_path):
     assert ds.tokens(1).tolist() == [3, 4, 5, 6]
 
 
+def test_null_token_id_names_its_row(tmp_path):
+    pq.write_table(pa.table({"input_ids": [[1, 2], [3], [4, None, 5]]}), tmp_path / "t.parquet")
+    with pytest.raises(UserError, match=r"column 'input_ids' row 3: a null token id"):
+        load_dataset(tmp_path / "t.parquet")
+
+
+def test_reading_every_form_leaves_pandas_unimported(tmp_path):
+    """pyarrow imports pandas on its first to_numpy (0.4 s of every command's start-up): columns go through
+    DLPack instead, for the builtins and every columnar form."""
+    import subprocess
+    import sys
+
+    pq.write_table(pa.table({"input_ids": [[1, 2], [3]]}), tmp_path / "t.parquet")
+    (tmp_path / "h.csv").write_text("length,count\n5,3\n9.0,1\n")
+    (tmp_path / "t.jsonl").write_text('{"tokens": [1, 2, 3]}\n')
+    (tmp_path / "l.txt").write_text("4\n8\n")
+    code = ("import sys; from hydraplan.store.datasets import load_dataset\n"
+            f"for spec in ['builtin:wikipedia', 'builtin:prolong', *{[str(p) for p in sorted(tmp_path.iterdir())]}]:\n"
+            "    load_dataset(spec).histogram()\n"
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("longest", [50, 2**21 + 3])
+def test_histogram_counts_every_length(longest):
+    """Counted by bincount up to 2^20 (or the table's size), sorted beyond: both give np.unique's table."""
+    rng = np.random.default_rng(longest)
+    lengths = np.r_[rng.integers(1, 40, 5000), longest]
+    values, counts = Dataset("x", lengths, has_docs=True).histogram()
+    want_values, want_counts = np.unique(lengths, return_counts=True)
+    assert values.tolist() == want_values.tolist() and counts.tolist() == want_counts.tolist()
+    assert values.dtype == counts.dtype == np.int64
+
+
 def test_length_only_dataset_has_no_tokens(tmp_path):
     np.save(tmp_path / "l.npy", np.array([3, 4]))
     with pytest.raises(UserError, match="no token ids"):

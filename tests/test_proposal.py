@@ -356,3 +356,70 @@ def test_rounding_tries_every_way_of_dropping_few_schemes_and_a_bounded_number_o
     assert len(got) == len(set(got)) <= MAX_VARIANTS + len(many)
     assert set(combinations(many, 2)) <= set(got) and got[0] == ()
     assert [tuple(many[:m]) for m in range(3, len(many) + 1)] == got[-(len(many) - 2):]
+
+
+def every_variant_rounding(cells, relaxed, j: int, gpus: int, droppable: list[int]):
+    """round_relaxed's variant search done plainly: each way of dropping some of `droppable`, its cells moved one by
+    one (to the kept scheme meeting the budget with the fewest GPUs, else the lowest floor), allocated with no
+    pruning; the smallest (latency, GPUs, counts)."""
+    from hydraplan.core.sync import propagation_budget_s
+    from hydraplan.solve.proposal.rounding import _Scaled, _subsets
+
+    tau = np.asarray(propagation_budget_s(cells.transfer, float(relaxed.latency[j])))
+    cs = relaxed.scheme[j, : j + 1]
+    used = sorted(set(cs.tolist()))
+    best = None
+    for drop in _subsets(droppable):
+        kept = [k for k in used if k not in drop]
+        if not kept:
+            continue
+        mapping, W, B, F = cs.copy(), [], [], []
+        ok = True
+        for c, k in enumerate(cs):
+            if k in drop:
+                slack = {q: tau[q] - cells.bubble[c, q] for q in kept}
+                holds = [q for q in kept if cells.feasible[c, q] and slack[q] > 0]
+                meets = [q for q in holds if cells.floor[c, q] <= tau[q]]
+                if not holds:
+                    ok = False
+                    break
+                k = (min(meets, key=lambda q: (cells.gpus[q] * cells.work[c, q] / slack[q], used.index(q))) if meets
+                     else min(holds, key=lambda q: (cells.floor[c, q], used.index(q))))
+                mapping[c] = k
+            W.append(cells.work[c, k])
+            B.append(cells.bubble[c, k])
+            F.append(cells.floor[c, k])
+        if not ok:
+            continue
+        held = np.array(sorted(set(mapping.tolist())))
+        stats = [[sum(W[c] / (tau[k] - B[c]) for c in range(len(W)) if mapping[c] == k),
+                  min(B[c] for c in range(len(W)) if mapping[c] == k), max(B[c] for c in range(len(W)) if mapping[c] == k),
+                  max(F[c] for c in range(len(W)) if mapping[c] == k)] for k in held]
+        load, bmin, bmax, fmax = np.array(stats).T
+        scaled = _Scaled(held, load, bmin, bmax, fmax, tau[held], cells.transfer[held], cells.gpus[held])
+        d = scaled.allocate(gpus)
+        if d is not None:
+            counts = tuple((int(k), int(n)) for k, n in zip(scaled.schemes, d))
+            key = (float(scaled.per_scheme(d).max()), int((d * scaled.g).sum()), counts)
+            best = key if best is None or key < best else best
+    return best
+
+
+@pytest.mark.parametrize("gpus,sync", [(8, False), (24, False), (64, True), (40, True)])
+def test_rounding_screens_variants_to_the_same_best_as_allocating_every_one(gpus, sync):
+    """round_relaxed bounds a block of dropping variants at once and allocates only those that may win: the same
+    strategy and latency as allocating every variant, with and without per-scheme transfer times."""
+    prof = for_gpus(mid_profile(), gpus)
+    lengths = np.minimum(wiki_like(gpus + 1), 30000)
+    values, counts = np.unique(lengths, return_counts=True)
+    transfer = np.array([0.004 / s.gpus for s in prof.schemes]) if sync else None
+    cells = build_cells(list(prof.schemes), values, counts, 30000, 4096 * gpus, transfer=transfer)
+    relaxed = solve_relaxed(cells, gpus)
+    for j in range(cells.n_cells):
+        x = np.bincount(relaxed.scheme[j, : j + 1], weights=relaxed.share[j, : j + 1], minlength=len(prof.schemes))
+        by_share = sorted(np.flatnonzero(x > 0).tolist(), key=lambda k: (x[k], k))
+        want = every_variant_rounding(cells, relaxed, j, gpus, [k for k in by_share if x[k] < 1])
+        if want is None:
+            want = every_variant_rounding(cells, relaxed, j, gpus, by_share)
+        got = round_relaxed(cells, relaxed, j, gpus)
+        assert (got.counts, got.latency) == (want[2], want[0])

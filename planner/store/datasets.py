@@ -20,12 +20,7 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
-import pandas  # noqa: F401 - imported here, not by pyarrow's first array: its Cython import swallows Ctrl-C
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.json as pajson
-import pyarrow.pandas_compat  # noqa: F401 - the same (pyarrow imports it with pandas)
 import pyarrow.parquet as pq
 
 from hydraplan.core.batch import Batch
@@ -50,8 +45,9 @@ MAX_DOCUMENTS = 2**28
 # A context length that cuts more than this share of the documents is likely a mistake (a typo, a unit): warned.
 # Fewer are reported by `pack` and `dataset stats` as a count (a 768-token test context cuts 27% of Wikipedia's).
 TRUNCATION_WARN_SHARE = 1 / 3
-# Only an empty field is missing: "NaN" or "inf" are values, reported as what they are.
-_CSV_CONVERT = pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
+# Only an empty field is missing: "NaN" or "inf" are values, reported as what they are (pyarrow.csv's
+# ConvertOptions). pyarrow's compute, csv and json modules are imported where used: the builtins need none of them.
+_CSV_NULLS = {"null_values": [""], "strings_can_be_null": True}
 
 Locate = Callable[[int], str]
 
@@ -104,9 +100,15 @@ class Dataset:
         return int(self.lengths[i]) if i < self.rows.size and self.rows[i] == doc else 0
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """(unique lengths, documents per length), both int64."""
-        values, counts = np.unique(self.lengths, return_counts=True)
-        return values.astype(np.int64), counts.astype(np.int64)
+        """(unique lengths, documents per length), both int64: counted in one pass when the longest length is
+        within the table's size (or 2^20), else sorted (a million documents: 10 ms against 100 ms)."""
+        longest = int(self.lengths.max())
+        if longest > max(self.lengths.size, 2**20):
+            values, counts = np.unique(self.lengths, return_counts=True)
+            return values.astype(np.int64), counts.astype(np.int64)
+        per_length = np.bincount(self.lengths, minlength=longest + 1)
+        values = np.flatnonzero(per_length)
+        return values.astype(np.int64), per_length[values].astype(np.int64)
 
     def tokens(self, doc: int) -> np.ndarray:
         """Token ids of document `doc`, truncated like its length (the first context_len tokens)."""
@@ -231,12 +233,14 @@ def _first_non_integer(values: list[object]) -> int:
 def _int_column(col: pa.ChunkedArray | pa.Array, what: str, locate: Locate) -> np.ndarray:
     """An integer column as int64; anything else names the first offending row and its value."""
     if col.null_count:
+        import pyarrow.compute as pc
+
         i = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{what} {locate(i)}: empty, expected an integer")
     if pa.types.is_integer(col.type):
-        return col.to_numpy().astype(np.int64)
+        return _numpy(col).astype(np.int64)
     if pa.types.is_floating(col.type):
-        x = col.to_numpy()
+        x = _numpy(col)
         bad = np.flatnonzero(~np.isfinite(x) | (x != np.round(x)) | (np.abs(x) > 2.0**62))
         if bad.size == 0:
             return x.astype(np.int64)
@@ -250,6 +254,12 @@ def _int_column(col: pa.ChunkedArray | pa.Array, what: str, locate: Locate) -> n
 
 
 # ------------------------------------------------------------------------------------------- tables
+def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric column without nulls as numpy (read-only, zero copy for one chunk), through DLPack: pyarrow's
+    to_numpy imports pandas on first use (0.4 s, a fifth of `propose`), in Cython code that loses a Ctrl-C."""
+    return np.from_dlpack(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
+
+
 def _from_table(table: pa.Table, source: str, locate: Locate) -> tuple[np.ndarray, bool, TokenStore | None]:
     """Pick the form by columns: `lo,hi,count` or `length,count` histogram, a token-id list column
     (input_ids/tokens/token_ids, or the only list-of-integer column), else a `length` column."""
@@ -301,24 +311,36 @@ def _token_column(table: pa.Table, source: str) -> str | None:
 
 
 def _from_token_lists(col: pa.ChunkedArray, what: str, locate: Locate) -> tuple[np.ndarray, bool, TokenStore]:
+    import pyarrow.compute as pc
+
     arr = col.combine_chunks()
     if arr.null_count:
         i = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise UserError(f"{what} {locate(i)}: null, expected a list of token ids")
-    lengths = pc.list_value_length(arr).to_numpy().astype(np.int64)
-    values = arr.flatten().to_numpy()
+    lengths = _numpy(pc.list_value_length(arr)).astype(np.int64)
+    flat = arr.flatten()
+    if flat.null_count:
+        first = int(pc.index(flat.is_null(), True).as_py())
+        i = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+        raise UserError(f"{what} {locate(i)}: a null token id")
+    values = _numpy(flat)
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     return lengths, True, TokenStore(values=values, offsets=offsets)
 
 
 # ------------------------------------------------------------------------------------------ readers
 def _read_csv(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
-    table = pacsv.read_csv(path, convert_options=_CSV_CONVERT)
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(**_CSV_NULLS))
     return _from_table(table, str(path), lambda i: f"line {i + 2}")
 
 
 def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
-    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]), convert_options=_CSV_CONVERT)
+    import pyarrow.csv as pacsv
+
+    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["length"]),
+                           convert_options=pacsv.ConvertOptions(**_CSV_NULLS))
     if table.num_rows == 0:
         raise UserError(f"{path}: no documents (no lines)")
     locate: Locate = lambda i: f"line {i + 1}"  # noqa: E731
@@ -328,10 +350,15 @@ def _read_txt(path: Path) -> tuple[np.ndarray, bool, None]:
 
 
 def _read_parquet(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
-    return _from_table(pq.read_table(path), str(path), lambda i: f"row {i + 1}")
+    # ParquetFile, not read_table: the dataset layer read_table goes through imports pandas
+    with pq.ParquetFile(path) as f:
+        table = f.read()
+    return _from_table(table, str(path), lambda i: f"row {i + 1}")
 
 
 def _read_jsonl(path: Path) -> tuple[np.ndarray, bool, TokenStore | None]:
+    import pyarrow.json as pajson
+
     return _from_table(pajson.read_json(path), str(path), lambda i: f"line {i + 1}")
 
 

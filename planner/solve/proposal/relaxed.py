@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hydraplan.core.sync import end_to_end_s, propagation_budget_s
+from hydraplan.core.sync import BACKWARD_SHARE, end_to_end_s
 from hydraplan.solve.proposal.cells import CellCosts
 
 
@@ -56,18 +56,30 @@ def solve_relaxed(cells: CellCosts, gpus: int, rel_tol: float = 1e-6) -> Relaxed
     start = np.r_[0, np.cumsum(per_j)[:-1]]
     jidx = np.repeat(np.arange(M), per_j)
     cidx = np.arange(jidx.size) - start[jidx]
-    Ap, Bp, Fp, Tp = Af[cidx], Bf[cidx], Ff[cidx], Tf[cidx]
+    # need() is the hot loop: 25 calls over (frontier, pair), ~10^6 entries. Laid out frontier first, so the
+    # per-pair tau broadcasts along rows and the minimum over the frontier is one vectorized pass; every step works
+    # in place and is the same operation as core.sync.propagation_budget_s and the division, so results are identical
+    Ap, Bp, Fp, Tp = (np.take(x.T, cidx, axis=1) for x in (Af, Bf, Ff, Tf))
+    Tp2 = 2.0 * Tp
+    t, slack = np.empty(Ap.shape), np.empty(Ap.shape)
+    valid, cond = np.empty(Ap.shape, dtype=bool), np.empty(Ap.shape, dtype=bool)
 
     def need(tau: np.ndarray) -> np.ndarray:
-        """GPUs each pair's cell needs on each frontier scheme to finish within its prefix's tau (its
-        propagation budget for it)."""
-        t = propagation_budget_s(Tp, np.repeat(tau, per_j)[:, None])
-        slack = t - Bp
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where((slack > 0) & (Fp <= t), Ap / slack, np.inf)
+        """GPUs each (frontier scheme, pair)'s cell needs to finish within its prefix's tau (its propagation budget
+        for it, -inf where even an instant pipeline misses tau); inf where it cannot (the work W > 0 over 0)."""
+        y = np.repeat(tau, per_j)[None, :]
+        np.greater_equal(y, Tp2, out=valid)
+        np.subtract(y, Tp, out=t)
+        np.divide(t, BACKWARD_SHARE, out=t)
+        np.minimum(y, t, out=t)
+        np.subtract(t, Bp, out=slack)
+        np.logical_and(valid, np.greater(slack, 0, out=cond), out=valid)
+        np.logical_and(valid, np.less_equal(Fp, t, out=cond), out=valid)
+        with np.errstate(divide="ignore"):
+            return np.divide(Ap, np.where(valid, slack, 0.0), out=t)
 
     def total(tau: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(need(tau).min(axis=1), start)
+        return np.add.reduceat(need(tau).min(axis=0), start)
 
     lower = np.maximum.accumulate(np.asarray(end_to_end_s(Tf, np.maximum(Bf, Ff))).min(axis=1))
     lo = lower.copy()
@@ -84,10 +96,10 @@ def solve_relaxed(cells: CellCosts, gpus: int, rel_tol: float = 1e-6) -> Relaxed
         hi = np.where(ok, mid, hi)
         lo = np.where(ok, lo, mid)
     n = need(hi)
-    f = n.argmin(axis=1)
+    f = n.argmin(axis=0)
     k = idx[cidx, f]
     scheme = np.full((M, M), -1)
     share = np.zeros((M, M))
     scheme[jidx, cidx] = k
-    share[jidx, cidx] = n[np.arange(len(f)), f] / cells.gpus[k]
+    share[jidx, cidx] = n[f, np.arange(len(f))] / cells.gpus[k]
     return RelaxedSolution(latency=hi, scheme=scheme, share=share)
