@@ -31,6 +31,7 @@ from hydraplan.core.schema import PackArgs, Plan
 from hydraplan.engine.pool import solve_in_order
 from hydraplan.methods.run import PlanRun, RunConfig, build
 from hydraplan.runtime.groups import RankSet
+from hydraplan.solve.dispatch_methods import HELP as DISPATCH_HELP
 from hydraplan.solve.placement import cad_groups, family, process_groups
 from hydraplan.store.fileio import load_model, model_json, write_model
 from hydraplan.store.planfile import decode, encode, write_plan
@@ -49,7 +50,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens-per-iter", type=int, help="token budget of one iteration's batch")
     g.add_argument("--context-len", type=int, help="truncate documents to this many tokens")
     g.add_argument("--seed", type=int, default=0, help="sampling and solver seed: same seed, same plans as pack")
-    g.add_argument("--dispatch", default="greedy", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)")
+    g.add_argument("--dispatch", default="greedy", help=DISPATCH_HELP)
     g.add_argument("--seq1f1b", help="K|auto: plan Seq1F1B for pp > 1 pipelines")
     g.add_argument("--cp-shard", action="store_true", help="record adaptive CP sharding for cp > 1 pipelines")
     g.add_argument("--outlier-delay", action="store_true", help="queue the rare long sequences and train them together")

@@ -11,6 +11,7 @@ from hydraplan.app import cliopts
 from hydraplan.app.cliopts import console, context_len_option, err_console, json_option, positive, workers_option
 from hydraplan.methods.registry import NAMES as METHOD_NAMES
 from hydraplan.methods.registry import OPT_IN as OPT_IN_METHODS
+from hydraplan.solve.dispatch_methods import HELP as DISPATCH_HELP
 
 if TYPE_CHECKING:  # the commands import what they run when they run: `hydraplan --help` stays fast
     from hydraplan.core.schema import IterationSummary, Summary
@@ -89,7 +90,7 @@ def pack(
     context_len: int | None = context_len_option(),
     seed: int = typer.Option(0, "--seed", help="sampling and solver seed: same seed, same plans"),
     workers: int | None = workers_option(),
-    dispatch: str = typer.Option("greedy", "--dispatch", help="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)"),
+    dispatch: str = typer.Option("greedy", "--dispatch", help=DISPATCH_HELP),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (same arguments required)"),
     seq1f1b: str | None = typer.Option(
         None, "--seq1f1b", help="K|auto: plan Seq1F1B for pp > 1 pipelines (K sub-sequences per micro-batch; raises their "

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 
 from hydraplan.core.errors import UserError
+from hydraplan.solve.dispatch_methods import GREEDY, DispatchName
+from hydraplan.solve.dispatch_methods import HELP as DISPATCH_HELP
 from hydraplan.solve.packing import DEFAULT_TIME_LIMIT_S
 
-DispatchMethod = Literal["greedy", "ilp"]
 # CP-SAT deterministic seconds for all packing of one iteration, shared equally by the candidates: a budget per
 # (candidate, pipeline) call instead grows with candidates x pipelines.
 ITERATION_PACK_BUDGET_S = 2.0
@@ -22,7 +23,7 @@ class PlanSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dispatch: DispatchMethod = Field("greedy", description="greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)")
+    dispatch: DispatchName = Field(GREEDY.name, description=DISPATCH_HELP)
     seed: NonNegativeInt = 0
     seq1f1b: str | None = Field(None, description="K|auto: Seq1F1B splits for pp > 1 pipelines (raises their MaxLen)")
     cp_shard: bool = Field(False, description="record WLB-LLM adaptive CP sharding for cp > 1 pipelines")

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, Validat
 from hydraplan.core.cluster import MAX_GPUS, Cluster, Objective
 from hydraplan.core.errors import UserError
 from hydraplan.core.schema import PackArgs, Profile, Strategies
-from hydraplan.engine.settings import DispatchMethod, PlanSettings
+from hydraplan.engine.settings import PlanSettings
+from hydraplan.solve.dispatch_methods import DispatchName
 from hydraplan.solve.seqsplit import parse_seq1f1b
 
 if TYPE_CHECKING:  # imported where used: a config (app/config.py) does not load the solvers
@@ -65,7 +66,7 @@ class RunConfig(PackArgs):
     model_config = ConfigDict(extra="forbid")
 
     seed: NonNegativeInt = 0
-    dispatch: DispatchMethod = "greedy"
+    dispatch: DispatchName = "greedy"
     objective: Objective = "end-to-end"
     profile_sha256: str | None = None  # recorded once the profile is loaded (`args`)
     iterations: PositiveInt
