@@ -11,8 +11,8 @@ INF = highspy.kHighsInf
 # an LP is tried with these options in turn while it ends with status Unknown (simplex does now and then): a vertex
 # first, or, when only whether a point exists matters, interior point first (on the relaxations' LPs of 10^4 rows
 # it answers in a few seconds where dual simplex takes 10-60 s or gives up)
-LP_TRIES = ({}, {"presolve": "off"}, {"solver": "ipm"})
-FEASIBILITY_TRIES = ({"solver": "ipm"}, {}, {"presolve": "off"})
+LP_TRIES: tuple[dict[str, str], ...] = ({}, {"presolve": "off"}, {"solver": "ipm"})
+FEASIBILITY_TRIES: tuple[dict[str, str], ...] = ({"solver": "ipm"}, {}, {"presolve": "off"})
 
 
 class SparseModel:

@@ -122,7 +122,7 @@ def _solve(lengths: np.ndarray, schemes: list[Scheme], method: Method | None, tr
     if method is not None and method.exact is not None and not optimal:
         sol, proven = method.exact(lengths, W, J, P, assign, cost, time_limit_s, seed)
         exact_cost = cost_sorted(lengths, W, P, sol) if sol is not None else np.inf
-        if exact_cost < cost * (1 - 1e-12):
+        if sol is not None and exact_cost < cost * (1 - 1e-12):
             assign, cost = sol, exact_cost
             solver = f"greedy+{method.solver}" if proven else f"greedy+{method.solver}-limit"
         else:

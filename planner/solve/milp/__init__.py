@@ -56,8 +56,9 @@ def cpsat(model: cp_model.CpModel, *, seed: int, max_dtime_s: float, abs_gap: fl
     wall = time.perf_counter() - start
     if st == cp_model.MODEL_INVALID:
         raise ValueError(f"CP-SAT model invalid: {model.validate()}")
-    status: Status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
-                      cp_model.UNKNOWN: "limit"}[st]
+    statuses: dict[cp_model.CpSolverStatus, Status] = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+                                                       cp_model.INFEASIBLE: "infeasible", cp_model.UNKNOWN: "limit"}
+    status = statuses[st]
     if status not in ("optimal", "feasible"):
         return Solution(status, None, None, None, wall, s.deterministic_time)
     return Solution(status, np.asarray(s.response_proto.solution, dtype=np.int64), s.objective_value,
