@@ -35,8 +35,8 @@ from hydraplan.solve.dispatch.bounds import (
 from hydraplan.solve.dispatch.greedy import greedy_best
 from hydraplan.solve.dispatch.pipes import Costs, Pipes, cost_sorted
 
-__all__ = ["DispatchResult", "ExactStep", "Infeasible", "Method", "dispatch", "lower_bound", "pigeonhole_bound", "scheme_arrays",
-           "top_sequences_bound"]
+__all__ = ["DispatchResult", "ExactStep", "Infeasible", "Method", "dispatch", "lower_bound", "pigeonhole_bound",
+           "scheme_arrays", "top_sequences_bound"]
 
 
 class Infeasible(Exception):
