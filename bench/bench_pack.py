@@ -34,6 +34,7 @@ from hydraplan.engine.planner import Planner
 from hydraplan.methods.compare import run_megatron
 from hydraplan.methods.hydra import homo_candidate
 from hydraplan.schema import Candidate, PipelineSpec, Scheme, Strategies
+from hydraplan.solve import milp
 from hydraplan.solve.proposal import propose, strategy_label
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
@@ -112,13 +113,12 @@ def lp_lower_bound(lengths: np.ndarray, schemes: Sequence[Scheme]) -> float:
     lp.a_matrix_.start_ = indptr
     lp.a_matrix_.index_ = np.asarray(cols)[order]
     lp.a_matrix_.value_ = np.asarray(vals, dtype=np.float64)[order]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = milp.highs_model()
     h.passModel(lp)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise RuntimeError(f"LP bound: HiGHS status {h.getModelStatus()}")
-    return float(h.getInfo().objective_function_value)
+    sol = milp.highs(h, mip=False)
+    if sol.status != "optimal" or sol.objective is None:
+        raise RuntimeError(f"LP bound: HiGHS status {sol.status}")
+    return sol.objective
 
 
 def batches_of(dataset: str, gpus_tokens: int, iterations: int, seed: int = 0) -> tuple[object, list]:

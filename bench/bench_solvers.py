@@ -15,6 +15,7 @@ from bench.run import Run
 from hydraplan.core.cluster import Cluster, for_gpus
 from hydraplan.solve import packing
 from hydraplan.solve.dispatch import Infeasible, dispatch
+from hydraplan.solve.dispatch_methods import BY_NAME as DISPATCH
 from hydraplan.solve.packing import pack
 from hydraplan.solve.proposal import propose
 from hydraplan.store.datasets import load_dataset, sample_iterations
@@ -87,7 +88,7 @@ def gap(profile, context: int, iterations: int, time_limit_s: float, gpus: int =
                     t0 = time.perf_counter()
                     g = dispatch(batch.lengths, schemes)
                     t1 = time.perf_counter()
-                    i = dispatch(batch.lengths, schemes, method="ilp", time_limit_s=time_limit_s)
+                    i = dispatch(batch.lengths, schemes, method=DISPATCH["ilp"], time_limit_s=time_limit_s)
                     t2 = time.perf_counter()
                 except Infeasible:
                     continue

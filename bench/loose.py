@@ -130,8 +130,7 @@ def _probe(inst: _Instance, X: float, max_nodes: int | None, time_limit_s: float
     m.add_rows(nk, np.r_[kk, e], np.r_[x, n], np.r_[inst.w[ii, k_sch], -cap_one], upper=0.0)  # V >= 1
     m.add_rows(nk, np.r_[kk[big], e], np.r_[x[big], n], np.r_[np.ones(int(big.sum())), -np.ones(nk)], upper=0.0)
     m.add_rows(1, np.zeros(nk), n, inst.g[used], upper=float(inst.gpus))
-    status, _ = m.solve(max_nodes=max_nodes, time_limit_s=time_limit_s)
-    return status != "infeasible"
+    return m.solve(max_nodes=max_nodes, time_limit_s=time_limit_s).status != "infeasible"
 
 
 def loose_bound(lengths: np.ndarray | Sequence[int], schemes: Sequence[Scheme], gpus: int, *,

@@ -272,6 +272,6 @@ def test_hull_facets_support_the_points_in_every_nonnegative_direction():
             x = m.add_vars(2)
             F = al.size
             m.add_rows(F, np.repeat(np.arange(F), 2), np.tile(x, F), np.column_stack([al, be]).ravel(), upper=ga)
-            status, sol = m.solve(cost=-d)
-            assert status == "feasible"
-            assert d @ sol == pytest.approx((pts @ d).max(), rel=1e-9, abs=1e-9)
+            sol = m.solve(cost=-d)
+            assert sol.status == "optimal"
+            assert d @ sol.values == pytest.approx((pts @ d).max(), rel=1e-9, abs=1e-9)

@@ -9,6 +9,7 @@ from test_dispatch import eq2, instances, scheme
 
 from hydraplan.core.sync import end_to_end_s
 from hydraplan.solve.dispatch import dispatch, pigeonhole_bound, top_sequences_bound
+from hydraplan.solve.dispatch_methods import BY_NAME as DISPATCH
 
 
 def h_objective(lengths, schemes, transfer, assign):
@@ -29,7 +30,7 @@ def test_ilp_with_sync_equals_brute_force_and_greedy_is_close(seed):
         transfer = np.array([float(rng.uniform(0, 1500)) / (s.tp * s.pp) for s in schemes])
         want = brute(lengths, schemes, transfer)
         g = dispatch(lengths, schemes, seed=seed, transfer=transfer)
-        i = dispatch(lengths, schemes, method="ilp", seed=seed, transfer=transfer)
+        i = dispatch(lengths, schemes, method=DISPATCH["ilp"], seed=seed, transfer=transfer)
         for res in (g, i):
             assert res.cost == pytest.approx(h_objective(lengths, schemes, transfer, res.assign), rel=1e-12)
         assert i.optimal and i.cost == pytest.approx(want, rel=1e-6)
@@ -46,7 +47,7 @@ def test_sync_moves_work_to_the_pipeline_with_less_to_transfer():
     lengths = np.array([100] * 10)
     even = dispatch(lengths, [fast, fast])
     assert np.bincount(even.assign, minlength=2).tolist() == [5, 5]
-    skewed = dispatch(lengths, [fast, fast], transfer=np.array([450.0, 0.0]), method="ilp")
+    skewed = dispatch(lengths, [fast, fast], transfer=np.array([450.0, 0.0]), method=DISPATCH["ilp"])
     # 3 x 100 s on the first: h = max(300, 450 + 200) = 650 < 700 on the second; 4 would give 717, 2 give 800
     assert np.bincount(skewed.assign, minlength=2).tolist() == [3, 7]
     assert skewed.cost == pytest.approx(700)

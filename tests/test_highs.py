@@ -13,7 +13,7 @@ from hydraplan.solve.highs import SparseModel
 
 SCRIPT = textwrap.dedent("""
     import ctypes
-    from hydraplan.solve.highs import run_mip
+    from hydraplan.solve.milp import run_mip
 
     LIBC = ctypes.CDLL(None)
 
@@ -39,17 +39,19 @@ def test_the_solvers_c_print_is_dropped_and_stdout_keeps_everything_else():
 
 @pytest.mark.parametrize("vertex", [True, False])
 def test_an_lp_asked_only_for_feasibility_is_solved_by_interior_point_first(monkeypatch, vertex):
+    from hydraplan.solve import milp
+
     tried = []
-    run = SparseModel._run
+    run = milp.highs
 
-    def recording(lp, mip, max_nodes, time_limit_s, options):
-        tried.append(options.get("solver", "simplex"))
-        return run(lp, mip, max_nodes, time_limit_s, options)
+    def recording(h, **kw):
+        tried.append((kw["options"] or {}).get("solver", "simplex"))
+        return run(h, **kw)
 
-    monkeypatch.setattr(SparseModel, "_run", staticmethod(recording))
+    monkeypatch.setattr(milp, "highs", recording)
     m = SparseModel()
     x = m.add_vars(2, 0.0, 10.0, integer=True)
     m.add_rows(1, np.zeros(2), x, np.ones(2), lower=3.0, upper=3.0)
-    status, sol = m.solve(relax=True, vertex=vertex)
-    assert status == "feasible" and sol.sum() == pytest.approx(3.0)
+    sol = m.solve(relax=True, vertex=vertex)
+    assert sol.status == "optimal" and sol.values.sum() == pytest.approx(3.0)
     assert tried == ["simplex" if vertex else "ipm"]

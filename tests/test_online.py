@@ -210,7 +210,7 @@ def test_every_plan_is_prepared_before_training_takes_it():
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        config = run_config(parse_args([*TINY, "--iterations", "3"]), 4)
+        config = online_config(parse_args([*TINY, "--iterations", "3"]), 4).run
         group = dist.new_group(backend="gloo")
         feed = PlanFeed(PlanRun.prepare(config, load_profile(config.profile)), Topology.of(group), 0, 3, 1, 1, group,
                         check=lambda plan: None)

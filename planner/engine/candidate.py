@@ -16,6 +16,7 @@ from hydraplan.core.cost import pipeline_estimate
 from hydraplan.core.schema import Candidate, CandidateSolve, PipelineSpec, Scheme
 from hydraplan.core.sync import end_to_end_s
 from hydraplan.engine.settings import PlanSettings
+from hydraplan.solve.dispatch_methods import BY_NAME as DISPATCH_METHODS
 
 PRUNE_RTOL = 1e-9
 
@@ -131,8 +132,9 @@ def solve_candidate(
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=reason), None)
     t0 = perf_counter()
     try:
-        d = dispatch(lengths, list(cand.schemes), method=settings.dispatch, trials=settings.dispatch_trials, seed=seed,
-                     time_limit_s=settings.dispatch_time_limit_s, transfer=cand.transfer_s)
+        d = dispatch(lengths, list(cand.schemes), method=DISPATCH_METHODS[settings.dispatch],
+                     trials=settings.dispatch_trials, seed=seed, time_limit_s=settings.dispatch_time_limit_s,
+                     transfer=cand.transfer_s)
     except Infeasible as e:
         return CandidateSolution(CandidateSolve(name=cand.name, infeasible=str(e)), None)
     t1 = perf_counter()

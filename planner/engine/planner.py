@@ -42,6 +42,7 @@ from hydraplan.engine.pool import WorkerPool, solve_in_order
 from hydraplan.engine.settings import PlanSettings
 from hydraplan.engine.strategies import resolve_strategies
 from hydraplan.solve.cad import best_cad
+from hydraplan.solve.dispatch_methods import GREEDY as GREEDY_DISPATCH
 from hydraplan.solve.seqsplit import refine_plan, seq1f1b_scheme
 from hydraplan.store.fileio import load_model
 from hydraplan.store.profiles import load_profile
@@ -200,10 +201,10 @@ class Planner:
                 ) -> Callable[[Best | None], tuple[Outcome, CandidateSolution | None]]:
         def solve(best: Best | None) -> tuple[Outcome, CandidateSolution | None]:
             sol, score = self._finished(rnd, cand, k, bound, best, self.settings)
-            if self.settings.dispatch == "ilp" and sol.solve.dispatch_solver.startswith("greedy+"):
-                # the ILP's objective is Eq. (3), not the canonical estimate: its plan is kept only when at least as
-                # good as the greedy dispatch's on the estimate in force
-                greedy = self.settings.model_copy(update={"dispatch": "greedy"})
+            if sol.solve.dispatch_solver.startswith("greedy+"):
+                # an exact dispatch step ran: its objective is Eq. (3), not the canonical estimate, so its plan is
+                # kept only when at least as good as the greedy dispatch's on the estimate in force
+                greedy = self.settings.model_copy(update={"dispatch": GREEDY_DISPATCH.name})
                 alt, alt_score = self._finished(rnd, cand, k, bound, best, greedy)
                 if alt_score is not None and (score is None or alt_score < score):
                     sol, score = alt, alt_score

@@ -8,8 +8,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeI
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.options import Opt
-
-DispatchMethod = Literal["greedy", "ilp"]
+from hydraplan.solve.dispatch_methods import GREEDY, DispatchName
+from hydraplan.solve.dispatch_methods import HELP as DISPATCH_HELP
 
 
 def _splits(value: Any) -> Any:
@@ -38,7 +38,7 @@ class PlanSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dispatch: Annotated[DispatchMethod, Opt("greedy (Alg. 1 + local search) or ilp (Eq. 3, exact)")] = "greedy"
+    dispatch: Annotated[DispatchName, Opt(DISPATCH_HELP)] = GREEDY.name
     seed: Annotated[NonNegativeInt, Opt("sampling and solver seed: same seed, same plans")] = 0
     seq1f1b: Annotated[Seq1F1B, Opt(
         "K|auto: plan Seq1F1B for pp > 1 pipelines (K sub-sequences per micro-batch; raises their MaxLen; plans "

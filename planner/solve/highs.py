@@ -1,44 +1,18 @@
-"""HiGHS glue: MIP runs without their stray console line, and models assembled from numpy blocks.
-
-A MIP run without its stray console line: highspy 1.12's MIP solver prints
-"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();" with C stdio straight to file
-descriptor 1 whatever `output_flag` says (seen at 1024 GPUs in per-batch synthesis), which would land in
-the middle of a command's `--json` output. LP solves do not print it and are run as they are."""
+"""HiGHS models assembled from numpy blocks, and the LP algorithms tried in turn (run through solve/milp.py)."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
-
 import highspy
 import numpy as np
+
+from hydraplan.solve import milp
 
 INF = highspy.kHighsInf
 # an LP is tried with these options in turn while it ends with status Unknown (simplex does now and then): a vertex
 # first, or, when only whether a point exists matters, interior point first (on the relaxations' LPs of 10^4 rows
 # it answers in a few seconds where dual simplex takes 10-60 s or gives up)
-LP_TRIES = ({}, {"presolve": "off"}, {"solver": "ipm"})
-FEASIBILITY_TRIES = ({"solver": "ipm"}, {}, {"presolve": "off"})
-_LIBC = ctypes.CDLL(None)
-
-
-def run_mip(h: highspy.Highs) -> None:
-    """h.run() with file descriptor 1 pointed at /dev/null for its duration (C buffers flushed on both
-    sides, so neither what was printed before nor the solver's line moves across the switch)."""
-    sys.stdout.flush()
-    _LIBC.fflush(None)
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 1)
-        try:
-            h.run()
-        finally:
-            _LIBC.fflush(None)
-            os.dup2(saved, 1)
-    finally:
-        os.close(saved)
+LP_TRIES: tuple[dict[str, str], ...] = ({}, {"presolve": "off"}, {"solver": "ipm"})
+FEASIBILITY_TRIES: tuple[dict[str, str], ...] = ({"solver": "ipm"}, {}, {"presolve": "off"})
 
 
 class SparseModel:
@@ -76,11 +50,12 @@ class SparseModel:
         return np.arange(self.n_rows - n, self.n_rows)
 
     def solve(self, *, relax: bool = False, max_nodes: int | None = None, time_limit_s: float | None = None,
-              cost: np.ndarray | None = None, rel_gap: float = 0.0, vertex: bool = True) -> tuple[str, np.ndarray | None]:
-        """("feasible", x), ("infeasible", None) or ("unknown", None) when a node or time limit ended the search
-        before a feasible point was found (or the solver could not tell). `cost` (per column) is minimized;
-        without it any feasible point; a MIP stops within `rel_gap` of the least cost. An LP's point is a vertex
-        unless `vertex` is False (the caller wants only feasibility: interior point first)."""
+              cost: np.ndarray | None = None, rel_gap: float = 0.0, vertex: bool = True) -> milp.Solution:
+        """The model solved: a point (`values`) when one was found; else `status` says whether the model is
+        infeasible or a node or time limit ended the search first (limit), or the solver could not tell. `cost`
+        (per column) is minimized; without it any feasible point; a MIP stops within `rel_gap` of the least cost.
+        An LP's point is a vertex unless `vertex` is False (the caller wants only feasibility: interior point
+        first); an LP ending with status unknown is tried again with the next algorithm."""
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = self.n_cols, self.n_rows
         lp.col_cost_ = np.zeros(self.n_cols) if cost is None else np.asarray(cost, dtype=np.float64)
@@ -99,31 +74,10 @@ class SparseModel:
             lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                                for i in np.concatenate(self.integer)]
         for retry in ({},) if mip else LP_TRIES if vertex else FEASIBILITY_TRIES:
-            status, x = self._run(lp, mip, max_nodes, time_limit_s, {"mip_rel_gap": rel_gap, **retry})
-            if status != "unknown":
-                return ("unknown", None) if status == "limit" else (status, x)
-        return "unknown", None
-
-    @staticmethod
-    def _run(lp: highspy.HighsLp, mip: bool, max_nodes: int | None, time_limit_s: float | None,
-             options: dict[str, str]) -> tuple[str, np.ndarray | None]:
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        h.setOptionValue("random_seed", 0)
-        for k, v in options.items():
-            h.setOptionValue(k, v)
-        if max_nodes is not None:
-            h.setOptionValue("mip_max_nodes", max_nodes)
-        if time_limit_s is not None:
-            h.setOptionValue("time_limit", float(time_limit_s))
-        h.passModel(lp)
-        run_mip(h) if mip else h.run()
-        status = h.getModelStatus()
-        if status == highspy.HighsModelStatus.kInfeasible:
-            return "infeasible", None
-        if status == highspy.HighsModelStatus.kOptimal or h.getInfo().primal_solution_status == 2:
-            return "feasible", np.asarray(h.getSolution().col_value)
-        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit):
-            return "limit", None
-        return "unknown", None
+            h = milp.highs_model()
+            h.passModel(lp)
+            sol = milp.highs(h, mip=mip, max_nodes=max_nodes, time_limit_s=time_limit_s, rel_gap=rel_gap,
+                             options=retry)
+            if sol.status != "unknown":
+                break
+        return sol

@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from hydraplan.core.schema import Scheme
+from hydraplan.solve import milp
 
 _SCALE = 1e7  # the greedy's largest micro-batch maps to this many integer units in CP-SAT
 _TOL = 1e-12
@@ -137,7 +138,6 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
     Returns (bins or None, status, deterministic time); status is optimal (proven, no gap used) |
     feasible | infeasible | unknown."""
     from ortools.sat.python import cp_model  # loads in half a second; most pipelines never need it
-
     U = len(l)
     ref = float(w.sum()) if hint is None else _max_load(hint, w, V)
     scale = _SCALE / max(ref, 1e-30)
@@ -164,21 +164,14 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
             for v in range(len(x[i])):
                 m.add_hint(x[i][v], int(h[i] == v))
         m.add_hint(z, hi)
-    s = cp_model.CpSolver()
-    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
-    s.parameters.num_workers = 1
-    s.parameters.random_seed = seed
-    s.parameters.max_deterministic_time = max(budget, 1e-3)
-    s.parameters.absolute_gap_limit = abs_gap * scale
-    st = s.solve(m)
-    dt = s.deterministic_time
-    if st == cp_model.INFEASIBLE:
-        return None, "infeasible", dt
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, "unknown", dt
-    bins = np.array([next(v for v in range(len(row)) if s.boolean_value(row[v])) for row in x], dtype=np.int64)
-    proven = st == cp_model.OPTIMAL and s.best_objective_bound >= s.objective_value
-    return bins, ("optimal" if proven else "feasible"), dt
+    sol = milp.cpsat(m, seed=seed, max_dtime_s=max(budget, 1e-3), abs_gap=abs_gap * scale)
+    if sol.values is None:
+        return None, ("infeasible" if sol.status == "infeasible" else "unknown"), sol.dtime_s
+    bins = np.array([next(v for v, var in enumerate(row) if sol.values[var.index]) for row in x], dtype=np.int64)
+    # CP-SAT calls a search ended by the gap limit optimal too: proven only when the bound reaches the objective
+    proven = (sol.status == "optimal" and sol.bound is not None and sol.objective is not None
+              and sol.bound >= sol.objective)
+    return bins, ("optimal" if proven else "feasible"), sol.dtime_s
 
 
 def _cpsat_vars(U: int, V: int) -> int:

@@ -419,10 +419,7 @@ def probe(rel: Relaxation, X: float, *, most: np.ndarray | None = None, relax: b
     if fewest_gpus:
         cost = np.zeros(m.n_cols)
         cost[n] = rel.g
-    status, sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost, rel_gap=gap,
-                          vertex=vertex)
-    if status == "infeasible" or (status == "unknown" and not unknown_feasible):
-        return None
-    if sol is None:
-        return np.zeros(rel.keep.size)
-    return sol[n] if relax else np.round(sol[n])
+    sol = m.solve(relax=relax, max_nodes=max_nodes, time_limit_s=time_limit_s, cost=cost, rel_gap=gap, vertex=vertex)
+    if sol.values is None:
+        return np.zeros(rel.keep.size) if unknown_feasible and sol.status != "infeasible" else None
+    return sol.values[n] if relax else np.round(sol.values[n])

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from hydraplan.solve import milp as solver
 from hydraplan.solve.cad.step import StepProblem, step_time
-from hydraplan.solve.highs import run_mip
 
 # The refinement is limited by work, never by a clock, so plans do not depend on the machine's speed or load:
 # it runs on steps of up to MILP_MAX_VARS variables (2 x tasks x ranks; larger ones spend seconds on the root
@@ -55,13 +55,9 @@ def _tasks_by_document(p: StepProblem) -> dict[int, list[int]]:
     return docs
 
 
-def _model(col: _Columns, max_nodes: int) -> highspy.Highs:
+def _model(col: _Columns) -> highspy.Highs:
     """Binary x, 0 <= w <= 1, z >= 0 minimized."""
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("mip_max_nodes", int(max_nodes))
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("threads", 1)
+    h = solver.highs_model()
     nv, nx = col.nv, col.nx
     lower, upper = np.zeros(nv), np.ones(nv)
     upper[col.z] = highspy.kHighsInf
@@ -126,8 +122,9 @@ def _rank_rows(h: highspy.Highs, p: StepProblem, col: _Columns, comm_rows: list[
             h.addRow(-inf, cap * scale * (1 + 1e-9), cols.size, cols, vals)
 
 
-def _warm_start(h: highspy.Highs, col: _Columns, docs: dict[int, list[int]], start: Sequence[int],
-                start_time: float, scale: float) -> None:
+def _warm_start(col: _Columns, docs: dict[int, list[int]], start: Sequence[int], start_time: float,
+                scale: float) -> np.ndarray:
+    """The columns' values for the assignment `start`."""
     sol = np.zeros(col.nv)
     for t, x in enumerate(start):
         sol[col.x(t, x)] = 1.0
@@ -136,10 +133,7 @@ def _warm_start(h: highspy.Highs, col: _Columns, docs: dict[int, list[int]], sta
             for j in ts[k:]:
                 sol[col.w(t, start[j])] = 1.0
     sol[col.z] = start_time * scale
-    warm = highspy.HighsSolution()
-    warm.col_value = sol.tolist()
-    warm.value_valid = True
-    h.setSolution(warm)
+    return sol
 
 
 def milp(p: StepProblem, budget_s: float, start: Sequence[int], max_nodes: int = MILP_MAX_NODES
@@ -159,16 +153,11 @@ def milp(p: StepProblem, budget_s: float, start: Sequence[int], max_nodes: int =
     cap = max(budget_s, float(start_comm.max()))
     start_time = step_time(start_comp, start_comm)
     scale = 1.0 / max(start_time, 1e-30)  # seconds -> O(1)
-    h = _model(col, max_nodes)
+    h = _model(col)
     _assignment_rows(h, col, docs)
     _rank_rows(h, p, col, _comm_coefficients(p, col, docs, scale), cap, scale)
-    _warm_start(h, col, docs, start, start_time, scale)
-    run_mip(h)
-    status = h.getModelStatus()
-    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kSolutionLimit):
+    sol = solver.highs(h, mip=True, max_nodes=max_nodes, start=_warm_start(col, docs, start, start_time, scale))
+    if sol.values is None:
         return None
-    vals = np.asarray(h.getSolution().col_value)
-    if vals.size != col.nv:
-        return None
-    ranks = vals[:col.nx].reshape(col.T, col.d).argmax(axis=1).tolist()
-    return ranks, status == highspy.HighsModelStatus.kOptimal
+    ranks = sol.values[:col.nx].reshape(col.T, col.d).argmax(axis=1).tolist()
+    return ranks, sol.status == "optimal"

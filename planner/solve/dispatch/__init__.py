@@ -17,7 +17,9 @@ trials), search (the local search), ilp (CP-SAT); this file holds the entry, `di
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -33,8 +35,8 @@ from hydraplan.solve.dispatch.bounds import (
 from hydraplan.solve.dispatch.greedy import greedy_best
 from hydraplan.solve.dispatch.pipes import Costs, Pipes, cost_sorted
 
-__all__ = ["DispatchResult", "Infeasible", "dispatch", "lower_bound", "pigeonhole_bound", "scheme_arrays",
-           "top_sequences_bound"]
+__all__ = ["DispatchResult", "ExactStep", "Infeasible", "Method", "dispatch", "lower_bound", "pigeonhole_bound",
+           "scheme_arrays", "top_sequences_bound"]
 
 
 class Infeasible(Exception):
@@ -55,18 +57,33 @@ class DispatchResult:
     trials: int  # greedy trials actually run (capped so trials * sequences * pipelines <= greedy.WORK)
 
 
-def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greedy", trials: int = 32,
+# an exact step after the greedy: (lengths, costs, eligible pipelines per sequence, pipelines, hint, the hint's cost,
+# deterministic time limit, seed) -> (sorted-pipeline index per sequence or None, proven optimal)
+ExactStep = Callable[[np.ndarray, Costs, np.ndarray, Pipes, np.ndarray, float, float, int],
+                     tuple[np.ndarray | None, bool]]
+
+
+class Method(Protocol):
+    """What `dispatch` reads of a dispatch method (solve/dispatch_methods.py lists them)."""
+
+    @property
+    def exact(self) -> ExactStep | None: ...
+
+    @property
+    def solver(self) -> str: ...
+
+
+def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: Method | None = None, trials: int = 32,
              seed: int = 0, time_limit_s: float = 10.0, transfer: np.ndarray | None = None) -> DispatchResult:
     """Assign every sequence to a pipeline minimizing the largest Eq. (2) bound (Eq. 3), or with `transfer`
     (per pipeline) the largest h_j of it (the module docstring's end-to-end objective; `cost` is then in h).
 
     `schemes` has one entry per pipeline, MaxLen already for the cluster size. `trials` is capped so
     trials x sequences x pipelines stays under greedy.WORK: at a thousand GPUs only the LPT trial runs (on the
-    batches measured it equalled the best of all trials, at a fraction of their cost). `time_limit_s` bounds the ILP in
-    CP-SAT deterministic time, so results are identical run to run.
+    batches measured it equalled the best of all trials, at a fraction of their cost). `method`'s exact step (None:
+    the greedy alone) runs when the trials' best is not proven optimal; `time_limit_s` bounds it in deterministic
+    time, so results are identical run to run.
     """
-    if method not in ("greedy", "ilp"):
-        raise ValueError(f"method must be 'greedy' or 'ilp' (got {method!r})")
     lengths = np.asarray(lengths, dtype=np.int64)
     if not schemes:
         raise ValueError("dispatch needs at least one pipeline")
@@ -82,10 +99,10 @@ def dispatch(lengths: np.ndarray, schemes: list[Scheme], *, method: str = "greed
     return res
 
 
-def _solve(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: int, seed: int, time_limit_s: float,
-           transfer: np.ndarray) -> DispatchResult:
-    """dispatch on the pipelines sorted by MaxLen (Pipes): greedy trials, then the ILP when asked and not yet
-    proven optimal."""
+def _solve(lengths: np.ndarray, schemes: list[Scheme], method: Method | None, trials: int, seed: int,
+           time_limit_s: float, transfer: np.ndarray) -> DispatchResult:
+    """dispatch on the pipelines sorted by MaxLen (Pipes): greedy trials, then the method's exact step when it has
+    one and the trials are not proven optimal."""
     P = Pipes.of(schemes, transfer)
     if len(lengths) == 0:
         return DispatchResult(np.zeros(0, dtype=np.int64), 0.0, "greedy", True, 0)
@@ -102,14 +119,13 @@ def _solve(lengths: np.ndarray, schemes: list[Scheme], method: str, trials: int,
     assign, cost, trials = greedy_best(lengths, Wg, W, J, P, max(1, trials), seed, bound)
     optimal = cost <= bound * (1 + 1e-12)
     solver = "greedy"
-    if method == "ilp" and not optimal:
-        from hydraplan.solve.dispatch.ilp import ilp  # CP-SAT (OR-Tools) loads in half a second: only when asked
-
-        sol, proven = ilp(lengths, W, J, P, assign, cost, time_limit_s, seed)
-        ilp_cost = cost_sorted(lengths, W, P, sol) if sol is not None else np.inf
-        if ilp_cost < cost * (1 - 1e-12):
-            assign, cost, solver = sol, ilp_cost, ("greedy+cpsat" if proven else "greedy+cpsat-limit")
+    if method is not None and method.exact is not None and not optimal:
+        sol, proven = method.exact(lengths, W, J, P, assign, cost, time_limit_s, seed)
+        exact_cost = cost_sorted(lengths, W, P, sol) if sol is not None else np.inf
+        if sol is not None and exact_cost < cost * (1 - 1e-12):
+            assign, cost = sol, exact_cost
+            solver = f"greedy+{method.solver}" if proven else f"greedy+{method.solver}-limit"
         else:
-            solver = "greedy+cpsat" if proven else "greedy+warm-start"
+            solver = f"greedy+{method.solver}" if proven else "greedy+warm-start"
         optimal = proven
     return DispatchResult(P.order[assign], float(cost), solver, bool(optimal), trials)

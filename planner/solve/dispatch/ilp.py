@@ -8,6 +8,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from hydraplan.core.sync import BACKWARD_SHARE
+from hydraplan.solve import milp
 from hydraplan.solve.dispatch.pipes import Costs, Pipes
 
 ILP_SCALE = 1e7  # the greedy cost maps to this many integer units in CP-SAT
@@ -91,16 +92,11 @@ def ilp(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: Pipes, hin
     h = _symmetric_hint(hint, P, order)
     for (i, j), v in x.items():
         m.add_hint(v, int(h[i] == j))
-    s = cp_model.CpSolver()
-    s.parameters.catch_sigint_signal = False  # its handler, once removed, leaves SIGINT at SIG_DFL: Ctrl-C killed us
-    s.parameters.num_workers = 1
-    s.parameters.random_seed = seed
-    s.parameters.max_deterministic_time = time_limit_s
-    status = s.solve(m)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    sol = milp.cpsat(m, seed=seed, max_dtime_s=time_limit_s)
+    if sol.values is None:
         return None, False
     out = np.empty(len(lengths), dtype=np.int64)
     for (i, j), v in x.items():
-        if s.boolean_value(v):
+        if sol.values[v.index]:
             out[i] = j
-    return out, status == cp_model.OPTIMAL
+    return out, sol.status == "optimal"
