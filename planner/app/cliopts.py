@@ -51,7 +51,7 @@ def context_len_option(help: str = "longest sequence in tokens; longer documents
     return typer.Option(None, "--context-len", help=help)
 
 
-def config_command(model: type[M], **own: tuple[type, Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def config_command(model: type[M], **own: tuple[Any, Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A typer command whose options are the model's declared ones (core/options.py), then its `own` (name ->
     (type, typer.Option)). The command function takes the config, built once from the flags (app/config.py
     `build`: one line for a bad value), and its own values."""

@@ -51,9 +51,11 @@ def propose(config: ProposeConfig, json_out: bool) -> None:
     for header in ("GPUs", "longest seq", "expected s/Mtok", "optimal for L'", "P(iter max in L')", "from"):
         table.add_column(header, justify="right" if header != "from" else "left")
     for c, label in zip(strategies.candidates, labels, strict=True):
+        assert c.optimal_for is not None and c.max_len is not None and c.expected_s_per_token is not None  # proposed
         lo, hi = c.optimal_for
+        extra = c.model_extra or {}  # the proposal's own fields (strategies.json keeps them as written)
         table.add_row(c.name, label, str(c.gpus), f"{c.max_len:,}", f"{c.expected_s_per_token * 1e6:.3f}",
-                      f"{lo:,}-{hi:,}", f"{c.p_longest:.3f}", ", ".join(s.split("-")[0] for s in c.sources))
+                      f"{lo:,}-{hi:,}", f"{extra['p_longest']:.3f}", ", ".join(s.split("-")[0] for s in extra["sources"]))
     cliopts.print_table(table)
     console.print(f"wrote {out}")
 
@@ -157,7 +159,7 @@ def print_pack_summary(summary: Summary, out: Path) -> None:
                   f"{e2e}{summary.mean_estimate_s:.4f} s propagation, candidates used {', '.join(chosen) or 'none'}{made}; "
                   f"{_groups(summary)}", soft_wrap=True)
     if (summary.mean_baseline_s is not None and summary.mean_baseline_iteration_s is not None
-            and summary.mean_iteration_s is not None):
+            and summary.mean_iteration_s is not None and summary.mean_estimate_s is not None):
         console.print(f"static baseline {summary.baseline} (max-length FFD packing) on the same batches: "
                       f"{summary.mean_baseline_iteration_s:.4f} s end to end, "
                       f"{_slower(summary.mean_baseline_iteration_s / summary.mean_iteration_s)} "
@@ -247,7 +249,8 @@ def compare(config: CompareConfig, out: Path, methods: list[str] | None, json_ou
                    disable=not err_console.is_terminal)  # logs get the table, not bar frames
 
     class _Progress:
-        done = total = None
+        done: int = 0
+        total: int | None = None
         note = compile_note()  # said when the comparison starts, so bad input still fails in one line
 
         def start(self, total: int) -> None:

@@ -31,6 +31,8 @@ from hydraplan.store.runfolder import STRATEGIES_FILE, SUMMARY_FILE, SummaryWrit
 from hydraplan.store.runlock import locked_folder
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from hydraplan.engine.planner import Planner
     from hydraplan.methods.static import StaticBaseline
 
@@ -61,7 +63,7 @@ def _signals_kept() -> Iterator[Callable[[], None]]:
     previous = {s: signal.getsignal(s) for s in names}
     got: list[int] = []
 
-    def remember(signum: int, frame: object) -> None:
+    def remember(signum: int, frame: FrameType | None) -> None:
         got.append(signum)
         handler = previous[signal.Signals(signum)]
         if callable(handler):

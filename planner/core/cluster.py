@@ -137,6 +137,13 @@ class Cluster:
         """The scheme of key (tp, pp, cp, recompute); (tp, pp, cp) means no recomputation."""
         return self._by_key.get(tuple(key) if len(key) == 4 else (*key, "none"))
 
+    def laid_out(self, key: tuple) -> Scheme:
+        """The scheme of a key this cluster laid out (a plan's pipeline): one the run never made is a bug."""
+        scheme = self.scheme(key)
+        if scheme is None:
+            raise KeyError(f"scheme {key} is not laid out for {self.gpus} GPUs")
+        return scheme
+
     @property
     def end_to_end(self) -> bool:
         return objective_of(self.objective) == "end-to-end"

@@ -393,6 +393,7 @@ class Summary(_Model):
                                        "hand-written ranks): the runtime creates them when first needed")
     empty_documents: int = Field(0, ge=0, description="documents of 0 tokens in the dataset, skipped (never sampled)")
     truncated_documents: int = Field(0, ge=0, description="documents longer than context_len, truncated to it")
+    context_len: PositiveInt | None = Field(None, description="--context-len, null for the dataset's longest")
     mean_plan_over_bound: float | None = Field(None, description="--bound: mean over iterations of the plan's score "
                                                "in the objective / bound_s")
     max_plan_over_bound: float | None = Field(None, description="--bound: the largest such ratio")

@@ -13,7 +13,7 @@ so every propagation lower bound maps to an end-to-end one through it and prunin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -265,7 +265,7 @@ class Planner:
         if cand.synthesized:
             plan.synthesized = True
         if self.seq1f1b is not None or self.settings.cp_shard:
-            refine_plan(plan, [self.cluster.scheme(p.key) for p in plan.pipelines],  # 1F1B MaxLen: splits cap from it
+            refine_plan(plan, [self.cluster.laid_out(p.key) for p in plan.pipelines],  # 1F1B MaxLen: splits cap from it
                         [p.micro_batches for p in sol.pipelines], b.lengths, self.seq1f1b, self.settings.cp_shard)
         return with_sync(plan, self.cluster)
 
@@ -306,7 +306,7 @@ class Planner:
 
     def plan_stream(self, batches: Iterable[Batch | Sequence[int] | np.ndarray], *, workers: int = 1,
                     lookahead: int | None = None, start: int = 0, pool: WorkerPool | None = None
-                    ) -> Iterator[IterationResult]:
+                    ) -> Generator[IterationResult, None, None]:
         """Plan batches in order, `workers` processes solving up to `lookahead` batches ahead.
 
         `batches` is consumed lazily (a data loader can keep feeding it); plain length arrays are numbered

@@ -332,7 +332,7 @@ def _hydra_runs(su: _Setup, homo: Scheme, hydra: list[str], methods: list[str], 
                 tick: Callable[[str], None]) -> dict[str, MethodRun]:
     """hydraplan, its ablations, hydraplan-delay (one proposal for both) and the CAD methods."""
     out: dict[str, MethodRun] = {}
-    proposed = (propose(su.cluster, su.dataset,  # type: ignore[arg-type]  # a _HasHistogram but for its read-only name
+    proposed = (propose(su.cluster, su.dataset,
                         su.context_len, tokens_per_iter=su.config.tokens_per_iter) if hydra else None)
     if proposed is not None and set(hydra) - {"hydraplan-delay"}:
         out.update(run_hydra(su.batches, su.cluster, proposed, su.context_len, su.config.seed, homo, hydra, tick))

@@ -103,15 +103,15 @@ def _improve(l: np.ndarray, w: np.ndarray, bins: np.ndarray, V: int, M: int) -> 
         oth = np.flatnonzero(bins != p)
         if len(oth) == 0:
             break
-        q = bins[oth]
+        qs = bins[oth]
         d = w[mem][:, None] - w[oth][None, :]
         dl = l[mem][:, None] - l[oth][None, :]
-        ok = (d > 0) & (tok[p] - dl <= M) & (tok[q][None, :] + dl <= M)
-        val = np.where(ok, np.maximum(top - d, load[q][None, :] + d), np.inf)
+        ok = (d > 0) & (tok[p] - dl <= M) & (tok[qs][None, :] + dl <= M)
+        val = np.where(ok, np.maximum(top - d, load[qs][None, :] + d), np.inf)
         r, s = np.unravel_index(int(val.argmin()), val.shape)
         if not val[r, s] < top * (1 - _TOL):
             break
-        i, k, qq = mem[r], oth[s], int(q[s])
+        i, k, qq = mem[r], oth[s], int(qs[s])
         bins[i], bins[k] = qq, p
         load[p] -= d[r, s]; load[qq] += d[r, s]
         tok[p] -= dl[r, s]; tok[qq] += dl[r, s]
@@ -210,7 +210,7 @@ def _solve_v(l: np.ndarray, w: np.ndarray, V: int, M: int, pp: int, c: float, ff
     bins, status, dt = _cpsat(l, w, V, M, greedy, lb, rel_gap * est_lb / (pp - 1), budget, seed)
     smx = _max_load(bins, w, V) if bins is not None else np.inf
     proven = status == "optimal"
-    if smx < mx * (1 - _TOL):
+    if bins is not None and smx < mx * (1 - _TOL):
         return _Fixed(bins, smx, mx, "greedy+cpsat" if proven else "greedy+cpsat-limit", proven, dt)
     return _Fixed(greedy, mx, mx, "greedy+cpsat" if proven else "greedy+warm-start", proven, dt)
 
@@ -314,8 +314,10 @@ def pack(lengths: np.ndarray, scheme: Scheme, *, time_limit_s: float = DEFAULT_T
         return PackResult([], 0.0, "empty", True, 0.0)
     t = scheme.time
     key = np.sort(lengths)[::-1].astype(np.int64).tobytes()
-    return _result(lengths, _pack_sorted(key, scheme.max_len, t.a, t.b, t.c, scheme.pp,
-                                         float(time_limit_s), float(rel_gap), int(seed), 0))
+    res = _result(lengths, _pack_sorted(key, scheme.max_len, t.a, t.b, t.c, scheme.pp,
+                                        float(time_limit_s), float(rel_gap), int(seed), 0))
+    assert res is not None  # every V of the range is tried, FFD's among them: one always fits
+    return res
 
 
 def pack_fixed_v(lengths: np.ndarray, scheme: Scheme, V: int, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,

@@ -27,7 +27,8 @@ def plan_path(out: Path, iteration: int, fmt: str = "json") -> Path:
 
 def plan_files(folder: Path) -> list[Path]:
     """The folder's plan files (either form) in iteration order."""
-    return sorted((p for p in folder.iterdir() if PLAN_FILE.match(p.name)), key=lambda p: int(PLAN_FILE.match(p.name)[1]))
+    found = [(int(m[1]), p) for p in folder.iterdir() if (m := PLAN_FILE.match(p.name))]
+    return [p for _, p in sorted(found, key=lambda t: t[0])]
 
 
 def remove_plans_from(out: Path, first: int) -> None:

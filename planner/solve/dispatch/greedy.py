@@ -16,7 +16,7 @@ POLISH = 4  # trials that get the full (move + swap) local search
 WORK = 1_000_000  # cap on trials * sequences * pipelines the randomized trials evaluate
 
 
-def greedy_trials(lengths: np.ndarray, W: np.ndarray, J: np.ndarray, P: Pipes, orders: np.ndarray) -> np.ndarray:
+def greedy_trials(lengths: np.ndarray, W: np.ndarray | Costs, J: np.ndarray, P: Pipes, orders: np.ndarray) -> np.ndarray:
     """Algorithm 1 for every trial; returns (T, B) sorted-pipeline indices.
 
     Alg. 1 picks the pipeline minimizing the resulting maximum over all pipelines. That max is

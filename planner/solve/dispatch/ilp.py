@@ -48,7 +48,7 @@ def _bound_loads(m: cp_model.CpModel, x: dict[tuple[int, int], cp_model.IntVar],
         if not vs:
             continue
         nv = m.new_int_var(0, -(-total // int(P.max_len[j])), "")
-        m.add(int(P.max_len[j]) * nv >= sum(int(lengths[i]) * v for i, v in vs))
+        m.add(int(P.max_len[j]) * nv >= sum((int(lengths[i]) * v for i, v in vs), start=0))
         e = m.new_int_var(0, big, "")
         for i, v in vs:
             m.add(e >= int(round(P.ppm1[j] * (W[i, j] + P.c[j]) * scale)) * v)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
@@ -47,7 +48,7 @@ class Pipes:
             max_len=ml[order], gid=gid, rep=rep, t=t, sync=bool(t.any()),
         )
 
-    def h(self, load: np.ndarray, cols: np.ndarray | slice = slice(None), busy: bool = False) -> np.ndarray:
+    def h(self, load: np.ndarray, cols: np.ndarray | slice | int = slice(None), busy: bool = False) -> np.ndarray:
         """The objective of loads in columns `cols` (the loads themselves without sync; 0 for an empty
         pipeline unless `busy` says every load holds a sequence)."""
         if not self.sync:
@@ -74,7 +75,7 @@ class Costs:
         self.Wg, self.gid = Wg, gid
         self.shape = (Wg.shape[0], gid.size)
 
-    def __getitem__(self, key: object) -> np.ndarray:
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, tuple):
             rows, cols = key
             return self.Wg[rows, self.gid[cols]]

@@ -26,7 +26,8 @@ CANDIDATE_SEQUENCES = 1_000_000
 
 
 class _HasHistogram(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]: ...
 
