@@ -110,15 +110,28 @@ class Exchange:
     recv: Pieces
 
 
-def _by_group(lo_a, hi_a, lo_b, hi_b, first: np.ndarray) -> Pieces:
+def _by_group(lo_a, hi_a, lo_b, hi_b, gidx: np.ndarray) -> Pieces:
     """_intersect's pieces in (layer group, peer, param) order, the order compile_exchange works in
-    (`first`: each group's first parameter, then the parameter count): no sort of them afterwards."""
+    (`gidx`: each parameter's group, non-decreasing): one stable radix sort of the (peer, param) pieces by group."""
     lo, hi = np.maximum(lo_a, lo_b), np.minimum(hi_a, hi_b)
-    mask = hi > lo
-    found = [np.nonzero(mask[:, a:b]) for a, b in zip(first[:-1].tolist(), first[1:].tolist())]
-    peer = np.concatenate([p for p, _ in found]) if found else np.zeros(0, np.int64)
-    param = np.concatenate([q + a for (_, q), a in zip(found, first.tolist())]) if found else np.zeros(0, np.int64)
-    return Pieces(peer, param, lo[peer, param], hi[peer, param])
+    flat = np.flatnonzero(hi > lo)  # row-major: (peer, param) order
+    nparams = lo.shape[1]
+    flat = flat[_stable_order(gidx[flat % nparams], int(gidx[-1]) + 1 if len(gidx) else 0)]
+    peer, param = np.divmod(flat, nparams)
+    return Pieces(peer, param, lo.ravel()[flat], hi.ravel()[flat])
+
+
+def _per_peer(distinct: Pieces, row: np.ndarray, gidx: np.ndarray, ngroups: int) -> tuple[Pieces, np.ndarray]:
+    """_by_group of one range against every rank's role range, from its pieces against each distinct role's
+    (`distinct`: _by_group order, peer = role row) repeated for the ranks playing it (`row`, -1: idle): no
+    [world, P] pass and no sort, whatever the world. Also which distinct piece each one repeats."""
+    nroles = int(row.max(initial=-1)) + 1
+    cnt = np.bincount(gidx[distinct.param] * nroles + distinct.peer, minlength=ngroups * nroles)
+    first = _exclusive(cnt).reshape(ngroups, nroles)
+    peers = np.flatnonzero(row >= 0)
+    c, at = cnt.reshape(ngroups, nroles)[:, row[peers]].ravel(), first[:, row[peers]].ravel()  # (group, peer) order
+    idx = np.repeat(at - _exclusive(c), c) + np.arange(int(c.sum()), dtype=np.int64)
+    return Pieces(np.repeat(np.tile(peers, ngroups), c), distinct.param[idx], distinct.lo[idx], distinct.hi[idx]), idx
 
 
 def plan_exchange(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray], rank: int) -> Exchange:
@@ -147,24 +160,32 @@ class FlatLayout:
         return self.offset[pieces.param] + pieces.lo - self.lo[pieces.param]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Gather:
     """Copy ranges of a flat source into one contiguous buffer, in a given order, with one torch.cat (made by
-    _gathers).
+    _gathers and _tiling).
 
     The source is cut once at every range boundary (`split` makes views, no copy) and each range is a run
     of those segments, so overlapping ranges (an owner sending one slice to several replicas) and gaps
-    (what is not sent) need no per-piece Python: packing is one split, one C-level list pick and one cat."""
+    (what is not sent) need no per-piece Python: packing is one split, one C-level list pick and one cat.
+    Both index arrays stay numpy (views of the planner's arrays): planning makes no Python object per piece
+    (300K pieces per direction at 1024-way data parallelism), the call turns them into lists in C."""
 
-    seg_sizes: tuple[int, ...]  # partition of the source
-    ids: tuple[int, ...]  # segments in output order
+    seg_sizes: np.ndarray  # partition of the source
+    ids: np.ndarray  # segments in output order
     total: int
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Gather) and self.total == other.total and \
+            np.array_equal(self.seg_sizes, other.seg_sizes) and np.array_equal(self.ids, other.ids)
+
+    __hash__ = None  # type: ignore[assignment]  # numpy fields: compared by value, not hashable
+
     def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        if not self.ids:
+        if not len(self.ids):
             return out
-        chunks = src.split(self.seg_sizes)
-        return torch.cat([chunks[i] for i in self.ids] if len(self.ids) < 2 else itemgetter(*self.ids)(chunks), out=out)
+        chunks, ids = src.split(self.seg_sizes.tolist()), self.ids.tolist()
+        return torch.cat([chunks[i] for i in ids] if len(ids) < 2 else itemgetter(*ids)(chunks), out=out)
 
 
 @dataclass(frozen=True)
@@ -212,24 +233,30 @@ def _cuts(lengths: np.ndarray, batch: np.ndarray, starts: np.ndarray, ends: np.n
 
 
 def _gathers(batch: np.ndarray, starts: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
-             cuts: tuple[np.ndarray, np.ndarray] | None = None) -> list[Gather]:
+             cuts: tuple[np.ndarray, np.ndarray] | None = None, via: np.ndarray | None = None) -> list[Gather]:
     """The Gathers of many batches in one numpy pass: batch b copies the ranges with batch == b (batch
     non-decreasing, ranges in output order) out of a source of lengths[b] elements. A push group has a
     round per contribution (1024 at 1024-way data parallelism), so one numpy round per Gather is what made
-    planning take seconds. `cuts`: _cuts of these batches when known (from the distinct ranges only)."""
-    keep = sizes > 0
-    batch, starts, sizes = batch[keep], starts[keep].astype(np.int64), sizes[keep].astype(np.int64)
+    planning take seconds. `cuts`: _cuts of these batches when known (from the distinct ranges only). `via`:
+    the ranges are the (non-empty) given ones taken at `via`, so each distinct range is searched once (an owner
+    sends its slice for a role to every rank playing it)."""
+    if via is None:
+        keep = sizes > 0
+        batch, starts, sizes = batch[keep], starts[keep], sizes[keep]
+    starts, sizes = starts.astype(np.int64), sizes.astype(np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     keys, first = cuts or _cuts(lengths, batch, starts, starts + sizes)
     a = np.searchsorted(keys, _keys(batch, starts))
     counts = np.searchsorted(keys, _keys(batch, starts + sizes)) - a
+    if via is not None:
+        batch, sizes, a, counts = batch[via], sizes[via], a[via], counts[via]
     before = np.cumsum(counts) - counts
     ids = np.repeat(a - first[batch] - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
     nb = len(lengths)
     per = np.concatenate(([0], np.cumsum(np.bincount(batch, weights=counts, minlength=nb)))).astype(np.int64).tolist()
     totals = np.bincount(batch, weights=sizes, minlength=nb).astype(np.int64).tolist()
-    seg, idl, fl = np.diff(keys & ((1 << _KEY) - 1)).tolist(), ids.tolist(), first.tolist()
-    return [Gather(tuple(seg[fl[b]:fl[b + 1] - 1]), tuple(idl[per[b]:per[b + 1]]), totals[b]) for b in range(nb)]
+    seg, fl = np.diff(keys & ((1 << _KEY) - 1)), first.tolist()
+    return [Gather(seg[fl[b]:fl[b + 1] - 1], ids[per[b]:per[b + 1]], totals[b]) for b in range(nb)]
 
 
 def _exclusive(x: np.ndarray) -> np.ndarray:
@@ -253,6 +280,7 @@ class _Side:
     size: np.ndarray
     lo: np.ndarray  # [G] the group's range in the layout
     hi: np.ndarray
+    _splits: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, pieces: Pieces, layout: FlatLayout, gidx: np.ndarray, ngroups: int) -> "_Side":
@@ -270,21 +298,26 @@ class _Side:
         return lo, layout.offset[last] + (layout.hi - layout.lo)[last]
 
     def splits(self, world: int) -> list[list[int]]:
-        return np.bincount(self.group * world + self.peer, weights=self.size,
-                           minlength=len(self.lo) * world).astype(np.int64).reshape(len(self.lo), world).tolist()
+        """Per group, the elements each peer's pieces hold (made once: pull and push share a side)."""
+        if self._splits is None:
+            object.__setattr__(self, "_splits", np.bincount(
+                self.group * world + self.peer, weights=self.size,
+                minlength=len(self.lo) * world).astype(np.int64).reshape(len(self.lo), world).tolist())
+        return self._splits
 
+    @cached_property
     def counts(self) -> np.ndarray:
         return np.bincount(self.group, minlength=len(self.lo))
 
+    @cached_property
     def totals(self) -> np.ndarray:
         return np.bincount(self.group, weights=self.size, minlength=len(self.lo)).astype(np.int64)
 
 
-def _owner_cuts(distinct: Pieces, owned: FlatLayout, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
+def _owner_cuts(side: _Side) -> tuple[np.ndarray, np.ndarray]:
     """_cuts of the owner side of both exchanges (pull's send source, push's destination): the owned range
-    cut where some role's range starts or ends. `distinct`: the owned range cut by each distinct role once
-    (peer = role row; _by_group order), the same boundaries as cutting it by every rank's, which repeat them."""
-    side = _Side.of(distinct, owned, gidx, ngroups)
+    cut where some role's range starts or ends. `side`: the owned range cut by each distinct role once
+    (peer = role row), the same boundaries as cutting it by every rank's, which repeat them."""
     return _cuts(side.hi - side.lo, side.group, side.start, side.start + side.size)
 
 
@@ -294,7 +327,7 @@ def _tiling(side: _Side, nparams: int, unpack: bool, what: str) -> list[Gather]:
     peer), so nothing is searched. unpack (pull): from the receive buffer (the side's (peer, param) order)
     into layout order; else (push's pack) from the layout into the side's order."""
     lay = _stable_order(side.param, nparams)
-    counts, totals = side.counts(), side.totals()
+    counts, totals = side.counts, side.totals
     first = _exclusive(counts)
     if not np.array_equal(_exclusive(side.size[lay]) - _exclusive(totals)[side.group[lay]], side.start[lay]) or \
             not np.array_equal(totals, side.hi - side.lo):
@@ -305,8 +338,28 @@ def _tiling(side: _Side, nparams: int, unpack: bool, what: str) -> list[Gather]:
         pos = np.empty_like(lay)
         pos[lay] = np.arange(len(lay))
         seg, ids = side.size[lay], pos - first[side.group]
-    cut, seg, ids, totals = np.cumsum(counts).tolist(), seg.tolist(), ids.tolist(), totals.tolist()
-    return [Gather(tuple(seg[c - n:c]), tuple(ids[c - n:c]), t) for n, c, t in zip(counts.tolist(), cut, totals)]
+    cut, totals = np.cumsum(counts).tolist(), totals.tolist()
+    return [Gather(seg[c - n:c], ids[c - n:c], t) for n, c, t in zip(counts.tolist(), cut, totals)]
+
+
+def _stacked_whole(r: _Side) -> list[tuple[int, int] | None] | None:
+    """GroupExchange.stacked of every group when each peer contributing to a group sends its owner range whole
+    and in order (a data-parallel layout): contribution k is then peer block k of the receive buffer, and
+    _push_rounds need not search the 300K contributions of 1024 peers. None when some group is not so, or has
+    a single contributor (one round, built)."""
+    if not len(r.size):
+        return None
+    new = np.ones(len(r.size), dtype=bool)  # the first piece of each (group, peer) block
+    new[1:] = (r.group[1:] != r.group[:-1]) | (r.peer[1:] != r.peer[:-1])
+    end = r.start + r.size
+    last = np.append(new[1:], True)
+    if not np.array_equal(r.start[1:][~new[1:]], end[:-1][~new[1:]]) or np.any(r.start[new]) or \
+            not np.array_equal(end[last], (r.hi - r.lo)[r.group[last]]):
+        return None
+    blocks = np.bincount(r.group[new], minlength=len(r.lo))
+    if np.any(blocks == 1):
+        return None
+    return [(0, c) if c else None for c in blocks.tolist()]
 
 
 def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[np.ndarray, np.ndarray]
@@ -316,6 +369,9 @@ def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[
     built), the zero tail's size and GroupExchange.stacked; all groups in one numpy pass. `cuts`: the owner
     range's segments (_owner_cuts)."""
     ng = len(r.lo)
+    whole = _stacked_whole(r)
+    if whole is not None:
+        return [()] * ng, np.zeros(ng, np.int64), whole
     n = r.hi - r.lo
     keys = cuts[0]
     kb, kv = keys >> _KEY, keys & ((1 << _KEY) - 1)
@@ -335,7 +391,7 @@ def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[
     np.maximum.at(most, seg_g, per_seg)
     np.minimum.at(fewest, seg_g, per_seg)
     np.maximum.at(widest, seg_g, seg_size)
-    has = r.counts() > 0
+    has = r.counts > 0
     tail = np.where(has & (fewest < most), widest, 0)
     rounds = np.where(has, most, 0)
     eg = seg_g[seg]  # each contribution's group
@@ -359,21 +415,23 @@ def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[
     return per_group, tail, [(first_src[g], rounds[g]) if s else None for g, s in enumerate(stacked.tolist())]
 
 
-def compile_exchange(ex: Exchange, owned: FlatLayout, local: FlatLayout, gidx: np.ndarray, ngroups: int, world: int,
-                     cuts: tuple[np.ndarray, np.ndarray], push: bool) -> list[GroupExchange]:
-    """The exchange (its pieces in (group, peer, param) order) cut into one GroupExchange per layer group
-    (`gidx[p]`: the group of parameter p, 0..ngroups-1, non-decreasing), all groups in one numpy pass, once per
-    strategy. Pull sends from `owned` to `local`, push the other way; `cuts`: _owner_cuts."""
-    src, dst = (local, owned) if push else (owned, local)
-    s, r = _Side.of(ex.send, src, gidx, ngroups), _Side.of(ex.recv, dst, gidx, ngroups)
-    total = r.totals()
+def compile_exchange(s: _Side, r: _Side, nparams: int, world: int, roles: tuple[_Side, np.ndarray],
+                     push: bool) -> list[GroupExchange]:
+    """The exchange, its send and receive sides (_Side.of), cut into one GroupExchange per layer group, all groups
+    in one numpy pass, once per strategy. Pull sends from the owner side to the stage side, push the other way
+    (the same two sides: an intersection is the same piece both ways); `roles`: the owner side cut by each
+    distinct role, and which of its pieces each owner-side piece repeats (_per_peer)."""
+    cuts = _owner_cuts(roles[0])
+    ngroups = len(s.lo)
+    total = r.totals
     if push:
-        packs = _tiling(s, len(gidx), unpack=False, what="push")
+        packs = _tiling(s, nparams, unpack=False, what="push")
         recv_off = _exclusive(r.size) - _exclusive(total)[r.group]  # where each piece lands in its group's buffer
         rounds, tail, stacked = _push_rounds(r, recv_off, total, cuts)
     else:
-        packs = _gathers(s.group, s.start, s.size, s.hi - s.lo, cuts)
-        rounds = [(g,) for g in _tiling(r, len(gidx), unpack=True, what="pull")]
+        d, via = roles
+        packs = _gathers(d.group, d.start, d.size, s.hi - s.lo, cuts, via)
+        rounds = [(g,) for g in _tiling(r, nparams, unpack=True, what="pull")]
         tail, stacked = np.zeros(ngroups, np.int64), [None] * ngroups
     send_splits, recv_splits = s.splits(world), r.splits(world)
     s_lo, s_hi, d_lo, d_hi, tail = s.lo.tolist(), s.hi.tolist(), r.lo.tolist(), r.hi.tolist(), tail.tolist()
@@ -426,7 +484,6 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     values, gidx = np.unique(gid, return_inverse=True)
     ngroups = len(values)
     group_params = tuple(np.flatnonzero(gidx == g) for g in range(ngroups))
-    first = np.searchsorted(gidx, np.arange(ngroups + 1))
     sharded = np.asarray(sharded, dtype=bool)
     world = len(roles)
     olo, ohi = owner_ranges(numels, world)
@@ -434,14 +491,14 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     nlo, nhi = ulo[row], uhi[row]
     owned = FlatLayout.of(olo[rank], ohi[rank])
     local = FlatLayout.of(nlo[rank], nhi[rank])
-    pull = Exchange(_by_group(olo[rank][None], ohi[rank][None], nlo, nhi, first),
-                    _by_group(olo, ohi, nlo[rank][None], nhi[rank][None], first))
-    push = Exchange(_by_group(nlo[rank][None], nhi[rank][None], olo, ohi, first),
-                    _by_group(nlo, nhi, olo[rank][None], ohi[rank][None], first))
-    cuts = _owner_cuts(_by_group(owned.lo[None], owned.hi[None], ulo[:-1], uhi[:-1], first), owned, gidx, ngroups)
+    distinct = _by_group(owned.lo[None], owned.hi[None], ulo[:-1], uhi[:-1], gidx)  # the owner shard by each role
+    owns, via = _per_peer(distinct, row, gidx, ngroups)  # what the rank's owner shard meets, per peer
+    needs = _by_group(olo, ohi, nlo[rank][None], nhi[rank][None], gidx)  # what its stage range meets
+    owner, stage = _Side.of(owns, owned, gidx, ngroups), _Side.of(needs, local, gidx, ngroups)
+    by_role = (_Side.of(distinct, owned, gidx, ngroups), via)
     return LinkPlan(
         rank=rank, world=world, owned=owned, local=local, group_params=group_params,
-        pull_groups=tuple(compile_exchange(pull, owned, local, gidx, ngroups, world, cuts, push=False)),
-        push_groups=tuple(compile_exchange(push, owned, local, gidx, ngroups, world, cuts, push=True)),
+        pull_groups=tuple(compile_exchange(owner, stage, len(numels), world, by_role, push=False)),
+        push_groups=tuple(compile_exchange(stage, owner, len(numels), world, by_role, push=True)),
         roles=(ulo, uhi, row), numels=numels,
     )

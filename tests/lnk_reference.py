@@ -34,13 +34,13 @@ def gather_of(starts: np.ndarray, sizes: np.ndarray, src_len: int) -> Gather:
     counts = np.searchsorted(bounds, starts + sizes) - a
     first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     ids = np.repeat(a - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-    return Gather(tuple(np.diff(bounds).tolist()), tuple(ids.tolist()), int(sizes.sum()))
+    return Gather(np.diff(bounds), ids, int(sizes.sum()))
 
 
 def contiguous_start(g: Gather) -> int | None:
-    if not g.ids or any(b != a + 1 for a, b in zip(g.ids, g.ids[1:])):
+    if not len(g.ids) or np.any(np.diff(g.ids) != 1):
         return None
-    return sum(g.seg_sizes[:g.ids[0]])
+    return int(g.seg_sizes[:g.ids[0]].sum())
 
 
 @dataclass(frozen=True)
