@@ -121,17 +121,17 @@ def _by_group(lo_a, hi_a, lo_b, hi_b, gidx: np.ndarray) -> Pieces:
     return Pieces(peer, param, lo.ravel()[flat], hi.ravel()[flat])
 
 
-def _per_peer(distinct: Pieces, row: np.ndarray, gidx: np.ndarray, ngroups: int) -> tuple[Pieces, np.ndarray]:
+def _per_peer(distinct: Pieces, row: np.ndarray, gidx: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
     """_by_group of one range against every rank's role range, from its pieces against each distinct role's
     (`distinct`: _by_group order, peer = role row) repeated for the ranks playing it (`row`, -1: idle): no
-    [world, P] pass and no sort, whatever the world. Also which distinct piece each one repeats."""
+    [world, P] pass and no sort, whatever the world. The peer of each and which distinct piece it repeats."""
     nroles = int(row.max(initial=-1)) + 1
     cnt = np.bincount(gidx[distinct.param] * nroles + distinct.peer, minlength=ngroups * nroles)
     first = _exclusive(cnt).reshape(ngroups, nroles)
     peers = np.flatnonzero(row >= 0)
     c, at = cnt.reshape(ngroups, nroles)[:, row[peers]].ravel(), first[:, row[peers]].ravel()  # (group, peer) order
     idx = np.repeat(at - _exclusive(c), c) + np.arange(int(c.sum()), dtype=np.int64)
-    return Pieces(np.repeat(np.tile(peers, ngroups), c), distinct.param[idx], distinct.lo[idx], distinct.hi[idx]), idx
+    return np.repeat(np.tile(peers, ngroups), c), idx
 
 
 def plan_exchange(src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray], rank: int) -> Exchange:
@@ -342,37 +342,38 @@ def _tiling(side: _Side, nparams: int, unpack: bool, what: str) -> list[Gather]:
     return [Gather(seg[c - n:c], ids[c - n:c], t) for n, c, t in zip(counts.tolist(), cut, totals)]
 
 
-def _stacked_whole(r: _Side) -> list[tuple[int, int] | None] | None:
+def _stacked_whole(d: _Side, row: np.ndarray) -> list[tuple[int, int] | None] | None:
     """GroupExchange.stacked of every group when each peer contributing to a group sends its owner range whole
     and in order (a data-parallel layout): contribution k is then peer block k of the receive buffer, and
-    _push_rounds need not search the 300K contributions of 1024 peers. None when some group is not so, or has
-    a single contributor (one round, built)."""
-    if not len(r.size):
+    _push_rounds need not search the 300K contributions of 1024 peers. Decided per distinct role (`d`: the
+    owner side cut by each role, peer = role row; `row`: each rank's role, -1 idle). None when some group is not
+    so, or has a single contributor (one round, built)."""
+    if not len(d.size):
         return None
-    new = np.ones(len(r.size), dtype=bool)  # the first piece of each (group, peer) block
-    new[1:] = (r.group[1:] != r.group[:-1]) | (r.peer[1:] != r.peer[:-1])
-    end = r.start + r.size
+    new = np.ones(len(d.size), dtype=bool)  # the first piece of each (group, role) block
+    new[1:] = (d.group[1:] != d.group[:-1]) | (d.peer[1:] != d.peer[:-1])
+    end = d.start + d.size
     last = np.append(new[1:], True)
-    if not np.array_equal(r.start[1:][~new[1:]], end[:-1][~new[1:]]) or np.any(r.start[new]) or \
-            not np.array_equal(end[last], (r.hi - r.lo)[r.group[last]]):
+    if not np.array_equal(d.start[1:][~new[1:]], end[:-1][~new[1:]]) or np.any(d.start[new]) or \
+            not np.array_equal(end[last], (d.hi - d.lo)[d.group[last]]):
         return None
-    blocks = np.bincount(r.group[new], minlength=len(r.lo))
+    has = np.zeros((len(d.lo), int(row.max()) + 1), dtype=bool)
+    has[d.group[new], d.peer[new]] = True
+    blocks = has[:, row[row >= 0]].sum(axis=1)
     if np.any(blocks == 1):
         return None
     return [(0, c) if c else None for c in blocks.tolist()]
 
 
-def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[np.ndarray, np.ndarray]
+def _push_rounds(r: _Side, total: np.ndarray, cuts: tuple[np.ndarray, np.ndarray]
                  ) -> tuple[list[tuple[Gather, ...]], np.ndarray, list[tuple[int, int] | None]]:
     """Per group, the rounds that tile the owner range [0, n) with each segment's k-th contribution (in piece
     order) from the receive buffer, or zeros from its tail at `total` (rounds for a stacked group are not
     built), the zero tail's size and GroupExchange.stacked; all groups in one numpy pass. `cuts`: the owner
     range's segments (_owner_cuts)."""
     ng = len(r.lo)
-    whole = _stacked_whole(r)
-    if whole is not None:
-        return [()] * ng, np.zeros(ng, np.int64), whole
     n = r.hi - r.lo
+    recv_off = _exclusive(r.size) - _exclusive(total)[r.group]  # where each piece lands in its group's buffer
     keys = cuts[0]
     kb, kv = keys >> _KEY, keys & ((1 << _KEY) - 1)
     is_seg = kb[:-1] == kb[1:]  # consecutive cuts of one group bound a segment
@@ -415,21 +416,25 @@ def _push_rounds(r: _Side, recv_off: np.ndarray, total: np.ndarray, cuts: tuple[
     return per_group, tail, [(first_src[g], rounds[g]) if s else None for g, s in enumerate(stacked.tolist())]
 
 
-def compile_exchange(s: _Side, r: _Side, nparams: int, world: int, roles: tuple[_Side, np.ndarray],
+def compile_exchange(s: _Side, r: _Side, nparams: int, world: int, roles: tuple[_Side, np.ndarray, np.ndarray],
                      push: bool) -> list[GroupExchange]:
     """The exchange, its send and receive sides (_Side.of), cut into one GroupExchange per layer group, all groups
     in one numpy pass, once per strategy. Pull sends from the owner side to the stage side, push the other way
     (the same two sides: an intersection is the same piece both ways); `roles`: the owner side cut by each
-    distinct role, and which of its pieces each owner-side piece repeats (_per_peer)."""
+    distinct role (peer = role row), which of its pieces each owner-side piece repeats (_per_peer) and each
+    rank's role row."""
     cuts = _owner_cuts(roles[0])
     ngroups = len(s.lo)
     total = r.totals
     if push:
         packs = _tiling(s, nparams, unpack=False, what="push")
-        recv_off = _exclusive(r.size) - _exclusive(total)[r.group]  # where each piece lands in its group's buffer
-        rounds, tail, stacked = _push_rounds(r, recv_off, total, cuts)
+        stacked = _stacked_whole(roles[0], roles[2])
+        if stacked is None:
+            rounds, tail, stacked = _push_rounds(r, total, cuts)
+        else:
+            rounds, tail = [()] * ngroups, np.zeros(ngroups, np.int64)
     else:
-        d, via = roles
+        d, via, _ = roles
         packs = _gathers(d.group, d.start, d.size, s.hi - s.lo, cuts, via)
         rounds = [(g,) for g in _tiling(r, nparams, unpack=True, what="pull")]
         tail, stacked = np.zeros(ngroups, np.int64), [None] * ngroups
@@ -492,10 +497,12 @@ def plan_link(numels: Sequence[int], sharded: Sequence[bool], roles: Sequence[Ro
     owned = FlatLayout.of(olo[rank], ohi[rank])
     local = FlatLayout.of(nlo[rank], nhi[rank])
     distinct = _by_group(owned.lo[None], owned.hi[None], ulo[:-1], uhi[:-1], gidx)  # the owner shard by each role
-    owns, via = _per_peer(distinct, row, gidx, ngroups)  # what the rank's owner shard meets, per peer
+    peer, via = _per_peer(distinct, row, gidx, ngroups)  # what the rank's owner shard meets, per peer
     needs = _by_group(olo, ohi, nlo[rank][None], nhi[rank][None], gidx)  # what its stage range meets
-    owner, stage = _Side.of(owns, owned, gidx, ngroups), _Side.of(needs, local, gidx, ngroups)
-    by_role = (_Side.of(distinct, owned, gidx, ngroups), via)
+    d = _Side.of(distinct, owned, gidx, ngroups)
+    owner = _Side(d.group[via], peer, d.param[via], d.start[via], d.size[via], d.lo, d.hi)  # d's, repeated
+    stage = _Side.of(needs, local, gidx, ngroups)
+    by_role = (d, via, row)
     return LinkPlan(
         rank=rank, world=world, owned=owned, local=local, group_params=group_params,
         pull_groups=tuple(compile_exchange(owner, stage, len(numels), world, by_role, push=False)),
