@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,8 @@ import torch.distributed as dist
 from hydraplan.runtime.memstats import PeakHeap, heap_bytes
 
 _STREAMS_LOCK = threading.Lock()
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
+DtypeName = Literal["bf16", "fp32", "fp64"]
+DTYPES: dict[DtypeName, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16}
 """Compute dtypes of the runtime's --dtype: bf16 is the GPU default (FlashAttention kernels, bf16 GEMMs), fp32 the
 CPU one, fp64 exact verification."""
 
@@ -215,7 +216,7 @@ class CudaDevice(Device):
         return self.cuda.get_device_name(self.index)
 
 
-def default_dtype(dev: Device) -> str:
+def default_dtype(dev: Device) -> DtypeName:
     return "bf16" if dev.kind == "cuda" else "fp32"
 
 

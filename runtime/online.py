@@ -29,7 +29,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from hydraplan.core.errors import UserError, cli_message
-from hydraplan.core.options import Opt, Option, nest, options
+from hydraplan.core.options import Opt, Option, add_flags, nest, options
 from hydraplan.core.schema import PackArgs, Plan
 from hydraplan.engine.pool import solve_in_order
 from hydraplan.job.config import RunConfig, build
@@ -75,14 +75,8 @@ def planning_options() -> list[Option]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The planning flags, generated from their one declaration (pack's names, help and meaning). Not given:
     None, so that the config's default applies, and so that replaying a plan can refuse any that was given."""
-    g = ap.add_argument_group("planning while training (no plan argument): the options of `hydraplan pack`")
-    for o in planning_options():
-        if o.kind is bool:
-            g.add_argument(o.flag, dest=o.name, action="store_const", const=not o.negated, default=None, help=o.opt.help)
-            if o.opt.off is not None:
-                g.add_argument(o.opt.off, dest=o.name, action="store_const", const=False, help=f"not {o.flag}")
-        else:
-            g.add_argument(o.flag, dest=o.name, type=o.kind, default=None, help=o.opt.help)
+    add_flags(ap.add_argument_group("planning while training (no plan argument): the options of `hydraplan pack`"),
+              planning_options())
 
 
 def check_replay_args(args: argparse.Namespace) -> None:

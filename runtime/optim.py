@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from hydraplan.runtime.model import ModelConfig, ParamSpec, init_range, param_sp
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
-DECAY_STYLES = ("constant", "linear", "cosine")
+DecayStyle = Literal["constant", "linear", "cosine"]
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coefficient max_norm / (norm + eps), at most 1
 
 
@@ -36,7 +37,7 @@ class Schedule:
 
     lr: float
     warmup: int = 0
-    style: str = "constant"
+    style: DecayStyle = "constant"
     min_lr: float = 0.0
     decay_iters: int = 0
     clip: float = 0.0

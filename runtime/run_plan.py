@@ -56,7 +56,9 @@ import torch
 import torch.distributed as dist
 
 from hydraplan.core.errors import UserError
+from hydraplan.core.options import add_flags, options
 from hydraplan.core.schema import Plan, scheme_label
+from hydraplan.job.config import build
 from hydraplan.job.planrun import PlanRun
 from hydraplan.runtime import checkpoint, device, faults, hf, kernels, liveness, online
 from hydraplan.runtime.attention import choice_for
@@ -64,11 +66,12 @@ from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
 from hydraplan.runtime.lnk import owner_ranges
 from hydraplan.runtime.memstats import map_large_allocations
-from hydraplan.runtime.model import CONFIGS, ModelConfig, get_config
-from hydraplan.runtime.optim import DECAY_STYLES, Schedule, master_dtype
+from hydraplan.runtime.model import ModelConfig, get_config
+from hydraplan.runtime.optim import Schedule, master_dtype
 from hydraplan.runtime.plan_roles import check_plan, largest_micro_batch, load_plans, rank_model_bytes, rank_roles
 from hydraplan.runtime.replay import Replayer
 from hydraplan.runtime.seq1f1b import check_splits
+from hydraplan.runtime.train_config import TrainConfig
 from hydraplan.runtime.verify import Verifier, fp64_attention_refusal, tolerance
 from hydraplan.solve.placement import groups_per_rank
 from hydraplan.store.profiles import load_profile
@@ -81,58 +84,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def parser() -> argparse.ArgumentParser:
+    """run_plan's flags, generated from their declarations: its own (train_config.py), then the planning ones."""
+    ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(ap, options(TrainConfig), typed=True)
+    online.add_arguments(ap)
+    return ap
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", nargs="?", default=None,
-                    help="a plan file, or a run folder of iter_*.json or .parquet (replayed in order); without it the "
-                         "job plans its own iterations while it trains, from pack's options below")
-    ap.add_argument("--iterations", type=int, default=None,
-                    help="replay only the first K plans; planning while training: the run's iterations (pack's)")
-    ap.add_argument("--model", default=None, help=f"model config: {', '.join(CONFIGS)} (default tiny)")
-    ap.add_argument("--init-from", default=None, metavar="DIR",
-                    help="start from a local Hugging Face Llama checkpoint (config.json + safetensors); sets the model")
-    ap.add_argument("--hf-config", default=None, metavar="FILE",
-                    help="the model of a Hugging Face config.json (Llama, Mistral, Qwen2), seeded initial weights")
-    ap.add_argument("--save", default=None, metavar="DIR",
-                    help="after the last iteration, save the sharded masters and AdamW states")
-    ap.add_argument("--resume", default=None, metavar="DIR",
-                    help="continue a run saved with --save (same world size and model): the plans after its last iteration")
-    ap.add_argument("--dtype", choices=sorted(device.DTYPES), default=None,
-                    help="compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64)")
-    ap.add_argument("--dataset", default=None,
-                    help="dataset the plans were (or are) sampled from; its token ids are trained on when it has them, "
-                         "else synthetic tokens per sequence id")
-    ap.add_argument("--verify", action="store_true",
-                    help="rank 0 also trains in one process in fp64 and compares parameters (fp64) or gradients (fp32, bf16)")
-    ap.add_argument("--tolerance", type=float, default=None,
-                    help="--verify tolerance: max abs parameter difference (fp64, default 1e-9) or relative gradient "
-                         "error (fp32, bf16; default per iteration: an error model of the dtype, layers, TP and tokens, "
-                         "runtime/verify.py)")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the elementwise blocks (RMSNorm, RoPE, SwiGLU, the loss; runtime/kernels.py)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the peak, with a schedule)")
-    ap.add_argument("--lr-warmup-iters", type=int, default=0, help="iterations of linear warmup to --lr")
-    ap.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="constant",
-                    help="after the warmup: constant, or linear / cosine decay to --min-lr")
-    ap.add_argument("--lr-decay-iters", type=int, default=None,
-                    help="iteration at which the decay reaches --min-lr (default: the run's last iteration + 1)")
-    ap.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
-    ap.add_argument("--clip-grad", type=float, default=1.0,
-                    help="clip the global gradient L2 norm to this (0: no clipping)")
-    ap.add_argument("--init-seed", type=int, default=0, help="parameter initialisation seed")
-    ap.add_argument("--memory", action="store_true",
-                    help="measure each rank's peak bytes during every step (CPU: glibc heap statistics; CUDA: "
-                         "max_memory_allocated) and print them next to the plan's profile's memory model")
-    ap.add_argument("--no-overlap", action="store_true",
-                    help="pull everything before and push everything after the propagation (no communication hidden)")
-    ap.add_argument("--timeout-s", type=float, default=300.0,
-                    help="collective timeout: a stuck peer fails the job instead of hanging it")
-    ap.add_argument("--liveness-s", type=float, default=liveness.DEFAULT_S,
-                    help="a rank whose heartbeat stops this long is named in one line and the job ends (0: off)")
-    online.add_arguments(ap)
-    return ap.parse_args(argv)
+    return parser().parse_args(argv)
+
+
+def configure(args: argparse.Namespace, dtype: device.DtypeName, world: int) -> TrainConfig:
+    """The flags typed and checked once, or one UserError: run_plan's own, and without a plan argument the run it
+    plans on `world` ranks; `dtype` is the device's default compute dtype."""
+    if args.plan is not None:
+        online.check_replay_args(args)
+    planning = online.online_config(args, world) if args.plan is None else None
+    own = {o.name: getattr(args, o.name) for o in options(TrainConfig)}
+    return build(TrainConfig, **{**own, "dtype": args.dtype or dtype}, planning=planning)
 
 
 def describe(plan: Plan) -> str:
@@ -140,15 +111,16 @@ def describe(plan: Plan) -> str:
     return "+".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
-          dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
-          trained: Callable[[Plan], None] | None = None, alike: tuple[type[Exception], ...] = ()) -> int:
+def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], config: TrainConfig,
+          schedule: Schedule, dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None,
+          source: Callable[[Plan], str], trained: Callable[[Plan], None] | None = None,
+          alike: tuple[type[Exception], ...] = ()) -> int:
     """Train on `plans` in order (replayed, or planned while training), after making `groups`; `source` names
     a plan's file (or planning node) in a failure's one line; `trained` is called with each plan once it is
     trained. A failure inside ends the job in one line (runtime/faults.py), except errors of the types `alike`,
     which every rank raises at the same point (a plan they all refuse) and which go to the caller."""
     watchdog = faults.Watchdog(dist.get_rank())
-    heartbeat = liveness.Heartbeat(dist.get_rank(), dist.get_world_size(), args.liveness_s)
+    heartbeat = liveness.Heartbeat(dist.get_rank(), dist.get_world_size(), config.liveness_s)
     at: list = [None, None]  # the plan iteration and source being trained
 
     def finished(plan: Plan) -> None:
@@ -157,7 +129,7 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
             trained(plan)
 
     try:
-        code = _train(cfg, data, plans, groups, args, dev, hf_weights, done, source, finished, at)
+        code = _train(cfg, data, plans, groups, config, schedule, dev, hf_weights, done, source, finished, at)
     except alike:
         heartbeat.stop()
         watchdog.stop()
@@ -171,29 +143,30 @@ def train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: li
     return code
 
 
-def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], args: argparse.Namespace,
-           dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None, source: Callable[[Plan], str],
-           trained: Callable[[Plan], None] | None, at: list) -> int:
+def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: list[RankSet], config: TrainConfig,
+           schedule: Schedule, dev: device.Device, hf_weights: hf.Checkpoint | None, done: int | None,
+           source: Callable[[Plan], str], trained: Callable[[Plan], None] | None, at: list) -> int:
     rank = dist.get_rank()
-    dtype = device.DTYPES[args.dtype]
+    dtype = config.torch_dtype
     mdt = master_dtype(dtype)
     if rank == 0:
         choice = choice_for(dev.torch, dtype, cfg.head_dim)
         print(f"attention: {choice.backend} ({choice.reason})", flush=True)
-    if args.memory:
+    if config.memory:
         map_large_allocations()
-    if args.compile:
+    if config.compile:
         kernels.use(kernels.compiled())
-    replayer = Replayer(cfg, data, dtype, args.init_seed, args.lr, dev, timedelta(seconds=args.timeout_s),
-                        overlap=not args.no_overlap, keep_grad=args.verify and dtype != torch.float64)
-    replayer.master.schedule = args.schedule
-    verifier = Verifier(replayer, cfg, data, args.init_seed, args.lr, dtype) if args.verify else None
+    replayer = Replayer(cfg, data, dtype, config.init_seed, config.lr, dev, timedelta(seconds=config.timeout_s),
+                        overlap=config.overlap, keep_grad=config.verify and dtype != torch.float64)
+    replayer.master.schedule = schedule
+    verifier = Verifier(replayer, cfg, data, config.init_seed, config.lr, dtype) if config.verify else None
     if verifier is not None and verifier.reference is not None:
-        verifier.reference.schedule = args.schedule
+        verifier.reference.schedule = schedule
     if done is not None:
-        replayer.master.load(**checkpoint.load(args.resume, rank, dist.get_world_size()))
+        assert config.resume is not None  # `done` is the resumed checkpoint's last iteration
+        replayer.master.load(**checkpoint.load(config.resume, rank, dist.get_world_size()))
         if rank == 0:
-            print(f"resume: {args.resume} after iteration {done}, {len(plans)} plans to go", flush=True)
+            print(f"resume: {config.resume} after iteration {done}, {len(plans)} plans to go", flush=True)
     elif hf_weights is not None:
         lo, hi = owner_ranges(replayer.numels, dist.get_world_size())
         replayer.master.load(hf_weights.shard(lo[rank], hi[rank], mdt))
@@ -201,7 +174,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             verifier.reference.load(hf_weights.full(torch.float64))
     _make_groups(replayer, groups)
     worst, last = (0.0, 0.0, 1.0), (done if done is not None else -1)  # (diff / tolerance, diff, tolerance)
-    ahead = _SetupAhead(replayer, [] if args.memory else plans)  # --memory: no host work of the next plan inside
+    ahead = _SetupAhead(replayer, [] if config.memory else plans)  # --memory: no host work of the next plan inside
     ahead.start(0)
     for i, plan in enumerate(plans):
         ahead.join()
@@ -210,13 +183,13 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
         last = plan.iteration
         if verifier is not None:
             verifier.before()
-        if args.memory:
+        if config.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
             gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
             dist.barrier()
             with dev.peak_memory() as peak:
                 st = replayer.step(plan)
-            _print_memory(plan, replayer, peak.peak - peak.start + held, args.dtype)
+            _print_memory(plan, replayer, peak.peak - peak.start + held, dtype)
         else:
             st = replayer.step(plan)
         if rank == 0:
@@ -230,7 +203,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
         if verifier is not None:
             diff = verifier.compare(plan)
             if diff is not None:
-                tol = args.tolerance if args.tolerance is not None else tolerance(args.dtype, cfg.layers, plan)
+                tol = config.tolerance if config.tolerance is not None else tolerance(config.dtype, cfg.layers, plan)
                 print(f"verify: iteration {plan.iteration} {verifier.what}={diff:.3e}"
                       + ("" if verifier.exact else f" (fp64 reference at the same weights, tolerance {tol:.2e})"),
                       flush=True)
@@ -240,10 +213,10 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             trained(plan)
     ahead.join()
     at[:] = [None, None]
-    if args.save:
-        checkpoint.save(args.save, replayer.master.state(), cfg, mdt, last)
+    if config.save:
+        checkpoint.save(config.save, replayer.master.state(), cfg, mdt, last)
         if rank == 0:
-            print(f"saved: {args.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
+            print(f"saved: {config.save} (iteration {last}, {dist.get_world_size()} shards)", flush=True)
     failed = torch.tensor([float(worst[0] > 1.0)], device=dev.torch)
     dist.broadcast(failed, 0)
     if failed.item():
@@ -306,24 +279,20 @@ def _make_groups(replayer: Replayer, sets: list[tuple[int, ...]]) -> None:
               f"in {made:.2f}s; rank 0's {len(used)} communicators warmed up in {seconds:.2f}s", flush=True)
 
 
-def _model(args: argparse.Namespace) -> tuple[ModelConfig, hf.Checkpoint | None]:
+def _model(config: TrainConfig) -> tuple[ModelConfig, hf.Checkpoint | None]:
     """The model config and, with --init-from (unless resuming), the checkpoint to read weights from."""
-    if args.verify and args.resume:
-        raise UserError("--verify and --resume: give one (the reference would start from the initial weights)")
-    given = [f for f, v in (("--model", args.model), ("--init-from", args.init_from), ("--hf-config", args.hf_config)) if v]
-    if len(given) > 1:
-        raise UserError(f"{' and '.join(given)}: give one (--init-from and --hf-config take the model from a config.json)")
-    if args.hf_config is not None:
-        return hf.config_from_file(args.hf_config, f"--hf-config {args.hf_config}", f"hf:{Path(args.hf_config).stem}")[0], None
-    if args.init_from is None:
-        return get_config(args.model or "tiny"), None
-    if args.resume:
-        return hf.read_config(args.init_from)[0], None
-    ckpt = hf.Checkpoint(args.init_from)
+    if config.hf_config is not None:
+        return hf.config_from_file(config.hf_config, f"--hf-config {config.hf_config}",
+                                   f"hf:{Path(config.hf_config).stem}")[0], None
+    if config.init_from is None:
+        return get_config(config.model or "tiny"), None
+    if config.resume:
+        return hf.read_config(config.init_from)[0], None
+    ckpt = hf.Checkpoint(config.init_from)
     return ckpt.cfg, ckpt
 
 
-def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> None:
+def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: torch.dtype) -> None:
     """Rank 0 prints, per rank, the peak bytes of the step (plus the master shard and AdamW state held across
     steps) next to the memory model of the plan's profile for its scheme, stage and largest micro-batch
     (hydraplan.core.memory.rank_memory, LNK's buffers in this run's compute dtype)."""
@@ -335,7 +304,7 @@ def _print_memory(plan: Plan, replayer: Replayer, measured: int, dtype: str) -> 
             profile = load_profile(plan.profile)
         except UserError:
             profile = None
-        model = rank_model_bytes(plan, world, rank, profile, device.DTYPES[dtype].itemsize)
+        model = rank_model_bytes(plan, world, rank, profile, dtype.itemsize)
         mine = (role.pipeline, plan.pipelines[role.pipeline].key, role.stage,
                 largest_micro_batch(plan, role.pipeline), measured, model)
     rows: list = [None] * world
@@ -383,42 +352,30 @@ def _token_data(spec: str | None, cfg: ModelConfig, planning: bool = False) -> T
     return TokenData(cfg.vocab, dataset)
 
 
-def _replayed(args: argparse.Namespace, cfg: ModelConfig, data: TokenData, dev: device.Device
+def _replayed(config: TrainConfig, cfg: ModelConfig, data: TokenData, dev: device.Device
               ) -> tuple[list[tuple[str, Plan]], int | None]:
     """The plans of the plan argument and their files, checked against the job (after --resume's iteration)."""
-    plans = load_plans(args.plan, args.iterations)
+    assert config.plan is not None
+    plans = load_plans(config.plan, config.iterations)
     for source, plan in plans:
-        _check(plan, source, cfg, data, args, dev)
+        _check(plan, source, cfg, data, config, dev)
     done = None
-    if args.resume:
-        done = checkpoint.check(args.resume, dist.get_rank(), dist.get_world_size(), cfg,
-                                master_dtype(device.DTYPES[args.dtype]))
+    if config.resume:
+        done = checkpoint.check(config.resume, dist.get_rank(), dist.get_world_size(), cfg,
+                                master_dtype(config.torch_dtype))
         plans = [(source, plan) for source, plan in plans if plan.iteration > done]
     return plans, done
 
 
-def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, args: argparse.Namespace,
+def _check(plan: Plan, source: str, cfg: ModelConfig, data: TokenData, config: TrainConfig,
            dev: device.Device) -> None:
     check_plan(plan, source, dist.get_world_size(), cfg)
     check_splits(plan, source)
     data.check(plan, source)
-    if dev.kind == "cuda" and (args.verify or args.dtype == "fp64"):
+    if dev.kind == "cuda" and (config.verify or config.dtype == "fp64"):
         capacity = torch.cuda.get_device_properties(dev.torch).total_memory
         if (why := fp64_attention_refusal([(source, plan)], cfg.heads, capacity)) is not None:
             raise UserError(why)
-
-
-def _schedule(args: argparse.Namespace, iterations: int) -> Schedule:
-    """The learning-rate schedule and clipping of the flags; the decay ends at the run's end by default."""
-    decay = args.lr_decay_iters if args.lr_decay_iters is not None else iterations
-    for flag, value in (("--lr-warmup-iters", args.lr_warmup_iters), ("--min-lr", args.min_lr),
-                        ("--clip-grad", args.clip_grad)):
-        if value < 0:
-            raise UserError(f"{flag}: {value} is negative")
-    if args.lr_decay_style != "constant" and decay <= args.lr_warmup_iters:
-        raise UserError(f"--lr-decay-iters: {decay} must exceed --lr-warmup-iters {args.lr_warmup_iters} "
-                        f"for a {args.lr_decay_style} decay")
-    return Schedule(args.lr, args.lr_warmup_iters, args.lr_decay_style, args.min_lr, decay, args.clip_grad)
 
 
 def _agree(error: str | None) -> str | None:
@@ -439,50 +396,58 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dev = device.pick()
     device.init_distributed(dev, timedelta(seconds=args.timeout_s))
-    args.dtype = args.dtype or device.default_dtype(dev)
     try:
-        if args.plan is None:
-            return _online(args, dev)
-        error, plans, cfg, data, weights, done = None, [], None, None, None, None
+        error, config = None, None
         try:
             faults.configured()  # a malformed HYDRAPLAN_INJECT_FAULT is a user error like any other
-            online.check_replay_args(args)
-            cfg, weights = _model(args)
-            data = _token_data(args.dataset, cfg)
-            plans, done = _replayed(args, cfg, data, dev)
-            args.schedule = _schedule(args, max((p.iteration for _, p in plans), default=0) + 1)
+            config = configure(args, device.default_dtype(dev), dist.get_world_size())
         except UserError as e:
             error = str(e)
         if (first := _agree(error)) is not None:
             _say_once(first)
             return 2
-        sources = {plan.iteration: source for source, plan in plans}
-        only = [plan for _, plan in plans]
-        return train(cfg, data, only, plan_groups(only), args, dev, weights, done, lambda p: sources[p.iteration])
+        assert config is not None
+        return _replay(config, dev) if config.planning is None else _online(config, config.planning, dev)
     finally:
         dist.destroy_process_group()
 
 
-def _online(args: argparse.Namespace, dev: device.Device) -> int:
+def _replay(config: TrainConfig, dev: device.Device) -> int:
+    """Replay the plan argument's plans; one line and exit 2 for a bad plan, model or dataset."""
+    error, plans, cfg, data, weights, done, schedule = None, [], None, None, None, None, None
+    try:
+        cfg, weights = _model(config)
+        data = _token_data(config.dataset, cfg)
+        plans, done = _replayed(config, cfg, data, dev)
+        schedule = config.schedule(max((p.iteration for _, p in plans), default=0) + 1)
+    except UserError as e:
+        error = str(e)
+    if (first := _agree(error)) is not None:
+        _say_once(first)
+        return 2
+    assert cfg is not None and data is not None and schedule is not None
+    sources = {plan.iteration: source for source, plan in plans}
+    only = [plan for _, plan in plans]
+    return train(cfg, data, only, plan_groups(only), config, schedule, dev, weights, done, lambda p: sources[p.iteration])
+
+
+def _online(config: TrainConfig, planning: online.OnlineConfig, dev: device.Device) -> int:
     """Plan while training (runtime/online.py): the run prepared on each node's first rank, the start-up
     groups from rank 0, plans fed by a thread; one line and exit 2 for a bad argument or plan."""
-    world, error, run = dist.get_world_size(), None, None
+    world, error, run, done = dist.get_world_size(), None, None, None
     plan_group = dist.new_group(backend="gloo")  # plans travel beside training, on CPU
     topology = online.Topology.of(plan_group)
+    planned = planning.run
     try:
-        faults.configured()
-        planning = online.online_config(args, world)
-        config = planning.run
-        args.schedule = _schedule(args, config.iterations)
-        cfg, weights = _model(args)
-        data = _token_data(args.dataset, cfg, planning=True)
-        done = None
-        if args.resume:
-            done = checkpoint.check(args.resume, dist.get_rank(), world, cfg, master_dtype(device.DTYPES[args.dtype]))
-            online.check_resume(args.resume, config)
+        schedule = config.schedule(planned.iterations)
+        cfg, weights = _model(config)
+        data = _token_data(config.dataset, cfg, planning=True)
+        if config.resume:
+            done = checkpoint.check(config.resume, dist.get_rank(), world, cfg, master_dtype(config.torch_dtype))
+            online.check_resume(config.resume, planned)
         if topology.leader:
             t0 = time.perf_counter()
-            run = PlanRun.prepare(config, load_profile(config.profile))
+            run = PlanRun.prepare(planned, load_profile(planned.profile))
             if dist.get_rank() == 0:
                 print(f"planning: run prepared in {time.perf_counter() - t0:.2f}s; {topology.nodes} node(s) x "
                       f"{planning.planners_per_node} planner process(es)", flush=True)
@@ -492,23 +457,23 @@ def _online(args: argparse.Namespace, dev: device.Device) -> int:
         _say_once(first)
         return 2
     start = 0 if done is None else done + 1
-    stop = min(config.iterations, planning.stop_at) if planning.stop_at is not None else config.iterations
+    stop = min(planned.iterations, planning.stop_at) if planning.stop_at is not None else planned.iterations
     groups = online.broadcast_groups(online.startup_groups(run) if dist.get_rank() == 0 else None, plan_group)
     ahead = planning.plan_ahead or 2 * planning.planners_per_node * topology.nodes
     feed = online.PlanFeed(run, topology, start, stop, planning.planners_per_node, ahead, plan_group,
-                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data, args, dev))
+                           lambda plan: _check(plan, f"plan of iteration {plan.iteration}", cfg, data, config, dev))
     saving = (online.save_plans(planning.save_plans, planning.format, run)
               if planning.save_plans is not None and dist.get_rank() == 0 else None)
     try:
-        code = train(cfg, data, feed, groups, args, dev, weights, done,
+        code = train(cfg, data, feed, groups, config, schedule, dev, weights, done,
                      lambda p: f"planned on node {topology.planner_of(p.iteration)}", saving, alike=(UserError,))
     except UserError as e:  # every rank refuses the same plan at the same point
         _say_once(str(e))
         feed.close(abort=True)
         return 2
     feed.close()
-    if args.save:
-        online.save_run(args.save, config)  # on every rank: --resume reads it on every node
+    if config.save:
+        online.save_run(config.save, planned)  # on every rank: --resume reads it on every node
     if dist.get_rank() == 0 and feed.waits:
         print(f"planning: {len(feed.waits)} plans; training waited {feed.waits[0]:.3f}s for the first and "
               f"{sum(feed.waits[1:]):.3f}s for the rest (at most {max(feed.waits[1:], default=0.0):.3f}s once)",

@@ -1,6 +1,6 @@
 """The run's options are declared once (job/config.py, engine/settings.py, app/config.py: fields with an `Opt`):
 `hydraplan pack --help` and the runtime's planning flags show exactly those, and both command lines build
-the same typed config."""
+the same typed config. run_plan's own flags are exactly runtime/train_config.py's, typed once into TrainConfig."""
 
 import argparse
 import re
@@ -11,7 +11,7 @@ from helpers import hp
 from hydraplan.app.config import PackConfig
 from hydraplan.core.errors import UserError
 from hydraplan.core.options import options
-from hydraplan.runtime import online
+from hydraplan.runtime import device, online
 
 # pack's options the runtime does not take: run_plan's own (--dataset, --iterations), the world size (--gpus), and
 # what only steers a pack invocation. A new option is either online or named here.
@@ -95,3 +95,83 @@ def test_a_bad_value_is_the_same_one_line_from_pack_and_the_runtime(bad):
     with pytest.raises(UserError) as e:
         runtime_config(argv, "builtin:wikipedia", 2)
     assert r.returncode == 2 and r.stderr == f"hydraplan: {e.value}\n" and str(e.value).startswith(bad[0])
+
+
+def test_run_plans_flags_are_exactly_its_declaration_and_the_planning_ones():
+    from hydraplan.runtime.run_plan import parser
+    from hydraplan.runtime.train_config import TrainConfig
+
+    actions = [a for a in parser()._actions if a.dest != "help"]
+    own, planning = list(options(TrainConfig)), online.planning_options()
+    flags = {f for a in actions for f in a.option_strings}
+    assert flags == ({o.flag for o in own if not o.opt.positional} | {o.flag for o in planning}
+                     | {o.opt.off for o in planning if o.opt.off})
+    assert [a.dest for a in actions if not a.option_strings] == [o.name for o in own if o.opt.positional] == ["plan"]
+    for o in own:
+        a = next(a for a in actions if a.dest == o.name)
+        assert (a.help, a.default, a.metavar, a.choices) == (o.opt.help, o.default, o.opt.metavar, o.choices), o.name
+    assert {o.name for o in own}.isdisjoint(o.name for o in planning)
+    assert set(next(o for o in own if o.name == "dtype").choices) == set(device.DTYPES)  # --dtype's names are DTYPES'
+
+
+def train_config(*argv: str, dtype: str = "fp32"):
+    from hydraplan.runtime.run_plan import configure, parse_args
+
+    return configure(parse_args(list(argv)), dtype, 1).model_dump(exclude={"planning"})
+
+
+def test_run_plans_defaults_are_the_ones_it_always_had():
+    assert train_config("p", dtype="bf16") == dict(
+        plan="p", iterations=None, model=None, init_from=None, hf_config=None, save=None, resume=None, dtype="bf16",
+        dataset=None, verify=False, tolerance=None, compile=False, lr=1e-3, lr_warmup_iters=0,
+        lr_decay_style="constant", lr_decay_iters=None, min_lr=0.0, clip_grad=1.0, init_seed=0, memory=False,
+        overlap=True, timeout_s=300.0, liveness_s=30.0)
+
+
+def test_every_run_plan_flag_lands_in_its_typed_field():
+    got = train_config("p", "--iterations", "3", "--model", "tiny-wide", "--save", "s", "--dtype", "fp64",
+                       "--dataset", "d", "--tolerance", "0.5", "--compile", "--lr", "0.01", "--lr-warmup-iters", "2",
+                       "--lr-decay-style", "cosine", "--lr-decay-iters", "9", "--min-lr", "0.001", "--clip-grad", "0",
+                       "--init-seed", "4", "--memory", "--no-overlap", "--timeout-s", "60", "--liveness-s", "0")
+    assert got == dict(plan="p", iterations=3, model="tiny-wide", init_from=None, hf_config=None, save="s", resume=None,
+                       dtype="fp64", dataset="d", verify=False, tolerance=0.5, compile=True, lr=0.01,
+                       lr_warmup_iters=2, lr_decay_style="cosine", lr_decay_iters=9, min_lr=0.001, clip_grad=0.0,
+                       init_seed=4, memory=True, overlap=False, timeout_s=60.0, liveness_s=0.0)
+    got = train_config("p", "--init-from", "i", "--resume", "r")
+    assert (got["init_from"], got["resume"], got["verify"]) == ("i", "r", False)
+    got = train_config("p", "--hf-config", "f", "--verify")
+    assert (got["hf_config"], got["verify"]) == ("f", True)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--lr-warmup-iters", "-1"], "--lr-warmup-iters: -1 is negative"),
+    (["--min-lr", "-0.5"], "--min-lr: -0.5 is negative"),
+    (["--clip-grad", "-1"], "--clip-grad: -1.0 is negative"),
+    (["--verify", "--resume", "r"], "--verify and --resume: give one (the reference would start from the initial "
+                                    "weights)"),
+    (["--model", "tiny", "--hf-config", "f"], "--model and --hf-config: give one (--init-from and --hf-config take "
+                                              "the model from a config.json)"),
+])
+def test_a_bad_run_plan_flag_is_one_line(argv, message):
+    with pytest.raises(UserError) as e:
+        train_config("p", *argv)
+    assert str(e.value) == message
+
+
+def test_a_decay_must_end_after_the_warmup():
+    from hydraplan.runtime.run_plan import configure, parse_args
+
+    config = configure(parse_args(["p", "--lr-decay-style", "cosine", "--lr-warmup-iters", "5"]), "fp32", 1)
+    assert config.schedule(6).decay_iters == 6
+    with pytest.raises(UserError, match=r"^--lr-decay-iters: 5 must exceed --lr-warmup-iters 5 for a cosine decay$"):
+        config.schedule(5)
+
+
+def test_argparse_refuses_a_dtype_or_decay_style_it_does_not_know(capsys):
+    from hydraplan.runtime.run_plan import parse_args
+
+    for flag in ("--dtype", "--lr-decay-style"):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["p", flag, "fp16"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"run_plan: argument {flag}: invalid choice: 'fp16'"), err

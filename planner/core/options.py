@@ -1,11 +1,13 @@
 """Command-line options declared on the config models themselves: a field annotated `Annotated[T, Opt(help)]`
 is an option of every command built from its model (`hydraplan pack` by app/cliopts.py, the runtime's
-planning while training by runtime/online.py), so its name, type, default and help are written once."""
+planning while training by runtime/online.py, run_plan's own by runtime/train_config.py), so its name, type,
+default and help are written once."""
 
 from __future__ import annotations
 
+import argparse
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -19,11 +21,14 @@ class Opt:
     """A field's command-line form. The flag is `--` + the field in kebab case; a boolean that defaults to True is
     turned off by `--no-` + it, unless `off` names the flag that turns it off (then both flags exist, as
     `--synthesize/--candidates-only`, and giving neither leaves the model's default). `online`: also a flag of
-    the runtime's planning while training (runtime/online.py)."""
+    the runtime's planning while training (runtime/online.py). `metavar` and `positional` (an optional argument
+    without a flag) are argparse's, for run_plan's own options (runtime/train_config.py)."""
 
     help: str
     off: str | None = None
     online: bool = True
+    metavar: str | None = None
+    positional: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class Option:
 
     @property
     def flag(self) -> str:
+        if self.opt.positional:
+            return self.name
         kebab = "--" + self.name.replace("_", "-")
         return "--no-" + kebab[2:] if self.negated else kebab
 
@@ -59,6 +66,11 @@ class Option:
         and a word, such as `seq1f1b`, arrive as text and the model validates them)."""
         return cli_type(self.field.annotation)
 
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The values of a literal field (`Literal["a", "b"] | None`: a, b), else None."""
+        return literal_values(self.field.annotation)
+
 
 def cli_type(annotation: Any) -> type:
     if get_origin(annotation) is Annotated:
@@ -69,6 +81,32 @@ def cli_type(annotation: Any) -> type:
     if get_origin(annotation) is Literal:
         return str
     return annotation if annotation in (bool, int, float, Path) else str
+
+
+def literal_values(annotation: Any) -> tuple[Any, ...] | None:
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    if get_origin(annotation) in (Annotated, Union, types.UnionType):
+        found = [v for a in get_args(annotation) if (v := literal_values(a)) is not None]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def add_flags(ap: argparse._ActionsContainer, declared: Iterable[Option], typed: bool = False) -> None:
+    """The options as argparse arguments. A flag not given is None, so that the model's default applies and a
+    caller can tell what was given, and the model refuses a bad value in its own words (as `pack` does);
+    `typed`: argparse applies the declared defaults and refuses a literal's other values itself (run_plan's own)."""
+    for o in declared:
+        default = o.default if typed else None
+        if o.kind is bool:
+            ap.add_argument(o.flag, dest=o.name, action="store_const", const=not o.negated, default=default,
+                            help=o.opt.help)
+            if o.opt.off is not None:
+                ap.add_argument(o.opt.off, dest=o.name, action="store_const", const=False, help=f"not {o.flag}")
+            continue
+        where: dict[str, Any] = {"nargs": "?"} if o.opt.positional else {"dest": o.name}
+        ap.add_argument(o.flag, **where, type=o.kind, default=default, metavar=o.opt.metavar,
+                        choices=o.choices if typed else None, help=o.opt.help)
 
 
 def options(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[Option]:
