@@ -116,9 +116,9 @@ def lp_lower_bound(lengths: np.ndarray, schemes: Sequence[Scheme]) -> float:
     h = milp.highs_model()
     h.passModel(lp)
     sol = milp.highs(h, mip=False)
-    if sol.status != "optimal" or sol.objective is None:
+    if sol.status != "optimal" or sol.objective_value is None:
         raise RuntimeError(f"LP bound: HiGHS status {sol.status}")
-    return sol.objective
+    return sol.objective_value
 
 
 def batches_of(dataset: str, gpus_tokens: int, iterations: int, seed: int = 0) -> tuple[object, list]:

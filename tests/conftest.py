@@ -8,6 +8,10 @@ import pytest
 # The tests assert CPU behaviour (gloo, the exact CPU attention, heap statistics), in this process and in every
 # rank they launch: on a machine with GPUs they must not pick NCCL or CUDA. `hydraplan doctor` checks the GPUs.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# --compile's tests: inductor compiles in the process (no pool of compile workers on a 2-core machine), read by
+# torch when it first loads inductor's config; set here, before any test imports torch, not patched in its config
+# (a patch undone by unittest.mock hides the setting for the rest of the process).
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
 
 
 @pytest.fixture

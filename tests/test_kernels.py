@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor import config as inductor_config
 
 from hydraplan.runtime import kernels, saved
 from hydraplan.runtime.batches import TokenData
@@ -17,9 +16,8 @@ from hydraplan.schema import BatchSeq
 @pytest.fixture(scope="module")
 def compiled():
     """One compiled set for the module: inductor compiles each block once (dynamic shapes), in this process."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inductor_config, "compile_threads", 1)  # no worker pool to start on a loaded machine
-        yield kernels.compiled("inductor")
+    torch._dynamo.reset()  # the blocks compile here even if another test compiled them in this process
+    return kernels.compiled("inductor")
 
 
 def _train(dtype: torch.dtype, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,7 +78,7 @@ def _alive(pid: int) -> bool:
 def _two_nodes(tmp_path: Path, stop: signal.Signals) -> tuple[float, str, set[int]]:
     """Start node A, then node B (so A's agent hosts the rendezvous store); once training runs, send `stop` to
     B's agent and ranks; returns (seconds until A's ranks were all gone, A's stderr, B's ranks)."""
-    for i in range(300):
+    for i in range(1000):  # far more than run by the time B stops (the run must still be training then)
         write_model(tmp_path / "run" / f"iter_{i:06d}.json",
                     make_plan(i, "S", [(2, 1, [0, 2], [[8, 8]]), (2, 1, [1, 3], [[8, 8]])], first_id=10 * i))
     port = free_port()
@@ -97,6 +97,7 @@ def _two_nodes(tmp_path: Path, stop: signal.Signals) -> tuple[float, str, set[in
         while not re.search(r"^iteration 3 ", (tmp_path / "A.out").read_text() + (tmp_path / "B.out").read_text(), re.M):
             assert time.monotonic() < deadline and a.poll() is None and b.poll() is None, (tmp_path / "A.err").read_text()
             time.sleep(0.2)
+        time.sleep(2.0)  # over two heartbeats (0.83 s apart) more: B's last beat names an iteration it finished
         a_ranks, b_ranks = _children(a.pid), _children(b.pid)
         assert len(a_ranks) == len(b_ranks) == 2
         lost = {_rank_of(p) for p in b_ranks}

@@ -59,8 +59,8 @@ def test_cpsat_through_the_seam_equals_brute_force(seed):
     assert sol.status == "optimal"
     point = np.array([sol.values[xi.index] for xi in x])
     assert (A @ point <= b).all()
-    assert sol.objective == v @ point == _brute(v, A, b)
-    assert sol.bound == sol.objective
+    assert sol.objective_value == v @ point == _brute(v, A, b)
+    assert sol.bound == sol.objective_value
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -70,8 +70,8 @@ def test_highs_through_the_seam_equals_brute_force(seed):
     assert sol.status == "optimal"
     point = np.round(sol.values).astype(np.int64)
     assert (A @ point <= b).all()
-    assert -sol.objective == pytest.approx(v @ point) and v @ point == _brute(v, A, b)
-    assert sol.bound == pytest.approx(sol.objective)
+    assert -sol.objective_value == pytest.approx(v @ point) and v @ point == _brute(v, A, b)
+    assert sol.bound == pytest.approx(sol.objective_value)
 
 
 def test_an_infeasible_model_is_typed_infeasible_in_both():
@@ -82,7 +82,7 @@ def test_an_infeasible_model_is_typed_infeasible_in_both():
     m.add(x - y >= 6)
     m.add(y >= 5)  # x >= 11 > 10
     sol = milp.cpsat(m, seed=0, max_dtime_s=10.0)
-    assert (sol.status, sol.values, sol.objective) == ("infeasible", None, None)
+    assert (sol.status, sol.values, sol.objective_value) == ("infeasible", None, None)
 
     h = milp.highs_model()
     h.addVars(2, np.zeros(2), np.full(2, 10.0))
@@ -104,9 +104,9 @@ def test_a_search_stopped_by_its_limit_before_any_point_is_typed_limit():
     v, A, b = _hard()
     m, _ = _cpsat_model(v, A, b)
     sol = milp.cpsat(m, seed=0, max_dtime_s=0.0)
-    assert (sol.status, sol.values, sol.objective) == ("limit", None, None)
+    assert (sol.status, sol.values, sol.objective_value) == ("limit", None, None)
     sol = milp.highs(_highs_model(v, A, b), mip=True, max_nodes=0, rel_gap=0.0)
-    assert (sol.status, sol.values, sol.objective) == ("limit", None, None)
+    assert (sol.status, sol.values, sol.objective_value) == ("limit", None, None)
 
 
 def test_a_search_stopped_by_its_limit_after_a_point_is_typed_feasible_and_keeps_the_warm_start():
@@ -118,14 +118,14 @@ def test_a_search_stopped_by_its_limit_after_a_point_is_typed_feasible_and_keeps
     for xi, s in zip(x, start):
         m.add_hint(xi, int(s))
     sol = milp.cpsat(m, seed=0, max_dtime_s=1e-3)
-    assert sol.status == "feasible" and sol.objective < sol.bound
+    assert sol.status == "feasible" and sol.objective_value < sol.bound
     point = np.array([sol.values[xi.index] for xi in x])
-    assert (A @ point <= b).all() and sol.objective == v @ point >= v @ start
+    assert (A @ point <= b).all() and sol.objective_value == v @ point >= v @ start
     assert 0 < sol.dtime_s
 
     sol = milp.highs(_highs_model(v, A, b), mip=True, max_nodes=0, rel_gap=0.0, start=start)
     assert sol.status == "feasible"
-    assert (A @ np.round(sol.values) <= b).all() and -sol.objective >= v @ start
+    assert (A @ np.round(sol.values) <= b).all() and -sol.objective_value >= v @ start
 
 
 def test_an_lp_has_a_point_and_no_mip_bound():
@@ -135,4 +135,4 @@ def test_an_lp_has_a_point_and_no_mip_bound():
     h.addRow(-highspy.kHighsInf, 5.0, 2, np.arange(2, dtype=np.int32), np.ones(2))
     sol = milp.highs(h, mip=False)
     assert sol.status == "optimal" and sol.bound is None
-    assert sol.values == pytest.approx([1.0, 4.0]) and sol.objective == pytest.approx(-9.0)
+    assert sol.values == pytest.approx([1.0, 4.0]) and sol.objective_value == pytest.approx(-9.0)

@@ -18,7 +18,6 @@ import torch.multiprocessing as mp
 from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
 from torch._dynamo.utils import counters
-from torch._inductor import config as inductor_config
 
 from hydraplan.core.errors import UserError
 from hydraplan.runtime import kernels
@@ -162,9 +161,9 @@ def test_single_process_replay_with_compiled_blocks_verifies(tmp_path, monkeypat
     reference (which stays eager)."""
     _no_torchrun_env(monkeypatch)
     monkeypatch.setattr(kernels, "_active", [kernels.EAGER])  # the run switches this process's blocks: undone after
-    monkeypatch.setattr(inductor_config, "compile_threads", 1)
     write_model(tmp_path / "iter_000000.json", make_plan(0, "S0", [(1, 1, [0], [[5, 3], [7]])], gpus=1))
     write_model(tmp_path / "iter_000001.json", make_plan(1, "S0", [(1, 1, [0], [[4, 4, 2]])], gpus=1, first_id=3))
+    torch._dynamo.reset()  # frames another test compiled in this process are compiled again, and counted
     counters.clear()
     assert main([str(tmp_path), "--dtype", "fp64", "--verify", "--compile"]) == 0
     assert kernels.active() is not kernels.EAGER and counters["frames"]["ok"] >= len(kernels.EAGER.__dataclass_fields__)

@@ -169,8 +169,8 @@ def _cpsat(l: np.ndarray, w: np.ndarray, V: int, M: int, hint: np.ndarray | None
         return None, ("infeasible" if sol.status == "infeasible" else "unknown"), sol.dtime_s
     bins = np.array([next(v for v, var in enumerate(row) if sol.values[var.index]) for row in x], dtype=np.int64)
     # CP-SAT calls a search ended by the gap limit optimal too: proven only when the bound reaches the objective
-    proven = (sol.status == "optimal" and sol.bound is not None and sol.objective is not None
-              and sol.bound >= sol.objective)
+    proven = (sol.status == "optimal" and sol.bound is not None and sol.objective_value is not None
+              and sol.bound >= sol.objective_value)
     return bins, ("optimal" if proven else "feasible"), sol.dtime_s
 
 

@@ -33,7 +33,7 @@ Status = Literal["optimal", "feasible", "infeasible", "limit", "unknown"]
 class Solution:
     status: Status
     values: np.ndarray | None  # every variable's value by its index (CP-SAT `var.index`, HiGHS column); None: no point
-    objective: float | None  # the point's objective value
+    objective_value: float | None  # at the point (named as the solvers name it: not the planner's objective)
     bound: float | None  # the best proven bound on the objective (None: the solver gives none, as for an LP)
     wall_s: float  # wall-clock seconds of the solve (for reports only: no decision may read it)
     dtime_s: float = 0.0  # CP-SAT's deterministic seconds spent (callers sharing one budget charge it); 0 for HiGHS
