@@ -169,7 +169,8 @@ class Gather:
     of those segments, so overlapping ranges (an owner sending one slice to several replicas) and gaps
     (what is not sent) need no per-piece Python: packing is one split, one C-level list pick and one cat.
     Both index arrays stay numpy (views of the planner's arrays): planning makes no Python object per piece
-    (300K pieces per direction at 1024-way data parallelism), the call turns them into lists in C."""
+    (300K pieces per direction at 1024-way data parallelism); their list forms are made on the first call, on
+    the LNK thread, and kept for the strategy's later iterations."""
 
     seg_sizes: np.ndarray  # partition of the source
     ids: np.ndarray  # segments in output order
@@ -181,10 +182,15 @@ class Gather:
 
     __hash__ = None  # type: ignore[assignment]  # numpy fields: compared by value, not hashable
 
+    @cached_property
+    def _lists(self) -> tuple[list[int], list[int]]:
+        return self.seg_sizes.tolist(), self.ids.tolist()
+
     def __call__(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if not len(self.ids):
             return out
-        chunks, ids = src.split(self.seg_sizes.tolist()), self.ids.tolist()
+        sizes, ids = self._lists
+        chunks = src.split(sizes)
         return torch.cat([chunks[i] for i in ids] if len(ids) < 2 else itemgetter(*ids)(chunks), out=out)
 
 
