@@ -126,25 +126,29 @@ MEMORY_LINE = re.compile(r"^memory: iteration (\d+) rank (\d+) pipeline \d+ <(\d
 MiB, model MiB, measured/model."""
 
 
-def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none", fraction: float = 1.0) -> list[Plan]:
+def memory_plans(layouts: int | None = None, repeats: int = 2, mode: str = "none", fraction: float = 1.0,
+                 warm: float = 1.0) -> list[Plan]:
     """Micro-batches at `fraction` of cpu-tiny's MaxLen in recomputation `mode` on every rank of 4, for each of its
     schemes: a <2,1,1> pipeline with one next to a <1,2,1> with two (its first stage stashes both), four <1,1,1>,
     one <4,1,1>, <2,2,1> with two and <1,4,1> with four, every pipeline recomputing in `mode`; each plan `repeats`
-    times in a row (the first warms the allocator up)."""
+    times in a row, all but the last warming the allocator up with micro-batches `warm` times as long (what stays
+    allocated across steps, the optimizer state and LNK's buffers, is made by any step of the same layout)."""
     from hydraplan.store.profiles import load_profile
 
-    ml = {s.key[:2]: int(s.max_len * fraction) for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
-    a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
-    chosen = [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
-              ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),
-              ("TP4", [(4, 1, [0, 1, 2, 3], [[ml[(4, 1)]]])]),
-              ("TP2xPP2", [(2, 2, [0, 1, 2, 3], [[ml[(2, 2)]]] * 2)]),
-              ("PP4", [(1, 4, [0, 1, 2, 3], [[ml[(1, 4)]]] * 4)])][:layouts]
+    def layouts_at(f: float) -> list[tuple[str, list]]:
+        ml = {s.key[:2]: int(s.max_len * f) for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
+        a, b, c = ml[(2, 1)], ml[(1, 2)], ml[(1, 1)]
+        return [("TPxPP", [(2, 1, [0, 1], [[a]]), (1, 2, [2, 3], [[b], [b]])]),
+                ("DP", [(1, 1, [k], [[c]]) for k in range(4)]),
+                ("TP4", [(4, 1, [0, 1, 2, 3], [[ml[(4, 1)]]])]),
+                ("TP2xPP2", [(2, 2, [0, 1, 2, 3], [[ml[(2, 2)]]] * 2)]),
+                ("PP4", [(1, 4, [0, 1, 2, 3], [[ml[(1, 4)]]] * 4)])][:layouts]
+
     plans = []
-    for name, pipes in chosen:
-        for _ in range(repeats):
+    for (name, pipes), (_, warm_pipes) in zip(layouts_at(fraction), layouts_at(fraction * warm), strict=True):
+        for k in range(repeats):
             it = len(plans)
-            plan = make_plan(it, name, pipes, first_id=100 * it)
+            plan = make_plan(it, name, pipes if k == repeats - 1 else warm_pipes, first_id=100 * it)
             for p in plan.pipelines:
                 p.recompute = mode
             plans.append(plan)

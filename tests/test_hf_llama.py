@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from helpers import free_port, make_plan
+from ranks import spawn
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.hfconfig import model_spec, parse_hf_config
@@ -252,8 +252,7 @@ def test_four_ranks_with_tp_pp_and_cp_match_transformers(saved, tmp_path):
     from hf_replay_worker import replay_gradients
 
     folder, model = saved
-    mp.spawn(replay_gradients, args=(4, free_port(), str(folder), plans_tp_pp(), str(tmp_path / "out.pt")), nprocs=4,
-             join=True)
+    spawn(replay_gradients, (4, free_port(), str(folder), plans_tp_pp(), str(tmp_path / "out.pt")), 4)
     results = torch.load(tmp_path / "out.pt", weights_only=True)
     data = TokenData(128)
     cfg = hf.read_config(folder)[0]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
+from ranks import spawn
 
 from hydraplan.runtime import lnk, lnk_streams
 from hydraplan.runtime.groups import exit_process
@@ -359,7 +359,7 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.slow
 def test_pull_and_push_over_gloo_match_slicing_and_collectives():
-    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)
+    spawn(_worker, (4, free_port()), 4)
 
 
 def _stream_worker(rank: int, world: int, port: int) -> None:
@@ -417,4 +417,4 @@ def _stream_worker(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.slow
 def test_overlapped_streams_are_exact_and_bounded_over_gloo():
-    mp.spawn(_stream_worker, args=(4, free_port()), nprocs=4, join=True)
+    spawn(_stream_worker, (4, free_port()), 4)

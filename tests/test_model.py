@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import free_port, init_gloo
+from ranks import spawn
 
 from hydraplan.runtime.batches import IGNORE, TokenData
 from hydraplan.runtime.groups import exit_process
@@ -180,4 +180,4 @@ def test_tensor_parallel_model_equals_single_device_model():
     """Loss and every shard's gradient with TP=2 and sequence parallelism (MHA and GQA; no, selective and
     full recomputation) match the unsharded model in fp64 (a norm weight's as the sum of the TP ranks' parts); a
     stage hands on its TP rank's rows only."""
-    mp.spawn(_tp_worker, args=(2, free_port()), nprocs=2, join=True)
+    spawn(_tp_worker, (2, free_port()), 2)

@@ -5,10 +5,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import free_port
+from ranks import launch, run_ranks
 
 from hydraplan.app.config import PackConfig
 from hydraplan.app.pack import run_pack
@@ -32,7 +34,10 @@ def _pack(tmp: Path, args: list[str], iterations: int) -> list:
 
 
 def _torchrun(args: list[str], nproc: int = 4, nodes: int = 1) -> list[subprocess.CompletedProcess]:
-    """run_plan under `nodes` torchrun agents of `nproc / nodes` ranks each (on this machine), all at once."""
+    """run_plan under `nodes` torchrun agents of `nproc / nodes` ranks each (on this machine), all at once; one node's
+    ranks forked as torchrun would start them (tests/ranks.py)."""
+    if nodes == 1:
+        return [launch(nproc, [*args, "--timeout-s", "60"], timeout=300)]
     port, env = free_port(), dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc // nodes)]
     if nodes > 1:
@@ -154,18 +159,11 @@ def test_a_plan_the_job_cannot_train_stops_every_rank_with_one_line(tmp_path):
     rng = np.random.default_rng(0)
     pq.write_table(pa.table({"input_ids": [rng.integers(0, 500, n).tolist() for n in rng.integers(20, 200, 300)]}),
                    tmp_path / "tokens.parquet")
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--profile", "cpu-tiny", "--dataset", str(tmp_path / "tokens.parquet"),
-             "--tokens-per-iter", "600", "--iterations", "6", "--planners-per-node", "1", "--timeout-s", "60"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for rank, (proc, (_, err)) in enumerate(zip(procs, _communicate(procs, 240, "a rank hung instead of exiting"))):
-        lines = [line for line in err.splitlines() if line.startswith("run_plan:")]
-        assert proc.returncode == 2 and len(lines) == (rank == 0) and all("vocab" in line for line in lines), err
+    args = ["--profile", "cpu-tiny", "--dataset", str(tmp_path / "tokens.parquet"), "--tokens-per-iter", "600",
+            "--iterations", "6", "--planners-per-node", "1", "--timeout-s", "60"]
+    for r in run_ranks(2, args):  # a rank that hangs instead of exiting fails the test at the timeout
+        lines = [line for line in r.stderr.splitlines() if line.startswith("run_plan:")]
+        assert r.returncode == 2 and len(lines) == (r.rank == 0) and all("vocab" in line for line in lines), r.stderr
 
 
 @pytest.mark.slow
@@ -173,24 +171,11 @@ def test_an_error_while_planning_and_training_is_one_line_naming_the_plan_source
     """HYDRAPLAN_INJECT_FAULT=comm@1:1 while the job plans its own iterations: one line naming rank 1,
     iteration 1 and where its plan came from (the planning node), no traceback, every rank exits 1, the
     planning rank's planner processes with it."""
-    import time
-
-    port, procs = str(free_port()), []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1", HYDRAPLAN_INJECT_FAULT="comm@1:1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), *TINY, "--iterations", "3", "--planners-per-node",
-                                       "1", "--timeout-s", "300"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    t0, outs = time.monotonic(), []
-    for proc in procs:
-        try:
-            outs.append(proc.communicate(timeout=240))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("a rank hung instead of exiting")
-    assert time.monotonic() - t0 < 240 and [p.returncode for p in procs] == [1, 1]
+    t0 = time.monotonic()
+    res = run_ranks(2, [*TINY, "--iterations", "3", "--planners-per-node", "1", "--timeout-s", "300"],
+                    env=dict(os.environ, HYDRAPLAN_INJECT_FAULT="comm@1:1"))
+    outs = [(r.stdout, r.stderr) for r in res]
+    assert time.monotonic() - t0 < 240 and [r.returncode for r in res] == [1, 1]
     lines = [line for _, err in outs for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in "".join(err for _, err in outs), lines
     assert lines[0].startswith("run_plan: rank 1 on ") and "iteration 1 (planned on node 0)" in lines[0] \

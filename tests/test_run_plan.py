@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import MEMORY_LINE, cpu_env, free_port, make_plan, memory_plans, overlap_plans
 from overlap_worker import record as record_overlap
+from ranks import launch, run_ranks, spawn
 from torch._dynamo.utils import counters
 
 from hydraplan.core.errors import UserError
@@ -263,22 +261,9 @@ def test_unreadable_plan_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------ multi-process runs
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run with a hard timeout that kills the whole process group, so a hang fails instead of blocking CI."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd} timed out after {timeout}s\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
-           str(SCRIPT), *args, "--timeout-s", "60"]
-    return _run(cmd, cpu_env(), timeout)
+    """run_plan on `nproc` ranks as torchrun starts it (tests/ranks.py: forked from a preloaded server)."""
+    return launch(nproc, [*args, "--timeout-s", "60"], timeout=timeout)
 
 
 def _replay_verified(folder: Path, plans: list[Plan], ranks: int = 4) -> tuple[str, list[float]]:
@@ -466,22 +451,10 @@ def test_every_rank_exits_2_with_one_line(tmp_path, plan, message):
     """Two ranks launched directly (not via torchrun) so each one's own exit code is visible; the error every rank
     has is printed once, by rank 0."""
     write_model(tmp_path / "plan.json", plan)
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = cpu_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([PY, str(SCRIPT), str(tmp_path / "plan.json"), "--timeout-s", "30"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                os.killpg(p.pid, signal.SIGKILL)
-            pytest.fail("a rank hung instead of exiting")
-        assert proc.returncode == 2, err
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert len(lines) == (rank == 0) and all(message in line for line in lines), err
+    for r in run_ranks(2, [str(tmp_path / "plan.json"), "--timeout-s", "30"], timeout=120):
+        assert r.returncode == 2, r.stderr
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == (r.rank == 0) and all(message in line for line in lines), r.stderr
 
 
 @pytest.mark.slow
@@ -518,8 +491,7 @@ def test_pull_and_push_overlap_the_compute_layer_by_layer(tmp_path, overlap):
     micro-batch began (per layer, during the last backward; an 8-layer model, so several layers of compute
     lie between the compared events). With --no-overlap, every pull is waited for before the propagation
     and every push posted after it. DP, TP, PP and DP iterations on 4 gloo ranks."""
-    mp.spawn(record_overlap, args=(4, free_port(), overlap_plans(), overlap, str(tmp_path / "events.pt")), nprocs=4,
-             join=True)
+    spawn(record_overlap, (4, free_port(), overlap_plans(), overlap, str(tmp_path / "events.pt")), 4)
     results = torch.load(tmp_path / "events.pt", weights_only=False)
     checked = 0
     for plan, ranks in zip(overlap_plans(), results, strict=True):
@@ -543,6 +515,7 @@ def test_pull_and_push_overlap_the_compute_layer_by_layer(tmp_path, overlap):
 
 STALE_PROFILE_LOW = 0.8
 HALF = 0.5  # of MaxLen: the micro-batches of the peak-memory test
+WARM = 0.125  # of those: the warm-up step's
 
 
 @pytest.mark.slow
@@ -555,7 +528,7 @@ def test_peak_memory_per_rank_is_the_profiles_model_within_ten_percent(tmp_path,
     backward). Half of MaxLen: the activations are still 95% of the model there (fixed bytes are under 1 MiB of
     32), at a quarter of the attention's CPU time; `python -m bench memory` replays them at MaxLen itself."""
     ml = {s.key[:2]: int(s.max_len * HALF) for s in load_profile("cpu-tiny").schemes if s.recompute == mode}
-    for p in memory_plans(mode=mode, fraction=HALF):
+    for p in memory_plans(mode=mode, fraction=HALF, warm=WARM):
         write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
     res = _torchrun(4, str(tmp_path), "--memory", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -574,31 +547,14 @@ def test_an_error_in_training_is_one_line_and_ends_every_rank(tmp_path):
     """HYDRAPLAN_INJECT_FAULT=oom@1:2 on 4 ranks replaying 4 plans, each rank launched on its own (no torchrun to
     stop the others): the job prints one line naming rank 1, iteration 2 and the plan file, no traceback, and
     every rank is gone within 30 s of the failure (the others were blocked in collectives of iteration 2)."""
-    import time
-
     plans = [make_plan(i, "S", [(1, 1, [r], [[6, 4]]) for r in range(4)], first_id=10 * i) for i in range(4)]
     for p in plans:
         write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
-    port = str(free_port())
-    procs = [subprocess.Popen([PY, str(SCRIPT), str(tmp_path), "--timeout-s", "300"],
-                              env=cpu_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
-                                          MASTER_PORT=port, HYDRAPLAN_INJECT_FAULT="oom@1:2"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for r in range(4)]
-    ended: dict[int, float] = {}
-    deadline = time.monotonic() + 240
-    while len(ended) < 4 and time.monotonic() < deadline:
-        for r, p in enumerate(procs):
-            if r not in ended and p.poll() is not None:
-                ended[r] = time.monotonic()
-        time.sleep(0.05)
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    outs = [p.communicate() for p in procs]
-    assert len(ended) == 4, f"ranks {sorted(set(range(4)) - set(ended))} still running"
+    res = run_ranks(4, [str(tmp_path), "--timeout-s", "300"], env=cpu_env(HYDRAPLAN_INJECT_FAULT="oom@1:2"))
+    ended = {r.rank: r.ended for r in res}
+    outs = [(r.stdout, r.stderr) for r in res]
     assert max(ended.values()) - ended[1] <= 30
-    assert all(p.returncode == 1 for p in procs), [p.returncode for p in procs]
+    assert all(r.returncode == 1 for r in res), [r.returncode for r in res]
     lines = [line for _, err in outs for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, lines
     (line,) = lines
