@@ -4,17 +4,12 @@ prediction, plan checks, and a real torchrun replay of a Seq1F1B plan with --ver
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_env
+from ranks import launch
 
 from hydraplan.core.errors import UserError
 from hydraplan.core.schedules import check_schedule, schedule_seq1f1b
@@ -25,7 +20,6 @@ from hydraplan.runtime.seq1f1b import Seq1F1BStage, cached_attention, check_spli
 from hydraplan.schema import BatchSeq, Estimate, MicroBatch, Plan, PlanPipeline
 from hydraplan.solve.seqsplit import computation_splits
 from hydraplan.store.fileio import write_model
-from hydraplan.store.paths import ROOT
 
 TINY = CONFIGS["tiny"]
 DT = torch.float64
@@ -234,29 +228,11 @@ def test_check_splits_accepts_planner_splits():
     check_splits(plan, "p.json")
 
 
-# ----------------------------------------------------------------------------------------- torchrun
-def torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """runtime/run_plan.py under torchrun, its process group killed on timeout so a hang fails the test."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
-           str(ROOT / "runtime" / "run_plan.py"), *args, "--timeout-s", "60"]
-    proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun timed out after {timeout}s\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
+# ----------------------------------------------------------------------------------------- four ranks
 @pytest.mark.slow
-def test_torchrun_replays_seq1f1b_plans_exactly(tmp_path):
-    """4 ranks: Seq1F1B on <1,4,1> with K = 3; two <1,2,1> with K = 2 and 4; <2,2,1> (TP inside the
-    stages); Seq1F1B next to a plain 1F1B pipeline."""
+def test_four_ranks_replay_seq1f1b_plans_exactly(tmp_path):
+    """run_plan on 4 ranks (as torchrun starts them: tests/ranks.py): Seq1F1B on <1,4,1> with K = 3; two <1,2,1>
+    with K = 2 and 4; <2,2,1> (TP inside the stages); Seq1F1B next to a plain 1F1B pipeline."""
     plans = [
         make_plan(0, [(1, 4, [0, 1, 2, 3], [[7, 5, 9], [12, 4], [6, 6, 3], [10, 1], [5, 13]])],
                   splits=[[[0, 10, 15, 21], [0, 6, 11, 16], [0, 7, 12, 15], [0, 5, 8, 11], [0, 7, 13, 18]]]),
@@ -269,7 +245,7 @@ def test_torchrun_replays_seq1f1b_plans_exactly(tmp_path):
     ]
     for p in plans:
         write_model(tmp_path / f"iter_{p.iteration:06d}.json", p)
-    res = torchrun(4, str(tmp_path), "--dtype", "fp64", "--verify")
+    res = launch(4, [str(tmp_path), "--dtype", "fp64", "--verify", "--timeout-s", "60"])
     assert res.returncode == 0, res.stdout + res.stderr
     diffs = [float(x) for x in re.findall(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", res.stdout, re.M)]
     assert len(diffs) == 4 and max(diffs) <= 1e-9
