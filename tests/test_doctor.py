@@ -3,13 +3,9 @@ fails, exit 1 naming the check, when a backend or the runtime is broken on purpo
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from helpers import cpu_env
-
-HYDRAPLAN = str(Path(sys.executable).with_name("hydraplan"))
+from helpers import hp
 
 # Loaded at interpreter start (PYTHONPATH) in every rank: once hydraplan.runtime.attention is imported, its exact
 # backend returns attention 0.1% too large -- a kernel that is slightly wrong, as a bad build would be.
@@ -37,8 +33,8 @@ sys.meta_path.insert(0, _Break())
 
 
 def doctor(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
-    res = subprocess.run([HYDRAPLAN, "doctor", "--json", *args], capture_output=True, text=True, timeout=900,
-                         env=cpu_env(**env))
+    """`hydraplan doctor --json ARGS` in this process (its ranks are the processes it launches), GPUs hidden."""
+    res = hp("doctor", "--json", "--device", "cpu", *args, env={"CUDA_VISIBLE_DEVICES": "", **env})
     return res, json.loads(res.stdout)
 
 
