@@ -21,7 +21,7 @@ def doctor(
                                             f"(of {', '.join(CHECKS)}; default: all)"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="give up on the runtime job after this long"),
     quick: bool = typer.Option(False, "--quick", help="the activations check at a 256-token micro-batch instead of "
-                               "2,048: a layer keeps the same bytes per token at any length, in an eighth of the time"),
+                               "2,048: a layer keeps the same bytes per token at any length, with an eighth of the matmuls"),
     json_out: bool = json_option("print the environment and every check's result as JSON"),
 ) -> None:
     """Check this machine for training with hydraplan's runtime: report torch, CUDA, NCCL and the attention
