@@ -1,6 +1,6 @@
 """`hydraplan doctor`'s runtime side: what a new cluster must get right before a real run, checked on its devices.
 
-    torchrun --nproc-per-node N runtime/doctor.py --out result.json [--checks attention,collectives,replay,memory]
+    torchrun --nproc-per-node N runtime/doctor.py --out result.json [--checks attention,collectives,replay,memory] [--quick]
 
 (`hydraplan doctor` launches it and prints the table.) Every rank runs every check; a check passes when it passes
 on every rank, and its detail is the first failing rank's one line. On a machine without GPUs it runs the same
@@ -19,7 +19,8 @@ on CPU with gloo.
   MEMORY_SLACK. The model is the measured cpu-tiny profile's on CPU; on CUDA an analytic one of the tiny model
   (hydraplan.core.analytic) without its NCCL term, which torch's allocator does not see;
 - activations: what one decoder layer of the analytic profiles' model (LLaMA-2 7B: hidden, heads, FFN) keeps for
-  its backward per token in bf16, at ACTIVATION_TOKENS tokens, without, with selective and with full
+  its backward per token in bf16, at ACTIVATION_TOKENS tokens (QUICK_ACTIVATION_TOKENS with --quick: a layer keeps
+  the same bytes per token at any length, so only the run time differs), without, with selective and with full
   recomputation at TP 1 and TP 2 with SP (runtime/saved.py; the cases shared out over the ranks), against the
   memory model's per-token term: it fails when a layer keeps more than the model charges (beyond the
   statistics the model leaves out) or less than saved.MIN_SHARE of it.
@@ -63,6 +64,7 @@ MEMORY_SLACK = 1.10  # measured / model at most this (the model must not underes
 CUDA_MEMORY_TOKENS = 4096  # the memory check's micro-batch on CUDA, where the tiny model's MaxLen is enormous
 MODEL = "tiny"
 ACTIVATION_TOKENS = 2048  # the activations check's one-document micro-batch
+QUICK_ACTIVATION_TOKENS = 256  # with --quick: bytes per token are the same, an eighth of the matmuls
 
 
 # --------------------------------------------------------------------------------------- attention
@@ -261,11 +263,12 @@ def check_memory(dev: device.Device, dtype_name: str, timeout: timedelta) -> str
     return f"peak / model ({profile.name}) at MaxLen: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
 
 
-def check_activations(dev: device.Device) -> str:
-    """Saved bytes per token of one LLaMA-2 7B layer against the memory model, every (mode, TP) case once."""
+def check_activations(dev: device.Device, tokens: int) -> str:
+    """Saved bytes per token of one LLaMA-2 7B layer at a `tokens`-token micro-batch against the memory model, every
+    (mode, TP) case once."""
     cfg = get_config(saved.PROFILE_MODEL)
     cases = [(mode, tp) for tp in (1, 2) for mode in MODES]
-    mine = [(mode, tp, saved.saved_bytes_per_token(cfg, mode, tp, ACTIVATION_TOKENS, torch.bfloat16, dev.torch))
+    mine = [(mode, tp, saved.saved_bytes_per_token(cfg, mode, tp, tokens, torch.bfloat16, dev.torch))
             for mode, tp in cases[dist.get_rank()::dist.get_world_size()]]
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -277,7 +280,7 @@ def check_activations(dev: device.Device) -> str:
         if not saved.MIN_SHARE * model <= beyond <= model:
             raise AssertionError(f"{mode} recomputation at TP {tp}: a layer keeps {got:,.0f} bytes per token, the model "
                                  f"charges {model:,.0f} (+{got - beyond:,.0f} uncharged statistics)")
-    return f"{saved.PROFILE_MODEL} layer, bytes per token kept / modeled: " + ", ".join(rows)
+    return f"{saved.PROFILE_MODEL} layer at {tokens:,} tokens, bytes per token kept / modeled: " + ", ".join(rows)
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -312,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--checks", default=",".join(CHECKS))
     ap.add_argument("--timeout-s", type=float, default=300.0)
+    ap.add_argument("--quick", action="store_true", help=f"the activations check at {QUICK_ACTIVATION_TOKENS} tokens")
     args = ap.parse_args(argv)
     timeout = timedelta(seconds=args.timeout_s)
     dev = device.pick()
@@ -325,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
              ("collectives", lambda: check_collectives(dev, timeout), False),
              ("replay", lambda: check_replays(dev, dtype_name, timeout), False),
              ("memory", lambda: check_memory(dev, dtype_name, timeout), False),
-             ("activations", lambda: check_activations(dev), False)]
+             ("activations", lambda: check_activations(dev, QUICK_ACTIVATION_TOKENS if args.quick else ACTIVATION_TOKENS),
+              False)]
     for name, fn, local in steps:
         if name not in todo:
             continue

@@ -1,5 +1,5 @@
 """hydraplan.loader hands each rank exactly its pipeline's micro-batches; examples/fsdp2_train.py (FSDP2
-over 4 gloo ranks, fed by Planner + loader) trains exactly like one process on the whole global batch."""
+over 3 gloo ranks, fed by Planner + loader) trains exactly like one process on the whole global batch."""
 
 import os
 import re
@@ -110,17 +110,19 @@ def single_process(plans: list[Plan], dataset, optimizer: str, lr: float) -> tor
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, tokens_per_iter", [
-    ("sgd", 2000),   # SGD: any error in the loss scale or the gradient sum shows in the parameters
+    ("sgd", 1500),   # SGD: any error in the loss scale or the gradient sum shows in the parameters
     ("adamw", 400),  # a few documents per batch: some ranks have no micro-batch
 ])
 def test_fsdp2_example_equals_single_process_training(tmp_path, tokens_file, optimizer, tokens_per_iter):
+    """3 ranks: a rank's share of the summed gradients, unequal micro-batch counts and idle ranks as on any N, and
+    the tiny model's parameters do not split evenly over 3 (FSDP2 pads the shards), one process less than 4."""
     lr = 0.5 if optimizer == "sgd" else 1e-2
     # cpu-tiny's <1,1,1> with MaxLen = the 512-token context: each rank's ~500 tokens need one or two
     # micro-batches whatever cpu-tiny's measured MaxLen is today
     prof = load_profile("cpu-tiny")
     one = prof.scheme(1, 1, 1).model_copy(update={"max_len": 512})
     write_model(tmp_path / "small.json", prof.model_copy(update={"name": "small", "schemes": [one]}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
            str(EXAMPLE), "--dataset", str(tokens_file), "--iterations", "2", "--tokens-per-iter", str(tokens_per_iter),
            "--profile", str(tmp_path / "small.json"),
            "--dtype", "fp64", "--optimizer", optimizer, "--lr", str(lr),
@@ -129,7 +131,7 @@ def test_fsdp2_example_equals_single_process_training(tmp_path, tokens_file, opt
                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
     assert res.returncode == 0, res.stderr[-2000:]
     plans = [load_model(Plan, f) for f in sorted((tmp_path / "plans").glob("iter_*.json"))]
-    assert len(plans) == 2 and all(len(p.pipelines) == 4 for p in plans)
+    assert len(plans) == 2 and all(len(p.pipelines) == 3 for p in plans)
     counts = [len(p.micro_batches) for plan in plans for p in plan.pipelines]
     if optimizer == "sgd":
         assert max(counts) > 1 and len(set(counts)) > 1  # gradient accumulation over unequal micro-batch counts

@@ -338,14 +338,24 @@ def test_profile_bad_input_exits_2():
     assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
 
 
-@pytest.mark.slow
-def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
-    out = tmp_path / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--recompute", "none", "--memory-gib", "0.03125",
-                              "--repeats", "2", "--out", str(out), "--json"])
+@pytest.fixture(scope="module")
+def measured_profile(tmp_path_factory) -> tuple[Profile, dict]:
+    """One `hydraplan profile` run for both measuring tests: <1,1,1> and <1,1,2> (each in its own runtime job, as
+    every scheme is) and LNK on 2 ranks, in 32 MiB, one timed run per point (no warm-up run): the asserted
+    properties (MaxLen at the capacity, refits, the fit of the recorded points, longer single sequences slower by
+    ~10x and more, per-CP-rank memory) hold for any timing, so repeats only cost CPU. The profile and the JSON
+    printed."""
+    out = tmp_path_factory.mktemp("measured") / "m.json"
+    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--schemes", "1,1,2", "--recompute", "none", "--gpus", "2",
+                              "--memory-gib", "0.03125", "--warmup", "0", "--repeats", "1", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    prof = load_profile(str(out))
-    assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1, "none")]
+    return load_profile(str(out)), json.loads(res.stdout)
+
+
+@pytest.mark.slow
+def test_profile_measures_one_scheme_and_writes_a_consistent_profile(measured_profile):
+    prof, printed = measured_profile
+    assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1, "none"), (1, 1, 2, "none")]
     s = prof.scheme(1, 1, 1)
     # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 32 MiB,
     # beyond the lengths measured first, so measured again where the first fit put it: the fit is not extrapolated
@@ -360,9 +370,8 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
     fit = fit_micro_batches([p["lengths"] for p in s.measured_points], [p["seconds"] for p in s.measured_points])
     assert (s.time.a, s.time.b, s.time.c) == pytest.approx((fit.a, fit.b, fit.c))
     assert single[-1][1] > single[0][1]  # (a itself may fit to 0 on a loaded machine: timings, not a contract)
-    printed = json.loads(res.stdout)
     assert printed["schemes"][0]["scheme"] == "<1,1,1>" and printed["schemes"][0]["max_len"] == s.max_len
-    # network: LNK pull/push of <1,1> on 4 ranks, fitted to one bandwidth; params: the tiny config's count
+    # network: LNK pull/push of <1,1> on the 2 ranks of --gpus, fitted to one bandwidth; params: the tiny config's count
     from hydraplan.app.measure import model_params
 
     assert has_sync_model(prof) and prof.model.params == model_params("tiny") == printed["params"]
@@ -372,18 +381,14 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_measures_a_context_parallel_scheme(tmp_path):
+def test_profile_measures_a_context_parallel_scheme(measured_profile):
     """<1,1,2>: memory and time on each CP rank's share; MaxLen is set by the tighter CP rank."""
-    out = tmp_path / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1,2", "--memory-gib", "0.015625", "--warmup", "0",
-                              "--repeats", "1", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    prof = load_profile(str(out))
+    prof, _ = measured_profile
     s = prof.scheme(1, 1, 2)
     assert len(s.measured_memory) == 2 and len(s.measured_points) >= 6
     peak = lambda n: max(rank_memory_bytes(prof, s.model_copy(update={"measured_memory": [m]}), m["stage"], 1, n)  # noqa: E731
                          for m in s.measured_memory)
-    assert peak(s.max_len) <= 2**24 < peak(s.max_len + LENGTH_QUANTUM)
+    assert peak(s.max_len) <= 2**25 < peak(s.max_len + LENGTH_QUANTUM)
 
 
 def with_cp(plan: Plan) -> Plan:
@@ -402,7 +407,8 @@ def with_cp(plan: Plan) -> Plan:
 
 @pytest.mark.slow
 def test_profile_check_replays_a_three_iteration_plan(tmp_path):
-    """The third iteration is a <1,2,2> Seq1F1B pipeline with per-document CP shards."""
+    """The third iteration is a <1,2,2> Seq1F1B pipeline with per-document CP shards. One timed run of each plan, no
+    warm-up run: what is asserted (the estimates, every phase recorded and how they add up) holds for any timing."""
     prof = tiny_profile()
     prof.schemes.append(Scheme(tp=1, pp=2, cp=2, max_len=4096, util_len=64, time=prof.schemes[0].time))
     write_model(tmp_path / "p.json", prof)
@@ -416,7 +422,7 @@ def test_profile_check_replays_a_three_iteration_plan(tmp_path):
     # as a logged job runs it (the installed command; HYDRAPLAN_PROGRESS_EVERY_S is read at start-up): stderr no
     # terminal, so a progress line names what is being replayed
     res = subprocess.run([str(Path(sys.executable).parent / "hydraplan"), "profile", "--check", str(run), "--profile",
-                          str(tmp_path / "p.json"), "--repeats", "1", "--json"], capture_output=True, text=True,
+                          str(tmp_path / "p.json"), "--warmup", "0", "--repeats", "1", "--json"], capture_output=True, text=True,
                          env={**os.environ, "HYDRAPLAN_PROGRESS_EVERY_S": "0.5"}, timeout=600)
     assert res.returncode == 0, res.stderr
     assert f"replaying {run} in the runtime" in res.stderr

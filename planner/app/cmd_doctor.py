@@ -20,6 +20,8 @@ def doctor(
     checks: list[str] | None = typer.Option(None, "--check", help=f"run only this check; repeat for several "
                                             f"(of {', '.join(CHECKS)}; default: all)"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="give up on the runtime job after this long"),
+    quick: bool = typer.Option(False, "--quick", help="the activations check at a 256-token micro-batch instead of "
+                               "2,048: a layer keeps the same bytes per token at any length, with an eighth of the matmuls"),
     json_out: bool = json_option("print the environment and every check's result as JSON"),
 ) -> None:
     """Check this machine for training with hydraplan's runtime: report torch, CUDA, NCCL and the attention
@@ -47,7 +49,8 @@ def doctor(
         raise UserError("--device cuda: no CUDA device is visible")
     n = ranks or (torch.cuda.device_count() if device == "cuda" else 4)
     with console.status(f"running the doctor's checks on {n} {device} ranks"):
-        res = launch_runtime(MODULE, ["--checks", ",".join(todo), "--timeout-s", str(timeout_s)], n, device, timeout_s)
+        args = ["--checks", ",".join(todo), "--timeout-s", str(timeout_s), *(["--quick"] if quick else [])]
+        res = launch_runtime(MODULE, args, n, device, timeout_s)
     report = res.result or {"environment": {}, "checks": []}
     done = {c["check"] for c in report["checks"]}
     if res.returncode != 0:  # the job ended early: the check that was running failed, with the job's one line
