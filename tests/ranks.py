@@ -13,6 +13,7 @@ tests of the torchrun command itself (the docs' example, faults, two nodes) stil
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -61,10 +62,20 @@ def _rank(module: str, argv: list[str], env: dict[str, str], out: str, err: str)
         os.dup2(target, fd)
         os.close(target)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    code = importlib.import_module(module).main(argv)
+    code = _load(module).main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
+
+
+def _load(module: str):
+    """A module by name, or a script (examples/*.py) by its path, imported under its file's name."""
+    if not module.endswith(".py"):
+        return importlib.import_module(module)
+    spec = importlib.util.spec_from_file_location(Path(module).stem, module)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def free_port() -> int:
@@ -85,10 +96,11 @@ class RankResult:
 def run_ranks(nproc: int, argv: list[str], *, module: str = RUN_PLAN, env: dict[str, str] | None = None,
               timeout: float = 240, torchrun: bool = False, port: int | None = None,
               grace: float = 30) -> list[RankResult]:
-    """`module`.main(argv) on `nproc` ranks of one node, all at once. Without `torchrun` the ranks are a job of their
-    own (RANK, WORLD_SIZE, MASTER_ADDR/PORT; rank 0 hosts the store) left to end by themselves; with it they get
-    torchrun's environment, this process hosts the store as the agent does, and a failing rank stops the others
-    (SIGTERM, SIGKILL after `grace` s). Past `timeout` every rank is killed and the test fails."""
+    """`module`.main(argv) (a module's name or a script's path) on `nproc` ranks of one node, all at once.
+    Without `torchrun` the ranks are a job of their own (RANK, WORLD_SIZE, MASTER_ADDR/PORT; rank 0 hosts the
+    store) left to end by themselves; with it they get torchrun's environment, this process hosts the store as
+    the agent does, and a failing rank stops the others (SIGTERM, SIGKILL after `grace` s). Past `timeout` every
+    rank is killed and the test fails."""
     import pytest
 
     ctx = _context()

@@ -1,7 +1,6 @@
 """hydraplan.loader hands each rank exactly its pipeline's micro-batches; examples/fsdp2_train.py (FSDP2
 over 3 gloo ranks, fed by Planner + loader) trains exactly like one process on the whole global batch."""
 
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import cpu_env, free_port
+from ranks import launch
 
 from hydraplan import Planner
 from hydraplan.core.errors import UserError
@@ -122,13 +122,10 @@ def test_fsdp2_example_equals_single_process_training(tmp_path, tokens_file, opt
     prof = load_profile("cpu-tiny")
     one = prof.scheme(1, 1, 1).model_copy(update={"max_len": 512})
     write_model(tmp_path / "small.json", prof.model_copy(update={"name": "small", "schemes": [one]}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(free_port()),
-           str(EXAMPLE), "--dataset", str(tokens_file), "--iterations", "2", "--tokens-per-iter", str(tokens_per_iter),
-           "--profile", str(tmp_path / "small.json"),
-           "--dtype", "fp64", "--optimizer", optimizer, "--lr", str(lr),
-           "--save-plans", str(tmp_path / "plans"), "--out", str(tmp_path / "params.pt")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    res = launch(3, ["--dataset", str(tokens_file), "--iterations", "2", "--tokens-per-iter", str(tokens_per_iter),
+                     "--profile", str(tmp_path / "small.json"), "--dtype", "fp64", "--optimizer", optimizer,
+                     "--lr", str(lr), "--save-plans", str(tmp_path / "plans"), "--out", str(tmp_path / "params.pt")],
+                 module=str(EXAMPLE), timeout=600)  # its ranks as torchrun starts them (tests/ranks.py)
     assert res.returncode == 0, res.stderr[-2000:]
     plans = [load_model(Plan, f) for f in sorted((tmp_path / "plans").glob("iter_*.json"))]
     assert len(plans) == 2 and all(len(p.pipelines) == 3 for p in plans)
