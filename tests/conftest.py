@@ -1,4 +1,4 @@
-"""Fixtures shared by the solver tests; and GPUs hidden from the whole session. Other shared code is in
+"""Fixtures shared by the solver and runtime tests; and GPUs hidden from the whole session. Other shared code is in
 helpers.py, imported one way (`from helpers import ...`), as the worker scripts the runtime tests launch do."""
 
 import os
@@ -12,6 +12,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # torch when it first loads inductor's config; set here, before any test imports torch, not patched in its config
 # (a patch undone by unittest.mock hides the setting for the rest of the process).
 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+# One compute thread per test process, as in every rank the tests launch: `make test`'s two xdist workers (and the
+# ranks they start) already fill the 2 cores, and OpenMP threads of one process that wait for a core spin on it.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture
@@ -33,6 +36,17 @@ def cpsat_calls(monkeypatch):
     monkeypatch.setattr(cp_model.CpSolver, "solve", spy)
     packing._pack_sorted.cache_clear()
     return calls
+
+
+@pytest.fixture
+def forked_runtime(monkeypatch):
+    """`hydraplan profile` and `hydraplan doctor` with their runtime jobs' ranks forked (tests/ranks.py), for the
+    tests whose subject is the job and not its launch."""
+    import ranks
+
+    from hydraplan.app import measure
+
+    monkeypatch.setattr(measure, "launch_runtime", ranks.launch_runtime)
 
 
 def pytest_collection_modifyitems(items):

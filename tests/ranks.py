@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -26,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hydraplan.runtime.run_plan"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hydraplan.runtime.run_plan", "hydraplan.runtime.profile",
+           "hydraplan.runtime.doctor"]
 RUN_PLAN = "hydraplan.runtime.run_plan"
 _CONTEXT: multiprocessing.context.ForkServerContext | None = None
 
@@ -168,3 +170,22 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
 
     _context()
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def launch_runtime(module: str, args: list[str], ranks: int, device: str, timeout_s: float):
+    """hydraplan.app.measure.launch_runtime (what `hydraplan profile` and `hydraplan doctor` run their runtime jobs
+    with) with the ranks forked here: patched in by the tests whose subject is the job, not its launch (those of
+    the launch itself, its failures and torchrun's output, keep the real one)."""
+    from hydraplan.app.measure import Launch
+
+    assert device == "cpu", "the tests run the runtime on CPU"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        argv = [*args, "--out", str(out)]
+        if ranks > 1:
+            res = launch(ranks, argv, module=module, timeout=timeout_s)
+            code, err = res.returncode, res.stderr
+        else:
+            (one,) = run_ranks(1, argv, module=module, timeout=timeout_s)
+            code, err = one.returncode, one.stderr
+        return Launch(code, json.loads(out.read_text()) if out.exists() else None, err)

@@ -39,10 +39,11 @@ def doctor(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 
 @pytest.mark.slow
-def test_doctor_passes_on_cpu_with_four_gloo_ranks():
-    """Every check, with --quick: the activations check at 256 tokens instead of 2,048, where a layer keeps the same
-    bytes per token (linear in the tokens; tests/test_saved.py measures at 64), so one keeping more or less than the
-    model charges still fails it, in an eighth of the matmuls."""
+def test_doctor_passes_on_cpu_with_four_gloo_ranks(forked_runtime):
+    """Every check, its 4 ranks forked as tests/ranks.py does (the next test launches them with torchrun), with
+    --quick: the activations check at 256 tokens instead of 2,048, where a layer keeps the same bytes per token
+    (linear in the tokens; tests/test_saved.py measures at 64), so one keeping more or less than the model charges
+    still fails it, in an eighth of the matmuls."""
     res, report = doctor("--quick")
     assert res.returncode == 0, res.stdout + res.stderr
     env = report["environment"]

@@ -345,9 +345,16 @@ def measured_profile(tmp_path_factory) -> tuple[Profile, dict]:
     properties (MaxLen at the capacity, refits, the fit of the recorded points, longer single sequences slower by
     ~10x and more, per-CP-rank memory) hold for any timing, so repeats only cost CPU. The profile and the JSON
     printed."""
+    import ranks
+
+    from hydraplan.app import measure
+
     out = tmp_path_factory.mktemp("measured") / "m.json"
-    res = runner.invoke(app, ["profile", "--schemes", "1,1", "--schemes", "1,1,2", "--recompute", "none", "--gpus", "2",
-                              "--memory-gib", "0.03125", "--warmup", "0", "--repeats", "1", "--out", str(out), "--json"])
+    with pytest.MonkeyPatch.context() as patch:  # its runtime jobs' ranks forked (tests/ranks.py)
+        patch.setattr(measure, "launch_runtime", ranks.launch_runtime)
+        res = runner.invoke(app, ["profile", "--schemes", "1,1", "--schemes", "1,1,2", "--recompute", "none", "--gpus",
+                                  "2", "--memory-gib", "0.03125", "--warmup", "0", "--repeats", "1", "--out", str(out),
+                                  "--json"])
     assert res.exit_code == 0, res.output
     return load_profile(str(out)), json.loads(res.stdout)
 
