@@ -36,7 +36,6 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
-import gc
 import json
 import platform
 from collections.abc import Callable
@@ -48,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hydraplan.core.schema import GPUInfo, Plan, Profile, Scheme, TimeCoeffs
-from hydraplan.runtime import attention, device, faults, saved
+from hydraplan.runtime import attention, device, faults, memstats, saved
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import warm_up
 from hydraplan.runtime.memstats import map_large_allocations
@@ -250,7 +249,7 @@ def check_memory(dev: device.Device, dtype_name: str, timeout: timedelta) -> str
         plan = build_plan(10 + k, name, world, pipes, 1000 * (k + 1))
         for _ in range(2):
             held = replayer.master.held_bytes()
-            gc.collect()
+            memstats.collect()
             dist.barrier()
             with dev.peak_memory() as reading:
                 replayer.step(plan)

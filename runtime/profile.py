@@ -51,7 +51,6 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -68,7 +67,7 @@ from hydraplan.core.memory import MEMORY_LENGTHS, StageMemory, lnk_terms, scheme
 from hydraplan.core.schedules import schedule_seq1f1b, simulate
 from hydraplan.core.schema import BatchSeq, Estimate, MicroBatch, ModelInfo, Plan, PlanPipeline
 from hydraplan.runtime import device as devices
-from hydraplan.runtime import faults, hf, lnk, lnk_streams
+from hydraplan.runtime import faults, hf, lnk, lnk_streams, memstats
 from hydraplan.runtime.batches import PackedBatch, TokenData
 from hydraplan.runtime.context_parallel import CPShards
 from hydraplan.runtime.device import DTYPES, Device
@@ -148,7 +147,7 @@ def held_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp:
     layers keep, and its output), plus its input, which the executor keeps for the backward. Counted on the heap,
     not through saved-tensor hooks, because a recomputed layer keeps its input outside them. Collective over TP
     and CP."""
-    gc.collect()
+    memstats.collect()
     dist.barrier()
     start = dev.memory_in_use()
     y = module(x, _replay_batch(mb, cp))
@@ -163,7 +162,7 @@ def peak_bytes(module: StageModule, x: torch.Tensor | None, mb: PackedBatch, cp:
     (fixed bytes count them), plus its input: the executor holds the received activations from before the forward
     to the end of the backward, as held_bytes counts them for a waiting micro-batch. Collective over TP and CP."""
     module.zero_grad(set_to_none=True)
-    gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+    memstats.collect()
     dist.barrier()
     with dev.peak_memory() as reading:
         y = module(x, _replay_batch(mb, cp))

@@ -44,7 +44,6 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse
-import gc
 import os
 import threading
 import time
@@ -60,7 +59,7 @@ from hydraplan.core.options import add_flags, options
 from hydraplan.core.schema import Plan, scheme_label
 from hydraplan.job.config import build
 from hydraplan.job.planrun import PlanRun
-from hydraplan.runtime import checkpoint, device, faults, hf, kernels, liveness, online
+from hydraplan.runtime import checkpoint, device, faults, hf, kernels, liveness, memstats, online
 from hydraplan.runtime.attention import choice_for
 from hydraplan.runtime.batches import TokenData
 from hydraplan.runtime.groups import RankSet, plan_groups, warm_up
@@ -176,10 +175,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
     worst, last = (0.0, 0.0, 1.0), (done if done is not None else -1)  # (diff / tolerance, diff, tolerance)
     ahead = _SetupAhead(replayer, [] if config.memory else plans)  # --memory: no host work of the next plan inside
     if config.memory:
-        # what is alive now (torch's and the runtime's modules, the model) is left out of the per-step collections
-        # below: a full pass over it costs ~0.5 CPU s a step, most of a small step's time
-        gc.collect()
-        gc.freeze()
+        memstats.collect()  # set up: what is alive now is left out of the per-step collections below
     ahead.start(0)
     for i, plan in enumerate(plans):
         ahead.join()
@@ -190,7 +186,7 @@ def _train(cfg: ModelConfig, data: TokenData, plans: Collection[Plan], groups: l
             verifier.before()
         if config.memory:
             held = replayer.master.held_bytes()  # persistent between steps: master shard and AdamW state
-            gc.collect()  # buffers of earlier collectives are freed now, not inside the measured window
+            memstats.collect()
             dist.barrier()
             with dev.peak_memory() as peak:
                 st = replayer.step(plan)
