@@ -207,9 +207,13 @@ def _moved(dropped: np.ndarray, cs: np.ndarray, rows: np.ndarray, column: np.nda
     kept = ~dropped[:, None, :]
     floor = np.where(kept, floor_u, np.inf)  # (variant, movable cell, used scheme)
     need = np.where(kept, need_u, np.inf)
-    col = np.where(np.isfinite(need.min(axis=2)), need.argmin(axis=2), floor.argmin(axis=2))
+    # the minima read at the argmins: a min reduction over the short last axis costs ~4x its argmin
+    need_at, floor_at = need.argmin(axis=2)[..., None], floor.argmin(axis=2)[..., None]
+    need_min = np.take_along_axis(need, need_at, axis=2)[..., 0]
+    floor_min = np.take_along_axis(floor, floor_at, axis=2)[..., 0]
+    col = np.where(np.isfinite(need_min), need_at[..., 0], floor_at[..., 0])
     moves = dropped[:, column[cs[rows]]]
-    stuck = (moves & ~np.isfinite(floor.min(axis=2))).any(axis=1) | dropped.all(axis=1)
+    stuck = (moves & ~np.isfinite(floor_min)).any(axis=1) | dropped.all(axis=1)
     mapping = np.repeat(cs[None, :], V, axis=0)
     out = [np.repeat(x[None, :], V, axis=0) for x in base]
     v, r = np.nonzero(moves)
