@@ -8,17 +8,14 @@ furthest from its model."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from bench import run as bench_run
 from bench.run import Run
 from hydraplan.store.fileio import write_model
-from hydraplan.store.paths import ROOT
 from hydraplan.store.profiles import load_profile
-from tests.helpers import MEMORY_LINE, free_port, memory_plans
+from tests.helpers import MEMORY_LINE, memory_plans
 
 WORLD = 4
 
@@ -30,10 +27,7 @@ def measure(layouts: int | None, mode: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for p in memory_plans(layouts, mode=mode):
             write_model(Path(tmp) / f"iter_{p.iteration:06d}.json", p)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
-               str(free_port()), str(ROOT / "runtime" / "run_plan.py"), tmp, "--memory", "--timeout-s", "120"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                             env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+        res = bench_run.torchrun(WORLD, [tmp, "--memory", "--timeout-s", "120"], timeout=1800)
     if res.returncode != 0:
         raise RuntimeError(res.stdout + res.stderr)
     return [{"iteration": int(it), "rank": int(rank), "mode": mode, "scheme": f"<{tp},{pp},1>", "stage": int(stage),

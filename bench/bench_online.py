@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import run as bench_run
 from bench.run import Run
 from hydraplan.loader import read_plans
 from hydraplan.store.paths import ROOT
@@ -29,19 +30,29 @@ WAIT = re.compile(r"^plan: iteration (\d+) from node (\d+), training waited (\S+
 DIFF = re.compile(r"^verify: iteration \d+ max_abs_param_diff=(\S+)$", re.M)
 
 
-def train(out: Path, args: list[str], planners: int, nodes: int) -> dict:
+def _nodes(flags: list[str], nodes: int) -> str:
+    """run_plan FLAGS under `nodes` torchrun agents of 4 / nodes ranks each on this machine, all at once: rank 0's
+    stdout."""
     port, env = str(free_port()), dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(4 // nodes), "--master-port", port]
-    if nodes > 1:
-        base += ["--nnodes", str(nodes), "--master-addr", "127.0.0.1"]
-    flags = [*args, "--planners-per-node", str(planners), "--dtype", "fp64", "--verify", "--save-plans", str(out)]
-    procs = [subprocess.Popen([*base, *(["--node-rank", str(n)] if nodes > 1 else []),
-                               str(ROOT / "runtime" / "run_plan.py"), *flags], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for n in range(nodes)]
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(4 // nodes), "--master-port", port,
+            "--nnodes", str(nodes), "--master-addr", "127.0.0.1"]
+    procs = [subprocess.Popen([*base, "--node-rank", str(n), str(ROOT / "runtime" / "run_plan.py"), *flags], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(nodes)]
     outs = [p.communicate(timeout=900) for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError("\n".join(o + e for o, e in outs))
-    stdout = outs[0][0]
+    return outs[0][0]
+
+
+def train(out: Path, args: list[str], planners: int, nodes: int) -> dict:
+    flags = [*args, "--planners-per-node", str(planners), "--dtype", "fp64", "--verify", "--save-plans", str(out)]
+    if nodes > 1:
+        stdout = _nodes(flags, nodes)
+    else:
+        res = bench_run.torchrun(4, flags, timeout=900)
+        if res.returncode:
+            raise RuntimeError(res.stdout + res.stderr)
+        stdout = res.stdout
     waits = [(int(i), int(n), float(w)) for i, n, w in WAIT.findall(stdout)]
     return {"id": f"{nodes}x{planners}", "planners_per_node": planners, "nodes": nodes, "ranks": 4,
             "waits_s": [w for _, _, w in waits], "planned_by_node": [n for _, n, _ in waits],

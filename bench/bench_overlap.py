@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from bench import run as bench_run
 from bench.run import Run
 from hydraplan.store.fileio import write_model
-from hydraplan.store.paths import ROOT
-from tests.helpers import free_port, overlap_plans
+from tests.helpers import overlap_plans
 
 REPEATS = 3
 TARGET_RATIO = 0.5  # exposed sync with overlap at most half of that without
@@ -32,11 +30,7 @@ STATS = re.compile(r"^iteration (\d+) .* time=([\d.]+)s .* sync exposed ([\d.]+)
 
 
 def run(folder: Path, world: int, *flags: str) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-           str(free_port()), str(ROOT / "runtime" / "run_plan.py"), str(folder), "--model", "tiny-wide", "--dtype",
-           "fp64", *flags]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    res = bench_run.torchrun(world, [str(folder), "--model", "tiny-wide", "--dtype", "fp64", *flags], timeout=900)
     if res.returncode != 0:
         raise RuntimeError(res.stdout + res.stderr)
     rows = STATS.findall(res.stdout)

@@ -95,6 +95,20 @@ class Run:
         return self.path
 
 
+def torchrun(nproc: int, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node NPROC runtime/run_plan.py ARGS` on this machine's CPU (one thread per rank, GPUs
+    hidden), output captured: the runtime benches' launcher (tests/test_bench.py forks the smoke runs' ranks
+    instead, tests/ranks.py: the smoke run checks the bench, the runtime tests check torchrun's launch)."""
+    import sys
+
+    from tests.helpers import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(free_port()), str(ROOT / "runtime" / "run_plan.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+
+
 def names() -> list[str]:
     """Every bench, by the NAME of bench/bench_NAME.py."""
     return sorted(p.stem.removeprefix("bench_") for p in Path(__file__).parent.glob("bench_*.py"))
