@@ -49,8 +49,10 @@ example: setup
 
 # tests/test_bench.py runs every bench's smoke configuration (what `python -m bench --smoke` runs) and checks the
 # docs' tables and figures against bench/results.
+# --maxschedchunk 4: xdist hands out 4 tests at a time, so the slow tests conftest.py puts first are shared by both
+# workers (by default one worker's first chunk, an eighth of the suite, took every one of them).
 test: setup
-	$(PY) -m pytest -q -n 2 --durations=10
+	$(PY) -m pytest -q -n 2 --maxschedchunk 4 --durations=10
 
 # Every benchmark with today's code (bench/results/*.json; what each took: the timings table of
 # docs/architecture.md, `bound` the longest), then the docs' tables and figures rewritten from them.

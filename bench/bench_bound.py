@@ -187,7 +187,8 @@ def main(run: Run) -> None:
                 print(f"{c['id']:45s} plan {c['plan_s_mean']:.3f} s  / tight bound {c['plan_over_bound_max']:.3f}",
                       flush=True)
     if "long" in parts:
-        L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16})
+        # smoke: the same row's path at 32K (the proposal's length cells, most of its time, grow with the context)
+        L = run.pick(LONG, {**LONG, "tokens": 200_000, "iterations": 1, "gpus": 16, "context": 32768})
         c = case(L["profile"], L["dataset"], L["gpus"], L["objective"], context=L["context"], tokens=L["tokens"],
                  iterations=L["iterations"], bounds=False)
         out["long_context"] = {**c, "better_plan_mean_s": L["better_mean_s"]}

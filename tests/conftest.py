@@ -50,10 +50,13 @@ def forked_runtime(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """Multi-process runtime tests (`slow`) and bench smoke runs first, the rest in collection order behind them:
-    `make test`'s two xdist workers take the long ones in turns at the start and the short ones even out the end,
-    so neither worker is left running a minute-long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.originalname != BENCH_RUN)
+    """Multi-process runtime tests (`slow`), bench smoke runs and the longest in-process tests first, the rest in
+    collection order behind them: `make test`'s two xdist workers take the long ones in turns at the start and the
+    short ones even out the end, so neither worker is left running a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.originalname not in FIRST)
 
 
-BENCH_RUN = "test_every_bench_runs_and_writes_what_the_docs_cite"  # tests/test_bench.py: a bench's smoke run
+FIRST = {"test_every_bench_runs_and_writes_what_the_docs_cite",  # tests/test_bench.py: a bench's smoke run
+         "test_mypy_clean_over_every_planner_module",  # mypy, ~20 s with a cold cache
+         "test_the_installed_wheel_plans_from_another_folder",  # a wheel built, installed, its numba kernels compiled
+         "test_compiled_blocks_train_like_eager_in_fp64"}  # inductor compiling C++
