@@ -338,10 +338,9 @@ def test_profile_bad_input_exits_2():
     assert proc.returncode == 2 and len(lines) == 1 and "tp=3" in lines[0]
 
 
-@pytest.fixture(scope="module")
-def measured_profile(tmp_path_factory) -> tuple[Profile, dict]:
-    """One `hydraplan profile` run for both measuring tests: <1,1,1> and <1,1,2> (each in its own runtime job, as
-    every scheme is) and LNK on 2 ranks, in 32 MiB, one timed run per point (no warm-up run): the asserted
+def _measure_profile(tmp: Path) -> tuple[Profile, dict]:
+    """One `hydraplan profile` run: <1,1,1> and <1,1,2> (each in its own runtime job, as every scheme is, its ranks
+    forked: tests/ranks.py) and LNK on 2 ranks, in 32 MiB, one timed run per point (no warm-up run): the asserted
     properties (MaxLen at the capacity, refits, the fit of the recorded points, longer single sequences slower by
     ~10x and more, per-CP-rank memory) hold for any timing, so repeats only cost CPU. The profile and the JSON
     printed."""
@@ -349,19 +348,19 @@ def measured_profile(tmp_path_factory) -> tuple[Profile, dict]:
 
     from hydraplan.app import measure
 
-    out = tmp_path_factory.mktemp("measured") / "m.json"
-    with pytest.MonkeyPatch.context() as patch:  # its runtime jobs' ranks forked (tests/ranks.py)
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(measure, "launch_runtime", ranks.launch_runtime)
         res = runner.invoke(app, ["profile", "--schemes", "1,1", "--schemes", "1,1,2", "--recompute", "none", "--gpus",
-                                  "2", "--memory-gib", "0.03125", "--warmup", "0", "--repeats", "1", "--out", str(out),
-                                  "--json"])
+                                  "2", "--memory-gib", "0.03125", "--warmup", "0", "--repeats", "1", "--out",
+                                  str(tmp / "m.json"), "--json"])
     assert res.exit_code == 0, res.output
-    return load_profile(str(out)), json.loads(res.stdout)
+    return load_profile(str(tmp / "m.json")), json.loads(res.stdout)
 
 
 @pytest.mark.slow
-def test_profile_measures_one_scheme_and_writes_a_consistent_profile(measured_profile):
-    prof, printed = measured_profile
+def test_profile_measures_a_scheme_and_a_context_parallel_one_and_writes_a_consistent_profile(tmp_path):
+    """One measurement of both (a test each would measure twice under xdist, on its two workers)."""
+    prof, printed = _measure_profile(tmp_path)
     assert prof.source == "measured" and [s.key for s in prof.schemes] == [(1, 1, 1, "none"), (1, 1, 2, "none")]
     s = prof.scheme(1, 1, 1)
     # MaxLen: the largest multiple of 16 whose peak (fixed + the one micro-batch at its backward's peak) fits in 32 MiB,
@@ -385,12 +384,7 @@ def test_profile_measures_one_scheme_and_writes_a_consistent_profile(measured_pr
     assert prof.network.intra_node_GBps > 0 and prof.network.inter_node_GBps == prof.network.intra_node_GBps
     assert "<1,1> pull" in prof.notes["network"] and "inter_node_GBps" in prof.notes["network"]
     assert printed["network"] == prof.network.model_dump()
-
-
-@pytest.mark.slow
-def test_profile_measures_a_context_parallel_scheme(measured_profile):
-    """<1,1,2>: memory and time on each CP rank's share; MaxLen is set by the tighter CP rank."""
-    prof, _ = measured_profile
+    # <1,1,2>: memory and time on each CP rank's share; MaxLen is set by the tighter CP rank
     s = prof.scheme(1, 1, 2)
     assert len(s.measured_memory) == 2 and len(s.measured_points) >= 6
     peak = lambda n: max(rank_memory_bytes(prof, s.model_copy(update={"measured_memory": [m]}), m["stage"], 1, n)  # noqa: E731

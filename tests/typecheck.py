@@ -1,5 +1,5 @@
 """mypy over the `hydraplan` package as it installs (configured in pyproject.toml's [tool.mypy]); `make lint` runs
-this file and tests/test_typecheck.py calls `run`.
+this file, and so does tests/test_typecheck.py.
 
 `hydraplan` is the folder planner/ and `hydraplan.runtime` the folder runtime/ (pyproject's package-dir), a mapping
 mypy cannot follow: the editable install is an import hook, and mypy names a module after its folders. So `layout`
@@ -8,7 +8,6 @@ the errors with the repository's paths. The incremental cache sits beside it (.c
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -42,17 +41,11 @@ def repo_paths(report: str) -> str:
 
 
 def run() -> tuple[int, str]:
-    """mypy's exit status (0: clean) and its report. In-process: the garbage collector's threshold and the
-    recursion limit, which mypy raises for itself, are put back for whatever runs next in the process."""
+    """mypy's exit status (0: clean) and its report."""
     from mypy import api
 
     layout()
-    threshold, limit = gc.get_threshold(), sys.getrecursionlimit()
-    try:
-        out, err, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
-    finally:
-        gc.set_threshold(*threshold)
-        sys.setrecursionlimit(limit)
+    out, err, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
     return status, repo_paths(out + err)
 
 
