@@ -35,9 +35,9 @@ MILLION = {"profile": "h100-llama2-7b", "dataset": "builtin:wikipedia", "gpus": 
            "tokens_per_iter": 1 << 23, "iterations": 2}
 MILLION_METHODS = ("megatron", "wlb-nodelay", "flexsp", "hydraplan")
 SMOKE = {"long_13b": {**LONG_13B, "gpus": 16, "context_len": 32768, "tokens_per_iter": 1 << 17, "iterations": 1},
-         "million": {**MILLION, "gpus": 64, "context_len": 1 << 17, "tokens_per_iter": 1 << 18, "iterations": 1}}
-# smoke: million at 128K context still plans its longest sequences (~58K tokens) on CP schemes, the proposal's
-# length cells (one per LENGTH_STEP up to the context) half as many as at 256K
+         "million": {**MILLION, "gpus": 64, "context_len": 1 << 16, "tokens_per_iter": 1 << 18, "iterations": 1}}
+# smoke: million at 64K context still plans its longest sequences on CP schemes, the proposal's length cells (one
+# per LENGTH_STEP up to the context) a quarter as many as at 256K
 
 
 def pack_run(cfg: dict) -> dict:
