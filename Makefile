@@ -20,13 +20,12 @@ $(MEGATRON_WHEEL): | $(STAMP)
 		|| { echo "setup: downloading megatron-core 0.19.2 failed (pip's output: $(MEGATRON_DIR).log)"; exit 1; }
 
 # Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds.
-# torch==2.13.0 resolves to the CPU wheel on this machine's disk (never a multi-GB CUDA build). --no-compile: the
-# packages' bytecode is written as their modules are first imported, not all of it at install (half of pip's time).
+# torch==2.13.0 resolves to the CPU wheel on this machine's disk (never a multi-GB CUDA build).
 $(STAMP): pyproject.toml
 	@echo "setup: $(VENV) with hydraplan (editable) and numpy, numba, pandas, pyarrow, pydantic, typer, rich, ortools, highspy,"
 	@echo "setup: matplotlib, torch (runtime), pytest, ruff (test), binpacking (bench); pip lists each step below"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check --progress-bar off --no-compile -e '.[test,runtime,bench]'
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[test,runtime,bench]'
 	touch $(STAMP)
 
 RUN := --profile h100-llama2-7b --dataset builtin:wikipedia --gpus 64 --context-len 32768 --tokens-per-iter 200000
