@@ -96,8 +96,7 @@ class RankResult:
 
 
 def run_ranks(nproc: int, argv: list[str], *, module: str = RUN_PLAN, env: dict[str, str] | None = None,
-              timeout: float = 240, torchrun: bool = False, port: int | None = None,
-              grace: float = 30) -> list[RankResult]:
+              timeout: float = 240, torchrun: bool = False, grace: float = 30) -> list[RankResult]:
     """`module`.main(argv) (a module's name or a script's path) on `nproc` ranks of one node, all at once.
     Without `torchrun` the ranks are a job of their own (RANK, WORLD_SIZE, MASTER_ADDR/PORT; rank 0 hosts the
     store) left to end by themselves; with it they get torchrun's environment, this process hosts the store as
@@ -106,7 +105,7 @@ def run_ranks(nproc: int, argv: list[str], *, module: str = RUN_PLAN, env: dict[
     import pytest
 
     ctx = _context()
-    port = port or free_port()
+    port = free_port()
     base = dict(os.environ if env is None else env)
     base.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 WORLD_SIZE=str(nproc))
