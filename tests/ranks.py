@@ -19,13 +19,14 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers import free_port
 
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hydraplan.runtime.run_plan", "hydraplan.runtime.profile",
            "hydraplan.runtime.doctor"]
@@ -78,12 +79,6 @@ def _load(module: str):
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
