@@ -197,3 +197,30 @@ def test_validate_stops_at_a_plan_for_a_job_size_the_profile_cannot_lay_out(tmp_
     no_single = tiny.model_copy(update={"schemes": [s for s in tiny.schemes if s.gpus >= 2]})
     with pytest.raises(UserError, match=r"^\S+/iter_000000\.json: field gpus: 1: profile cpu-tiny: no scheme fits in 1 GPU"):
         validate_path(tmp_path, no_single)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_interrupt_is_one_line_even_inside_compiled_code(capsys, wrapped):
+    """SIGTERM raised by the handler inside a numba dispatcher's Python callback comes back as a SystemError whose
+    cause is the interrupt (seen in `pack`): still the one line and exit 143, as when it is raised in plain Python."""
+    import signal
+    import warnings
+
+    def command():
+        if not wrapped:
+            raise cliopts.Interrupted(signal.SIGTERM)
+        try:
+            raise cliopts.Interrupted(signal.SIGTERM)
+        except cliopts.Interrupted as e:
+            raise SystemError("CPUDispatcher(<function f>) returned a result with an exception set") from e
+
+    saved, showwarning = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}, warnings.showwarning
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cliopts.run(command)
+    finally:  # run() installs its signal handlers and warning hook for the process
+        for s, h in saved.items():
+            signal.signal(s, h)
+        warnings.showwarning = showwarning
+    assert exit_.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.startswith("hydraplan: interrupted (SIGTERM)")

@@ -223,6 +223,12 @@ def _say(text: str) -> None:
     print(f"hydraplan: {text}", file=sys.stderr, flush=True)
 
 
+def _stop(e: Interrupted) -> None:
+    name = signal.Signals(e.signum).name
+    _say(f"interrupted ({name})" + (f"; {_HINT[0]}" if _HINT else ""))
+    sys.exit(128 + e.signum)
+
+
 def run(command: Callable[[], Any]) -> None:
     """Run the CLI with the exit codes above: 2 for a UserError or OS error, 128 + signal number when
     interrupted; never a traceback for either."""
@@ -237,9 +243,11 @@ def run(command: Callable[[], Any]) -> None:
         _say(cli_message(e))
         sys.exit(2)
     except Interrupted as e:
-        name = signal.Signals(e.signum).name
-        _say(f"interrupted ({name})" + (f"; {_HINT[0]}" if _HINT else ""))
-        sys.exit(128 + e.signum)
+        _stop(e)
+    except SystemError as e:  # the signal landed in a Python callback of compiled code (numba's dispatcher)
+        if not isinstance(e.__cause__, Interrupted):
+            raise
+        _stop(e.__cause__)
     except OSError as e:  # an OS failure no check caught: still one line naming the file
         where = f"{e.filename}: " if e.filename else ""
         _say(f"{where}{e.strerror or e}")
