@@ -29,7 +29,7 @@ def dry_run(profile: str) -> dict:
     from hydraplan.core.executors import HybridCP, hybrid_cp_time
     from hydraplan.integrations.megatron import schedule_hybrid_cp
     from hydraplan.methods.megatron_seams import rank_limit
-    from hydraplan.solve.megatron_balanced import balanced_cp_schedule
+    from hydraplan.solve.megatron.balanced_cp import balanced_cp_schedule
     from hydraplan.store.datasets import load_dataset, sample_iterations
     from hydraplan.store.profiles import load_profile
 

@@ -97,8 +97,8 @@ def test_compare_runs_the_seam_methods_as_their_executors_score_them():
     from hydraplan.core.executors import MegatronPacking
     from hydraplan.methods.compare import CompareConfig, run_compare
     from hydraplan.methods.megatron_seams import SEAM_METHODS, rank_limit
-    from hydraplan.solve.megatron_balanced import balanced_cp_schedule
-    from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
+    from hydraplan.solve.megatron.balanced_cp import balanced_cp_schedule
+    from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
 
     cfg = CompareConfig(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, tokens_per_iter=60_000,
                         iterations=2, context_len=16384, methods=SEAM_METHODS, objective="propagation")

@@ -22,7 +22,7 @@ from hydraplan.core.executors import (
     hybrid_cp_violations,
 )
 from hydraplan.integrations import megatron as integ
-from hydraplan.solve.megatron_balanced import balanced_cp_schedule
+from hydraplan.solve.megatron.balanced_cp import balanced_cp_schedule
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 

@@ -15,7 +15,7 @@ import pytest
 
 from hydraplan.core.executors import MegatronPacking, packing_violations
 from hydraplan.integrations import megatron as integ
-from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
+from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 

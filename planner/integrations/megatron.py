@@ -3,10 +3,10 @@
 - hybrid context parallelism (`--hybrid-context-parallel`, megatron-core 0.17 and later, and Megatron-LM main):
   `install(profile)` makes `HybridCPDataLoaderWrapper` build a `HydraplanCPScheduler` where it built
   `BalancedCPScheduler` (same constructor, same `get_groups_and_subsamples(sample_id_seqlens, config) -> (groups,
-  sample_id_groups)`), the schedule of hydraplan.solve.megatron_hcp priced on the profile's <tp,1,cp> schemes;
+  sample_id_groups)`), the schedule of hydraplan.solve.megatron.hybrid_cp priced on the profile's <tp,1,cp> schemes;
 - sequence packing (`--sequence-packing-scheduler dp_balanced`, Megatron-LM main only): `install` puts a
   `DpBalancedScheduler` subclass into `scheduler_map`'s dp_balanced entry (main's enum key or a string key) whose
-  `get_groups_and_subsamples` returns hydraplan.solve.megatron_packing's schedule, priced on <tp,pp,cp>.
+  `get_groups_and_subsamples` returns hydraplan.solve.megatron.packing's schedule, priced on <tp,pp,cp>.
 
 TP, PP, CP, DP and the recompute mode come from Megatron's config and process groups; the profile is hydraplan's
 (a bundled name, a profile file or a Profile). Every rank computes the same schedule, a pure function of the
@@ -24,8 +24,8 @@ import numpy as np
 from hydraplan.core.errors import UserError
 from hydraplan.core.executors import RECOMPUTE_OF_GRANULARITY, HybridCP, MegatronPacking
 from hydraplan.core.schema import Profile
-from hydraplan.solve.megatron_hcp import schedule_hybrid_cp as _schedule
-from hydraplan.solve.megatron_packing import schedule_packing as _pack
+from hydraplan.solve.megatron.hybrid_cp import schedule_hybrid_cp as _schedule
+from hydraplan.solve.megatron.packing import schedule_packing as _pack
 from hydraplan.store.profiles import load_profile
 
 SEAMS = ("hybrid_cp", "packing")

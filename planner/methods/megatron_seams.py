@@ -1,13 +1,13 @@
 """Megatron-LM's schedulers against hydraplan's on the same batches, each scored as Megatron's executor runs it
 (core.executors, the canonical cost model). What `hydraplan megatron suggest` and `python -m bench megatron` report.
 
-Hybrid CP: `megatron-hcp` is Megatron's BalancedCPScheduler (solve.megatron_balanced), `hydraplan-hcp` the plugin
-(solve.megatron_hcp), on the <tp,1,cp> schemes. For each TP the job allows, `--max-seqlen-per-dp-cp-rank` is MaxLen
+Hybrid CP: `megatron-hcp` is Megatron's BalancedCPScheduler (solve.megatron.balanced_cp), `hydraplan-hcp` the plugin
+(solve.megatron.hybrid_cp), on the <tp,1,cp> schemes. For each TP the job allows, `--max-seqlen-per-dp-cp-rank` is MaxLen
 of <tp,1,1> (the most tokens a rank holds); a method cannot run a TP when one of its schedules puts a sequence on
 fewer ranks than its memory needs (MaxLen of <tp,1,cp>).
 
-Packing: `megatron-dp-balanced` is dp_balanced (solve.megatron_dp_balanced), `hydraplan-packing` the plugin
-(solve.megatron_packing), in one <tp,pp,cp> x dp layout with packs of MaxLen tokens; propagation and end to end
+Packing: `megatron-dp-balanced` is dp_balanced (solve.megatron.dp_balanced), `hydraplan-packing` the plugin
+(solve.megatron.packing), in one <tp,pp,cp> x dp layout with packs of MaxLen tokens; propagation and end to end
 (the cluster's estimate: the LNK pull and push around it).
 """
 
@@ -24,10 +24,10 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.executors import HybridCP, MegatronPacking, hybrid_cp_rank_times, hybrid_cp_time
 from hydraplan.core.schema import Profile, Scheme
 from hydraplan.methods import baselines as bl
-from hydraplan.solve.megatron_balanced import balanced_cp_schedule
-from hydraplan.solve.megatron_dp_balanced import dp_balanced_schedule
-from hydraplan.solve.megatron_hcp import schedule_hybrid_cp
-from hydraplan.solve.megatron_packing import schedule_packing
+from hydraplan.solve.megatron.balanced_cp import balanced_cp_schedule
+from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
+from hydraplan.solve.megatron.hybrid_cp import schedule_hybrid_cp
+from hydraplan.solve.megatron.packing import schedule_packing
 
 HCP_METHODS = ("megatron-hcp", "hydraplan-hcp")
 

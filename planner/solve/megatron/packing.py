@@ -18,7 +18,7 @@ from hydraplan.core.errors import UserError
 from hydraplan.core.executors import MegatronPacking, PackingSchedule
 from hydraplan.solve.dispatch import dispatch
 from hydraplan.solve.ffd import first_fit_bins
-from hydraplan.solve.megatron_dp_balanced import deal, dp_balanced_schedule
+from hydraplan.solve.megatron.dp_balanced import deal, dp_balanced_schedule
 from hydraplan.solve.packing import pack_fixed_v
 
 V_STEPS = 8  # micro-batch counts tried past the fewest that hold every replica's documents

@@ -1,0 +1,6 @@
+"""Schedules for Megatron-LM's variable-length executors (core.executors), each of Megatron's own schedulers
+written from its behaviour beside hydraplan's schedule for the same executor:
+
+- hybrid context parallelism: `balanced_cp` (Megatron's BalancedCPScheduler) and `hybrid_cp` (hydraplan's);
+- sequence packing: `dp_balanced` (Megatron's DpBalancedScheduler) and `packing` (hydraplan's).
+"""
