@@ -53,6 +53,7 @@ class KernelConfig(_Model):
     batch: PositiveInt | None = Field(None, description="sequences per call")
     heads: PositiveInt | None = Field(None, description="query heads per call")
     hidden: PositiveInt | None = Field(None, description="heads x head_dim, where the source states it instead")
+    details: str | None = Field(None, description="anything else the source states that bears on the rate")
 
 
 class IterationConfig(_Model):
