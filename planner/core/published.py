@@ -61,7 +61,8 @@ class IterationConfig(_Model):
 
     kind: Literal["iteration"] = "iteration"
     framework: str = Field(description="nemo, megatron-lm, torchtitan, ...")
-    model: str = Field(description="a Hugging Face config under data/models/ (file stem), or a bundled model key")
+    model: str = Field(description="a Hugging Face config under data/models/ or data/models/published/ (file stem), "
+                                   "or a bundled model key")
     gpu: str = Field(description="a key of hydraplan.core.hardware.GPUS")
     gpus: PositiveInt
     gpus_per_node: PositiveInt = 8
