@@ -5,18 +5,23 @@ runtime/online.py OnlineConfig) and passes that, never the argparse namespace, t
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from hydraplan.core.errors import UserError, flag_of
 from hydraplan.core.options import Opt
-from hydraplan.runtime.device import DTYPES, DtypeName
+from hydraplan.runtime.device import DTYPES
 from hydraplan.runtime.liveness import DEFAULT_S
 from hydraplan.runtime.model import CONFIGS
 from hydraplan.runtime.online import OnlineConfig
 from hydraplan.runtime.optim import DecayStyle, Schedule
+
+RunDtype = Literal["bf16", "fp32", "fp64", "fp8"]
+"""--dtype's names: the runtime's dtypes (device.DTYPES) and fp8, which it refuses (FP8_REFUSAL)."""
+FP8_REFUSAL = (f"{flag_of('dtype')} fp8: FP8 GEMMs need Transformer Engine on a CUDA GPU, which this runtime does not "
+               "drive (it trains bf16, fp32 or fp64; an fp8 profile plans Transformer Engine jobs)")
 
 
 class TrainConfig(BaseModel):
@@ -41,8 +46,9 @@ class TrainConfig(BaseModel):
     resume: Annotated[str | None, Opt(
         "continue a run saved with --save (same world size and model): the plans after its last iteration",
         metavar="DIR")] = None
-    dtype: Annotated[DtypeName | None, Opt(
-        "compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64)")] = None
+    dtype: Annotated[RunDtype | None, Opt(
+        "compute dtype (default bf16 on CUDA, fp32 on CPU; masters are fp32, fp64 for fp64; fp8 is refused: it "
+        "needs Transformer Engine on a GPU)")] = None
     dataset: Annotated[str | None, Opt(
         "dataset the plans were (or are) sampled from; its token ids are trained on when it has them, else "
         "synthetic tokens per sequence id")] = None
@@ -72,6 +78,13 @@ class TrainConfig(BaseModel):
         "a rank whose heartbeat stops this long is named in one line and the job ends (0: off)")] = DEFAULT_S
     planning: OnlineConfig | None = None
 
+    @field_validator("dtype")
+    @classmethod
+    def _no_fp8(cls, v: str | None) -> str | None:
+        if v == "fp8":
+            raise ValueError(FP8_REFUSAL)
+        return v
+
     @field_validator("lr_warmup_iters", "min_lr", "clip_grad")
     @classmethod
     def _not_negative(cls, v: float, info: ValidationInfo) -> float:
@@ -92,7 +105,7 @@ class TrainConfig(BaseModel):
     @property
     def torch_dtype(self) -> torch.dtype:
         """The compute dtype (run_plan resolves the device's default into `dtype` before anything reads it)."""
-        assert self.dtype is not None
+        assert self.dtype is not None and self.dtype != "fp8"
         return DTYPES[self.dtype]
 
     def schedule(self, iterations: int) -> Schedule:

@@ -155,7 +155,7 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
     from hydraplan.schema import Plan, Summary
 
     out = tmp_path / "run"
-    r = hp("pack", "--profile", "h100-llama2-7b", "--dataset", "builtin:prolong", "--gpus", "64", "--context-len", "32768",
+    r = hp("pack", "--profile", "h100-llama2-13b", "--dataset", "builtin:prolong", "--gpus", "64", "--context-len", "32768",
            "--tokens-per-iter", "200000", "--iterations", "2", "--out", out, "--workers", "1", "--cad")
     assert r.returncode == 0, r.stderr
     summary = Summary.model_validate_json((out / "summary.json").read_text())
@@ -164,8 +164,8 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
         assert "cad" in it.candidates_s  # the default objective is end to end: the lowest iteration_s wins
         assert it.iteration_s == min(c.iteration_s for c in it.candidates if c.iteration_s is not None)
     cad_iters = [it.iteration for it in summary.iterations if it.strategy == "cad"]
-    assert cad_iters  # on prolong at 32K the CAD plan wins (bench/results/cad.json)
-    v = hp("validate", out, "--profile", "h100-llama2-7b", "--json")
+    assert cad_iters  # on prolong at 32K the CAD plan wins for the 13B on 64 GPUs
+    v = hp("validate", out, "--profile", "h100-llama2-13b", "--json")
     assert v.returncode == 0, v.stdout
     assert json.loads(v.stdout)["plans"] == 2
     path = out / f"iter_{cad_iters[0]:06d}.json"
@@ -174,7 +174,7 @@ def test_pack_cad_plans_validate_and_tampering_is_caught(tmp_path):
     task = plan.cad.steps[0].tasks[0]
     task.rank = (task.rank + 1) % plan.cad.replicas  # the recorded estimate no longer recomputes
     path.write_text(plan.model_dump_json(by_alias=True))
-    v = hp("validate", out, "--profile", "h100-llama2-7b")
+    v = hp("validate", out, "--profile", "h100-llama2-13b")
     assert v.returncode != 0 and "CAD estimate" in v.stdout + v.stderr
 
 

@@ -13,8 +13,10 @@ from hydraplan.app.cli import app
 from hydraplan.core.analytic import analytic_memory, analytic_profile, analytic_time, kv_bytes_per_token, scheme_space
 from hydraplan.core.cost import model_flops
 from hydraplan.core.errors import UserError
-from hydraplan.core.hardware import A100, FRAMEWORK, H100, H200, MODELS
+from hydraplan.core.frameworks import FRAMEWORK
+from hydraplan.core.hardware import A100, H100, H200, MODELS
 from hydraplan.core.hfconfig import model_spec, parse_hf_config
+from hydraplan.core.kernelrates import attention_rate
 from hydraplan.store.paths import DATA_DIR, PROFILES_DIR
 from hydraplan.store.profiles import hf_profile, load_profile, read_hf_config
 
@@ -78,10 +80,12 @@ def test_logits_term_grows_with_the_vocabulary():
 
 def test_attention_flops_follow_the_query_heads_and_gemms_the_kv_weights():
     gqa, mha = spec(), spec(kv_heads=32)
-    ta, _ = analytic_time(H100, gqa, 8, 1, 1)
-    tb, _ = analytic_time(H100, mha, 8, 1, 1)
-    # a: 7 * h * layers / tp FLOP-seconds per l^2 (fwd 2 + bwd 5 of 2 h l^2 / 2), the same for both
-    assert ta.a == tb.a == pytest.approx(7 * 4096 * 32 / 8 / (989.4e12 * 0.40), rel=1e-5)
+    ta, tb = analytic_time(H100, gqa, 8, 1, 1).time, analytic_time(H100, mha, 8, 1, 1).time
+    # a: causal attention, forward 2*h*l^2 per layer at the kernel's forward rate, backward 2.5x at its backward rate,
+    # split over TP: the same for both
+    rate = attention_rate("h100")
+    want = 2 * 4096 * 32 / 8 / 989.4e12 * (1 / rate.fwd_efficiency + 2.5 / rate.bwd_efficiency)
+    assert ta.a == tb.a == pytest.approx(want, rel=1e-5)
     assert ta.b < tb.b  # fewer K/V weights, less rotary and no larger TP traffic
     # model FLOPs: K and V GEMMs h x kv_dim instead of h x h
     info = load_profile("h100-llama3.1-8b").model
@@ -168,7 +172,7 @@ def test_unmodellable_configs_are_refused_in_one_line(tmp_path, edit, field):
 def test_bad_gpu_and_missing_options_exit_2(tmp_path):
     r = run("profiles", "generate", "--hf-config", LLAMA8, "--gpu", "b200", "--out", tmp_path / "p.json")
     assert isinstance(r.exception, UserError) and r.exception.field == "gpu"
-    assert str(r.exception) == "gpu: 'b200' is not one of h100, h200, a100, a800"
+    assert str(r.exception) == "gpu: 'b200' is not one of h100, h200, a100, a800, h100-500w"
     r = run("profiles", "generate", "--hf-config", LLAMA8, "--out", tmp_path / "p.json")
     assert isinstance(r.exception, UserError) and str(r.exception).startswith("--hf-config needs --gpu")
 

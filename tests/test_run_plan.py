@@ -217,6 +217,7 @@ def test_a_new_strategys_lnk_plan_is_made_during_the_step_before(tmp_path, monke
 @pytest.mark.parametrize("args,message", [
     (["--model", "gpt5"], "unknown model 'gpt5'"),
     (["--iterations", "9"], "--iterations: 9 requested"),
+    (["--dtype", "fp8"], "--dtype fp8: FP8 GEMMs need Transformer Engine on a CUDA GPU"),  # on this CPU: no faking it
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
     _no_torchrun_env(monkeypatch)

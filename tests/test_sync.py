@@ -7,20 +7,23 @@ from hydraplan.core.cluster import Cluster
 from hydraplan.core.sync import exposed_s
 from hydraplan.store.profiles import load_profile
 
+BW64 = 1 / (0.125 / 370 + 0.875 / 45)  # ~50.55 GB/s
+
 
 def test_bandwidth_mixes_intra_and_inter_node_harmonically():
-    p = load_profile("h100-llama2-7b")  # 360 GB/s NVLink, 40 GB/s IB per GPU, 8 GPUs per node
-    # 64 GPUs: 1/8 of the owners share the node -> 1 / (0.125/360 + 0.875/40) = 45 GB/s
-    assert Cluster.of(p, 64).bandwidth_GBps == pytest.approx(45.0, rel=1e-12)
-    assert Cluster.of(p, 8).bandwidth_GBps == pytest.approx(360.0)  # one node: NVLink only
-    assert Cluster.of(p, 4).bandwidth_GBps == pytest.approx(360.0)  # G = min(gpus_per_node, N)
+    p = load_profile("h100-llama2-7b")  # 370 GB/s NVLink, 45 GB/s IB per GPU, 8 GPUs per node
+    assert (p.network.intra_node_GBps, p.network.inter_node_GBps) == (370.0, 45.0)
+    # 64 GPUs: 1/8 of the owners share the node -> 1 / (0.125/370 + 0.875/45)
+    assert Cluster.of(p, 64).bandwidth_GBps == pytest.approx(BW64, rel=1e-12)
+    assert Cluster.of(p, 8).bandwidth_GBps == pytest.approx(370.0)  # one node: NVLink only
+    assert Cluster.of(p, 4).bandwidth_GBps == pytest.approx(370.0)  # G = min(gpus_per_node, N)
 
 
 def test_transfer_is_the_stage_slice_over_bandwidth():
     p = load_profile("h100-llama2-7b")
     phi = p.model.params
-    assert Cluster.of(p, 64).transfer_s(1, 1) == pytest.approx(2 * phi / 45e9)
-    assert Cluster.of(p, 64).transfer_s(2, 4) == pytest.approx(2 * phi / 8 / 45e9)
+    assert Cluster.of(p, 64).transfer_s(1, 1) == pytest.approx(2 * phi / (BW64 * 1e9))
+    assert Cluster.of(p, 64).transfer_s(2, 4) == pytest.approx(2 * phi / 8 / (BW64 * 1e9))
     assert Cluster.of(p, 64).transfer_s(8, 1) == pytest.approx(Cluster.of(p, 64).transfer_s(2, 4))  # cp does not divide the slice
 
 
@@ -33,7 +36,7 @@ def test_exposure_hides_pull_behind_forward_and_push_behind_backward():
 
 def test_iteration_estimate_takes_the_slowest_pipeline_end_to_end():
     p = load_profile("h100-llama2-7b")
-    t11 = 2 * p.model.params / 45e9  # ~0.2995 s per direction
+    t11 = 2 * p.model.params / (BW64 * 1e9)  # ~0.2666 s per direction
     keys = [(8, 1, 1), (1, 1, 1), (1, 1, 1)]
     est = Cluster.of(p, 64).estimate(keys, [0.40, 0.35, 0.0])
     one = 2 * t11 - 0.35  # both directions exposed past a third and two thirds of 0.35

@@ -39,6 +39,7 @@ dataset_app.command("stats")(cmd_files.dataset_stats)
 profiles_app.command("list")(cmd_files.profiles_list)
 profiles_app.command("show")(cmd_files.profiles_show)
 profiles_app.command("memory")(cmd_files.profiles_memory)
+profiles_app.command("time")(cmd_files.profiles_time)
 profiles_app.command("generate")(cmd_files.profiles_generate)
 cliopts.reflow_help(app, profiles_app, dataset_app, cmd_megatron.megatron_app)
 

@@ -195,8 +195,9 @@ def profiles_show(
         typer.echo(model_json(view if gpus is not None else profile))
         return
     table = Table("scheme", "GPUs", "MaxLen", "UtilLen", "T(4K) ms", "tok/s/GPU 4K", "tok/s/GPU 32K",
-                  title=f"{profile.name}: {profile.gpu.name}, {profile.model.name}, MaxLen for {n} GPUs "
-                  f"({profile.source})", title_justify="left")
+                  title=f"{profile.name}: {profile.gpu.name}, {profile.model.name}"
+                  + (f", {profile.dtype}" if profile.dtype else "") + f", MaxLen for {n} GPUs ({profile.source})",
+                  title_justify="left")
     for s in sorted(view.schemes, key=lambda s: (s.gpus, s.key)):
         speed = [tokens_per_gpu_s(s, length) for length in (4096, 32768)]
         table.add_row(s.label, str(s.gpus), f"{s.max_len:,}", f"{s.util_len:,}", f"{seq_time(s, 4096) * 1e3:,.0f}",
@@ -256,6 +257,52 @@ def profiles_memory(
     (console if console.is_terminal else Console(width=160)).print(table)
 
 
+def profiles_time(
+    name: str = typer.Argument(..., help="bundled profile name or a profile JSON path"),
+    scheme: str = typer.Argument(..., help="the scheme, TP,PP,CP or TP,PP,CP,MODE (e.g. 1,1,4 or 8,1,2,full)"),
+    tokens: int = typer.Option(4096, "--tokens", help="a micro-batch of one sequence this long: each term's seconds"),
+    json_out: bool = json_option("print the terms as JSON"),
+) -> None:
+    """A scheme's T(l) = a*l^2 + b*l + c term by term (analytic profiles: hydraplan.core.stagetime): each physical
+    term's share of a, b and c, what it adds to a micro-batch of --tokens, and its source; c is the per-micro-batch
+    constant."""
+    import json
+
+    from rich.table import Table
+
+    from hydraplan.core.schema import scheme_label
+    from hydraplan.store.profiles import load_profile
+
+    positive(tokens, "--tokens")
+    profile = load_profile(name)
+    key = cliopts.scheme_key(scheme, "SCHEME")
+    found = next((s for s in profile.schemes if s.key == key), None)
+    if found is None:
+        raise UserError(f"SCHEME: {scheme_label(key)} is not a scheme of profile {profile.name}")
+    t = found.time
+    parts = {"a": t.a_terms, "b": t.b_terms, "c": t.c_terms}
+    if not any(parts.values()):
+        parts = {"a": {"a": t.a}, "b": {"b": t.b}, "c": {"c": t.c}}  # a measured or hand-written profile: no terms
+    notes = profile.notes or {}
+    power = {"a": tokens**2, "b": tokens, "c": 1}
+    rows = [(part, term, v, v * power[part], notes.get(f"time.{term}", "")) for part, terms in parts.items()
+            for term, v in (terms or {}).items()]
+    total = (t.a * tokens + t.b) * tokens + t.c
+    if json_out:
+        typer.echo(json.dumps({"profile": profile.name, "scheme": found.label, "a": t.a, "b": t.b, "c": t.c,
+                               "fit_rel_err": t.fit_rel_err, "tokens": tokens, "seconds": total,
+                               "terms": [{"part": p, "name": n, "value": v, "seconds": sec, "source": src}
+                                         for p, n, v, sec, src in rows]}, indent=1))
+        return
+    table = Table("part", "term", "value", f"s at {tokens:,}", "share", "source",
+                  title=f"{profile.name} {found.label}: T({tokens:,}) = {total * 1e3:,.2f} ms; a = {t.a:.4g}, b = "
+                  f"{t.b:.4g}, c = {t.c * 1e3:.3g} ms" + (f", fit error {t.fit_rel_err:.1%}" if t.fit_rel_err else ""),
+                  title_justify="left")
+    for part, term, v, sec, src in rows:
+        table.add_row(part, term, f"{v:.4g}", f"{sec * 1e3:,.3f} ms", f"{sec / total:.1%}", src)
+    (console if console.is_terminal else Console(width=160)).print(table)
+
+
 def _bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
@@ -265,13 +312,19 @@ def profiles_generate(
                                     "(default: profiles/); with --hf-config, the profile file to write"),
     hf_config: Path | None = typer.Option(None, "--hf-config", help="a Hugging Face config.json (LlamaForCausalLM, "
                                           "MistralForCausalLM, Qwen2ForCausalLM): write its analytic profile"),
-    gpu: str | None = typer.Option(None, "--gpu", help="with --hf-config: h100 | h200 | a100 | a800"),
+    gpu: str | None = typer.Option(None, "--gpu", help="with --hf-config: h100 | h200 | a100 | a800 | h100-500w"),
     name: str | None = typer.Option(None, "--name", help="with --hf-config: the profile's name (default GPU-STEM of "
-                                    "the config file)"),
+                                    "the config file, -fp8 for --dtype fp8)"),
+    dtype: str = typer.Option("bf16", "--dtype", help="with --hf-config: the GEMMs' dtype, bf16 or fp8 (Transformer "
+                              "Engine's FP8 GEMMs, on a GPU with FP8 tensor cores)"),
+    framework: str = typer.Option("hydraplan", "--framework", help="with --hf-config: the training framework's "
+                                  "constants: hydraplan (the runtime), megatron (Megatron-Core with Transformer Engine), "
+                                  "megatron-bridge, torchtitan"),
     json_out: bool = json_option("print the written paths as a JSON list"),
 ) -> None:
-    """Rewrite the bundled analytic profiles (H100, A800 x LLaMA-2 7B/13B/32B; H100, H200 x data/models/*.json) from
-    planner/core/hardware.py, or with --hf-config write one model's analytic profile on one GPU; deterministic."""
+    """Rewrite the bundled analytic profiles (H100 bf16 and fp8, A800 x LLaMA-2 7B/13B/32B; H100, H200 x
+    data/models/*.json, bf16 and fp8) from planner/core/hardware.py, or with --hf-config write one model's analytic
+    profile on one GPU; deterministic."""
     import json
 
     from hydraplan.store.fileio import write_model
@@ -279,15 +332,16 @@ def profiles_generate(
     from hydraplan.store.profiles import hf_profile, write_analytic_profiles
 
     if hf_config is None:
-        if gpu is not None or name is not None:
-            raise UserError("--gpu and --name go with --hf-config")
+        if gpu is not None or name is not None or dtype != "bf16" or framework != "hydraplan":
+            raise UserError("--gpu, --name, --dtype and --framework go with --hf-config (the bundled set holds both "
+                            "dtypes)")
         paths = write_analytic_profiles(cliopts.out_folder(out or PROFILES_DIR))
     else:
         if gpu is None or out is None:
-            raise UserError("--hf-config needs --gpu (h100, h200, a100, a800) and --out FILE")
+            raise UserError("--hf-config needs --gpu (h100, h200, a100, a800, h100-500w) and --out FILE")
         if out.is_dir():
             raise UserError(f"--out {out}: is a folder; with --hf-config give the profile file to write")
-        profile = hf_profile(hf_config, gpu, name)
+        profile = hf_profile(hf_config, gpu, name, dtype, framework)
         cliopts.out_folder(out.parent)
         write_model(out, profile)
         paths = [out]

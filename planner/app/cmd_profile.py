@@ -71,6 +71,9 @@ def profile_cmd(
             raise UserError("--device cuda: no CUDA device is visible")
     clock = clock or ("wall" if device == "cuda" else "cpu")
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if dtype == "fp8":
+        raise UserError("--dtype fp8: FP8 GEMMs need Transformer Engine on a CUDA GPU, which the runtime does not drive; "
+                        "`hydraplan profiles generate --dtype fp8` writes an analytic fp8 profile")
     if dtype not in ("bf16", "fp32", "fp64"):
         raise UserError(f"--dtype must be bf16, fp32 or fp64 (got {dtype!r})")
     if clock not in ("cpu", "wall") or (clock == "cpu" and device == "cuda"):
@@ -189,10 +192,12 @@ def _measure(out: Path, schemes: list[str] | None, modes: list[str] | None, gpus
                                             **s.time.model_dump(), "r2": f.r2, "worst_rel_err": f.worst_rel_err,
                                             "packed_worst_rel_err": f.packed_worst_rel_err}
                                            for s, f in zip(prof.schemes, fits)],
-                               "network": net.model_dump(), "params": prof.model.params}, indent=1))
+                               "network": net.model_dump(), "params": prof.model.params, "dtype": prof.dtype},
+                              indent=1))
         return
     table = Table("scheme", "MaxLen", "UtilLen", "a", "b", "c", "R^2", "worst err", "packed worst err",
-                  title=f"{prof.name}: measured on {prof.gpu.name}, {memory_gib:g} GiB per device", title_justify="left")
+                  title=f"{prof.name}: measured on {prof.gpu.name} in {prof.dtype}, {memory_gib:g} GiB per device",
+                  title_justify="left")
     for s, f in zip(prof.schemes, fits):
         packed = "-" if f.packed_worst_rel_err is None else f"{f.packed_worst_rel_err:.1%}"
         table.add_row(s.label, str(s.max_len), str(s.util_len), f"{s.time.a:.3g}", f"{s.time.b:.3g}", f"{s.time.c:.3g}",

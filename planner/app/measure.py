@@ -173,7 +173,7 @@ def measure_profile(name: str, runs: Runs, schemes: Sequence[tuple[int, int, int
         model=ModelInfo(name=cfg.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads, vocab=cfg.vocab,
                         params=model_params(model), kv_heads=cfg.kv_heads if cfg.kv_heads != cfg.heads else None,
                         qkv_bias=cfg.qkv_bias or None),
-        schemes=out, reference_gpus=gpus_per_node, source="measured", network=network,
+        schemes=out, reference_gpus=gpus_per_node, source="measured", network=network, dtype=dtype,
         notes={"time": f"runtime/profile.py on {gpu}, {dtype}, {clock} clock: replayed training steps (run_plan's), 1F1B "
                        f"latency of pp identical micro-batches / (2*pp - 1), median of {repeats} runs after {warmup} "
                        f"warm-up in each of {launches} launches, median over the launches, one thread per rank; "

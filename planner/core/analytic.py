@@ -8,19 +8,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from hydraplan.core import collectives as nccl
 from hydraplan.core.cluster import max_len_from_memory
 from hydraplan.core.cost import UTIL_THRESHOLD, util_len
-from hydraplan.core.fit import fit_time_coeffs
-from hydraplan.core.hardware import (
-    FRAMEWORK,
-    GPUS,
-    HYDRAULIS_MAX_LEN,
-    LLAMA2_GPUS,
-    MODELS,
-    FrameworkSpec,
-    GPUSpec,
-    ModelSpec,
-)
+from hydraplan.core.errors import UserError
+from hydraplan.core.frameworks import FRAMEWORK, FrameworkSpec
+from hydraplan.core.hardware import FP8_GPUS, GPUS, HYDRAULIS_MAX_LEN, LLAMA2_GPUS, MODELS, GPUSpec, ModelSpec
+from hydraplan.core.kernelrates import attention_rate
 from hydraplan.core.memory import LNK_SOURCE, lnk_terms
 from hydraplan.core.schema import (
     RECOMPUTE_MODES,
@@ -31,8 +25,8 @@ from hydraplan.core.schema import (
     ProfileMemory,
     Scheme,
     SchemeMemory,
-    TimeCoeffs,
 )
+from hydraplan.core.stagetime import DTYPES, FIT_MIN_LEN, TERM_NOTES, StageSpec, StageTime, gqa_bytes, sig, stage_time
 
 # --------------------------------------------------------------------------------- analytic profiles
 TP_DEGREES = (1, 2, 4, 8, 16)
@@ -43,129 +37,39 @@ WIDE_CP = 8  # CP beyond this (across nodes, for the longest contexts) only with
 MAX_WIDE_GPUS = 512
 REFERENCE_GPUS = 64
 MIN_MAX_LEN = 1024  # a scheme that cannot hold a 1K-token micro-batch at the reference size is omitted
-FORWARD_COLLECTIVES = 4  # per layer under SP: all-gather into and reduce-scatter out of attention and MLP
-BACKWARD_COLLECTIVES = 6  # their reverse, plus the inputs gathered again for the weight gradients
-HEAD_COLLECTIVES = 3  # the LM head's input all-gather, its re-gather and reduce-scatter in the backward
-CP_FIT_POINTS = 24  # single-sequence lengths the CP ring's overlap is evaluated at before fitting a, b, c
-CP_FIT_MIN_LEN = 1024
-
-
-def _gemm_efficiency(gpu: GPUSpec, weights_per_gpu: float, fw: FrameworkSpec) -> float:
-    """Asymptotic (long-M) GEMM efficiency; narrow TP shards leave SMs idle."""
-    return gpu.gemm_efficiency * weights_per_gpu / (weights_per_gpu + fw.weight_half)
-
-
-def _gqa(model: ModelSpec, per_h: int, kv_share: int) -> int:
-    """Bytes per token per layer per_h*h of which kv_share*h are K (and V) tensors, with those kv_dim wide under
-    grouped-query attention: per_h*h - kv_share*(h - kv_dim) (= per_h*h without GQA)."""
-    return per_h * model.hidden - kv_share * (model.hidden - model.kv_dim)
-
-
-def _link(gpu: GPUSpec, fw: FrameworkSpec, crosses_nodes: bool) -> tuple[float, float]:
-    """(achieved bytes/s per GPU, per-message latency) of NVLink inside a node or IB across nodes."""
-    if crosses_nodes:
-        return gpu.ib_bytes_s * fw.link_efficiency, fw.ib_latency_s
-    return gpu.nvlink_bytes_s * fw.link_efficiency, fw.nvlink_latency_s
-
-
-def _closed_form(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str,
-                 fw: FrameworkSpec) -> tuple[float, float, float]:
-    """(a, b, c) of everything but the CP ring's transfers (`_ring`), recomputation included."""
-    h, f, vocab, gpn = model.hidden, model.ffn, model.vocab, gpu.gpus_per_node
-    layers = model.layers // pp
-    full = recompute == "full"
-    peak = gpu.peak_tflops * 1e12
-    w_layer = model.layer_matmul_params / tp
-    w_head = vocab * h / tp
-    gemm_layers = 6 * layers * w_layer / _gemm_efficiency(gpu, w_layer, fw) / peak
-    gemm_head = 6 * w_head / _gemm_efficiency(gpu, w_head, fw) / peak
-    gemm_per_token = gemm_layers * (1 + full / 3) + gemm_head  # full: each layer's forward GEMMs once more
-    a = (7.0 + 2.0 * full) * h * layers / (tp * cp) / (peak * gpu.attention_efficiency)  # fwd 2 + bwd 5 (+ fwd 2)
-    hbm = gpu.hbm_gb_s * 1e9 * fw.memory_efficiency
-    # rotary on Q and K: 8 bytes per element each (framework.elementwise), K kv_dim wide
-    elementwise = layers * (_gqa(model, fw.elementwise_h, 8) + fw.elementwise_f * f) * (1 + full * fw.forward_share)
-    elementwise += layers * 6 * f * (recompute == "selective")  # the SwiGLU product recomputed: read g, u, write p
-    b = gemm_per_token / cp + (elementwise + 16 * vocab) / (tp * cp) / hbm
-    kernels = fw.kernels_per_layer * layers * (1 + full * fw.forward_share) + 2 * layers * (recompute == "selective")
-    c = gemm_per_token * gpu.gemm_m_half + (kernels + fw.kernels_head) * fw.launch_s
-    if tp > 1:
-        bw, lat = _link(gpu, fw, tp > gpn)
-        collectives = (FORWARD_COLLECTIVES * (1 + full) + BACKWARD_COLLECTIVES) * layers + HEAD_COLLECTIVES
-        b += collectives * (tp - 1) / tp * 2 * h / cp / bw
-        c += collectives * lat
-    if cp > 1:
-        _, lat = _link(gpu, fw, tp * cp > gpn)
-        c += layers * (3 + full) * (cp - 1) * lat  # ring steps: K/V forward (again under full), K/V and dK/dV backward
-    if pp > 1:
-        bw, lat = _link(gpu, fw, tp * cp * pp > gpn)
-        b += 2 * 2 * h / (tp * cp) / bw
-        c += 2 * lat
-    return a, b, c
-
-
-def _ring_exposed(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec,
-                  lengths: np.ndarray) -> np.ndarray:
-    """Seconds of the CP ring's K/V transfers that the attention of one sequence of each length does not hide:
-    per layer and pass, max(0, ring - attention*(cp-1)/cp) (a step's transfer runs during the step before). The
-    ring carries K and V, kv_dim wide each; attention's FLOPs follow the query heads (hidden)."""
-    h, kv, layers = model.hidden, model.kv_dim, model.layers // pp
-    bw, _ = _link(gpu, fw, tp * cp > gpu.gpus_per_node)
-    l = np.asarray(lengths, dtype=np.float64)
-    attn_per_unit = h * l * l / (tp * cp) / (gpu.peak_tflops * 1e12 * gpu.attention_efficiency) * (cp - 1) / cp
-    ring_per_h = (cp - 1) / (cp * tp) * kv * l / bw
-    fwd = np.maximum(0.0, 4 * ring_per_h - 2 * attn_per_unit)
-    bwd = np.maximum(0.0, 8 * ring_per_h - 5 * attn_per_unit)
-    return layers * ((1 + (recompute == "full")) * fwd + bwd)
 
 
 def analytic_time(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str = "none",
-                  fw: FrameworkSpec = FRAMEWORK, fit_range: tuple[int, int] = (CP_FIT_MIN_LEN, 4 * CP_FIT_MIN_LEN),
-                  ) -> tuple[TimeCoeffs, float]:
-    """T(l) of the last pipeline stage (layers/pp decoder layers + LM head and loss, the slowest stage, which
-    sets the 1F1B steady state): fwd+bwd of one micro-batch of l packed tokens, seconds; and the relative error
-    of the CP fit (0 without CP).
-
-    a: causal FlashAttention, 2*h*l^2 FLOPs per layer forward, backward 2.5x forward, split over TP x CP.
-    b: GEMMs (6 FLOPs per weight per token) at the TP-dependent efficiency, elementwise kernels at HBM
-       bandwidth, TP all-gather/reduce-scatter of the l x h activation (10 per layer with SP), PP p2p.
-    c: the GEMMs' short-M under-utilization (efficiency m/(m+m_half) at m = l/cp tokens per GPU is
-       exactly g*(m + m_half): a constant of m_half tokens' GEMM time), kernel launches, collective and
-       p2p latencies.
-    Recomputation adds the forward work it re-runs (framework.recompute_time). With CP > 1 the ring's K/V
-    transfers hide behind attention where it is long enough (`_ring_exposed`), which is no polynomial in l:
-    T is evaluated on single sequences over `fit_range` (the lengths the scheme serves) and fitted to
-    a*l^2 + b*l + c.
+                  fw: FrameworkSpec = FRAMEWORK, fit_range: tuple[int, int] = (FIT_MIN_LEN, 4 * FIT_MIN_LEN),
+                  dtype: str = "bf16") -> StageTime:
+    """T(l) of the last pipeline stage (hydraplan.core.stagetime: its named terms; with CP > 1 the exposed ring
+    fitted over `fit_range`, the lengths the scheme serves, and the fit's worst relative error).
     A group larger than a node crosses InfiniBand: TP if tp > gpus_per_node, CP if tp*cp > gpus_per_node,
-    PP if the whole pipeline does not fit in one node.
-    """
-    a, b, c = _closed_form(gpu, model, tp, pp, cp, recompute, fw)
-    if cp == 1:
-        return TimeCoeffs(a=_sig(a), b=_sig(b), c=_sig(c)), 0.0
-    lo = max(CP_FIT_MIN_LEN, fit_range[0])
-    l = np.unique(np.geomspace(lo, max(fit_range[1], 4 * lo), CP_FIT_POINTS).round())
-    seconds = (a * l + b) * l + c + _ring_exposed(gpu, model, tp, pp, cp, recompute, fw, l)
-    fit = fit_time_coeffs(l, seconds)
-    return TimeCoeffs(a=_sig(fit.a), b=_sig(fit.b), c=_sig(fit.c)), fit.worst_rel_err
+    PP if the whole pipeline does not fit in one node."""
+    return stage_time(StageSpec(gpu, model, fw, tp, pp, cp, recompute, dtype), fit_range)
 
 
 def analytic_memory(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str = "none",
-                    fw: FrameworkSpec = FRAMEWORK, gpus_per_node: int = 8) -> SchemeMemory:
+                    fw: FrameworkSpec = FRAMEWORK, gpus_per_node: int = 8, dtype: str = "bf16") -> SchemeMemory:
     """Appendix C.1 per-GPU memory of the worst stage, as named terms (their sources: `memory_notes`): bytes
-    sharded over all N GPUs, bytes per rank, and bytes per packed token, so MaxLen stays linear in memory."""
+    sharded over all N GPUs, bytes per rank, and bytes per packed token, so MaxLen stays linear in memory. FP8 GEMMs
+    keep the fp8 weights and their transposes (`fp8_weights`) and their inputs in fp8 for the backward."""
     info = model_info(model)
     sharded = {"master_and_adam": fw.sharded_bytes_per_param * model.params, "owner_gradient": 4.0 * model.params}
     local = {"weights_and_gradients": fw.local_bytes_per_param * _stage_params(model, pp) / tp}
     local.update({t.name: t.bytes for t in lnk_terms(info, tp, pp, None, 2)})
     local["communicators"] = _communicator_bytes(tp, pp, cp, gpus_per_node, fw)
+    if dtype == "fp8":
+        local["fp8_weights"] = fw.fp8_weight_bytes * (model.layers // pp) * model.layer_matmul_params / tp
     kv = kv_bytes_per_token(model, tp, fw)
-    token = {k: _sig(v) for k, v in _activation_terms(model, tp, pp, cp, recompute, fw).items()}
+    token = {k: sig(v) for k, v in _activation_terms(model, tp, pp, cp, recompute, fw, dtype).items()}
     if cp > 1:  # the gathered K/V windows: every layer's kept for its backward, or under full recomputation one layer's
-        token["cp_kv"] = _sig(kv * (2 * cp + 1) / (2 * cp) / (model.layers if recompute == "full" else 1))
+        token["cp_kv"] = sig(kv * (2 * cp + 1) / (2 * cp) / (model.layers if recompute == "full" else 1))
     return SchemeMemory(
         sharded_bytes=float(sum(sharded.values())),
         local_bytes=float(round(sum(local.values()))),
-        act_bytes_per_token=_sig(sum(token.values())),
-        kv_bytes_per_token=_sig(kv),
+        act_bytes_per_token=sig(sum(token.values())),
+        kv_bytes_per_token=sig(kv),
         sharded_terms={k: float(v) for k, v in sharded.items()},
         local_terms={k: float(round(v)) for k, v in local.items()},
         token_terms=token,
@@ -179,16 +83,21 @@ def _stage_params(model: ModelSpec, pp: int) -> int:
     return (model.layers // pp) * model.layer_params + embeddings
 
 
-def layer_kept_bytes(model: ModelSpec, tp: int, cp: int, recompute: str, fw: FrameworkSpec = FRAMEWORK) -> float:
+def layer_kept_bytes(model: ModelSpec, tp: int, cp: int, recompute: str, fw: FrameworkSpec = FRAMEWORK,
+                     dtype: str = "bf16") -> float:
     """Bytes per packed token one decoder layer keeps for its backward on one rank (framework.activations; what
-    runtime/saved.py measures)."""
+    runtime/saved.py measures); under FP8 GEMMs their inputs in fp8 (framework.fp8)."""
     h, f = model.hidden, model.ffn
-    act_h = _gqa(model, fw.act_h, 4)  # K and V: 2 bytes x kv_dim each, kept for the backward
-    return {"none": act_h + fw.act_f * f, "selective": act_h + fw.act_f_selective * f,
+    fp8 = dtype == "fp8"
+    act_h = gqa_bytes(model, fw.act_h_fp8 if fp8 else fw.act_h, 4)  # K and V: 2 bytes x kv_dim each (bf16 attention)
+    act_f = fw.act_f_fp8 if fp8 else fw.act_f
+    product = 1 if fp8 else 2  # the SwiGLU product (the FC2 input), recomputed under selective recomputation
+    return {"none": act_h + act_f * f, "selective": act_h + (act_f - product) * f,
             "full": fw.act_h_full * h}[recompute] / (tp * cp)
 
 
-def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec) -> dict[str, float]:
+def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: str, fw: FrameworkSpec,
+                      dtype: str) -> dict[str, float]:
     """Activation bytes per packed token of the worst stage, x fragmentation: `activations`, what the micro-batches
     in flight keep for their backward (1F1B keeps pp micro-batches on the first stage: layers/pp * pp = all layers;
     the last stage one micro-batch of its layers plus the logits; the worst of the two), `backward_layer`, one
@@ -197,12 +106,12 @@ def _activation_terms(model: ModelSpec, tp: int, pp: int, cp: int, recompute: st
     stage (a safe upper bound that keeps MaxLen linear in memory)."""
     h, vocab = model.hidden, model.vocab
     layers = model.layers // pp
-    kept = layer_kept_bytes(model, tp, cp, recompute, fw)
+    kept = layer_kept_bytes(model, tp, cp, recompute, fw, dtype)
     logits = 10 * vocab / (tp * cp)  # bf16 logits + fp32 copy and gradient for the cross-entropy
     first = model.layers * kept + (logits if pp == 1 else 0.0)
     last = layers * kept + logits
     return {"activations": max(first, last) * fw.fragmentation,
-            "backward_layer": layer_kept_bytes(model, tp, cp, "none", fw) * fw.fragmentation,
+            "backward_layer": layer_kept_bytes(model, tp, cp, "none", fw, dtype) * fw.fragmentation,
             "sp_unsplit": fw.act_h_unsplit * h / cp * fw.fragmentation}
 
 
@@ -238,11 +147,6 @@ def capacity_bytes(gpu: GPUSpec, fw: FrameworkSpec = FRAMEWORK) -> float:
     return float(round(gpu.memory_gib * gib * (1 - fw.margin_fraction) - fw.reserved_gib * gib))
 
 
-def _sig(x: float, digits: int = 6) -> float:
-    """Round to significant digits so the generated files are short and byte-for-byte reproducible."""
-    return float(f"{x:.{digits}g}")
-
-
 def scheme_space(model: ModelSpec) -> list[tuple[int, int, int, str]]:
     """<TP,PP,CP,recompute> candidates: TP dividing the heads and the K/V heads (the runtime splits both over TP
     ranks and does not replicate K/V heads), PP dividing the layers; at most 64 GPUs up to CP 8,
@@ -255,50 +159,88 @@ def scheme_space(model: ModelSpec) -> list[tuple[int, int, int, str]]:
             for mode in RECOMPUTE_MODES]
 
 
-def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWORK, name: str | None = None) -> Profile:
-    """The analytic profile of one GPU and model (named GPU-MODEL unless `name`): every scheme that holds
-    MIN_MAX_LEN at REFERENCE_GPUS."""
+def fit_range(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, fw: FrameworkSpec = FRAMEWORK,
+              dtype: str = "bf16") -> tuple[int, int]:
+    """The lengths a layout serves, where its no-polynomial terms are fitted: from 1/16 of its MaxLen without
+    recomputation to its MaxLen with full recomputation at REFERENCE_GPUS, the same lengths for every mode (fitted
+    apart over each mode's own lengths, a mode that recomputes could come out cheaper than one that does not)."""
     capacity = capacity_bytes(gpu, fw)
-    schemes, worst_fit = [], 0.0
+    lo, hi = (max_len_from_memory(capacity, analytic_memory(model, tp, pp, cp, m, fw, gpu.gpus_per_node, dtype),
+                                  REFERENCE_GPUS) for m in ("none", "full"))
+    return lo // 16, hi
+
+
+def analytic_scheme(gpu: GPUSpec, model: ModelSpec, tp: int, pp: int, cp: int, recompute: str = "none",
+                    fw: FrameworkSpec = FRAMEWORK, dtype: str = "bf16") -> tuple[Scheme, float]:
+    """One scheme of the analytic profile (MaxLen at REFERENCE_GPUS, possibly below MIN_MAX_LEN) and its fit's worst
+    relative error."""
+    memory = analytic_memory(model, tp, pp, cp, recompute, fw, gpu.gpus_per_node, dtype)
+    max_len = max(1, max_len_from_memory(capacity_bytes(gpu, fw), memory, REFERENCE_GPUS))
+    t = analytic_time(gpu, model, tp, pp, cp, recompute, fw, fit_range(gpu, model, tp, pp, cp, fw, dtype), dtype)
+    return Scheme(tp=tp, pp=pp, cp=cp, recompute=recompute, max_len=max_len, util_len=util_len(t.time, max_len),
+                  time=t.time, memory=memory), t.fit_rel_err
+
+
+def network_of(gpu: GPUSpec) -> Network:
+    """LNK's bandwidths: a send to a peer over NVLink inside a node, over the GPU's NIC across nodes."""
+    return Network(intra_node_GBps=sig(nccl.nvlink_bytes_s(gpu) / 1e9), inter_node_GBps=sig(nccl.nic_bytes_s(gpu) / 1e9))
+
+
+def profile_name(gpu: GPUSpec, model: ModelSpec, dtype: str = "bf16") -> str:
+    """GPU-MODEL, with -fp8 for FP8 GEMMs."""
+    return f"{gpu.key}-{model.key}" + ("-fp8" if dtype == "fp8" else "")
+
+
+def analytic_profile(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec = FRAMEWORK, name: str | None = None,
+                     dtype: str = "bf16") -> Profile:
+    """The analytic profile of one GPU and model (named `profile_name` unless `name`): every scheme that holds
+    MIN_MAX_LEN at REFERENCE_GPUS; `dtype` fp8: Transformer Engine's FP8 GEMMs (a GPU with FP8 tensor cores)."""
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})", "dtype")
+    if dtype == "fp8" and gpu.fp8_tflops is None:
+        raise UserError(f"dtype fp8: {gpu.name} has no FP8 tensor cores (FP8 profiles: {', '.join(FP8_GPUS)})", "dtype")
+    schemes, errors = [], []
     for tp, pp, cp, mode in scheme_space(model):
-        memory = analytic_memory(model, tp, pp, cp, mode, fw, gpu.gpus_per_node)
-        max_len = max_len_from_memory(capacity, memory, REFERENCE_GPUS)
-        if max_len < MIN_MAX_LEN:
+        scheme, err = analytic_scheme(gpu, model, tp, pp, cp, mode, fw, dtype)
+        if scheme.max_len < MIN_MAX_LEN:
             continue
-        # CP schemes serve long sequences: T is fitted from 1/16 of the layout's MaxLen without recomputation to its
-        # MaxLen with full recomputation, the same lengths for every mode, so that modes compare alike
-        lo, hi = (max_len_from_memory(capacity, analytic_memory(model, tp, pp, cp, m, fw), REFERENCE_GPUS)
-                  for m in ("none", "full"))
-        time, fit_err = analytic_time(gpu, model, tp, pp, cp, mode, fw, (lo // 16, hi))
-        worst_fit = max(worst_fit, fit_err)
-        schemes.append(Scheme(tp=tp, pp=pp, cp=cp, recompute=mode, max_len=max_len, util_len=util_len(time, max_len),
-                              time=time, memory=memory))
+        schemes.append(scheme)
+        errors.append(err)
     return Profile(
-        name=name or f"{gpu.key}-{model.key}",
+        name=name or profile_name(gpu, model, dtype),
         gpu=GPUInfo(name=gpu.name, memory_gib=gpu.memory_gib, gpus_per_node=gpu.gpus_per_node,
                     peak_tflops=gpu.peak_tflops),
         model=model_info(model),
         schemes=schemes,
         reference_gpus=REFERENCE_GPUS,
-        memory=ProfileMemory(capacity_bytes=capacity),
-        network=Network(intra_node_GBps=_sig(gpu.nvlink_bytes_s * fw.link_efficiency / 1e9),
-                        inter_node_GBps=_sig(gpu.ib_bytes_s * fw.link_efficiency / 1e9)),
+        memory=ProfileMemory(capacity_bytes=capacity_bytes(gpu, fw)),
+        network=network_of(gpu),
         source="analytic",
-        notes=_notes(gpu, model, fw, worst_fit),
+        dtype=dtype,
+        notes=_notes(gpu, model, fw, errors, dtype),
     )
 
 
-def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, worst_fit: float) -> dict[str, str]:
+def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, fit_errors: list[float], dtype: str) -> dict[str, str]:
+    errs = np.asarray(fit_errors or [0.0])
+    rate = attention_rate(gpu.key, fw.attention_kernel)
     notes = {
         "generator": "hydraplan profiles generate (hydraplan.core.analytic.analytic_profile); do not edit by hand",
-        "time": "T(l) = a*l^2 + b*l + c seconds: fwd+bwd of one micro-batch of l packed tokens on the last "
-                "stage (layers/pp decoder layers + LM head + loss). a: causal FlashAttention; b: GEMMs, "
-                "elementwise kernels, TP all-gather/reduce-scatter (sequence parallel), PP p2p (NVLink inside a "
-                "node, IB when the group spans nodes); c: short-GEMM under-utilization, launches, latencies; the CP "
-                "K/V ring where attention does not hide it (framework.context_parallel); recomputation's forward "
-                "work once more (framework.recompute_time)",
-        "fit_worst_rel_err": f"{worst_fit:.3f}: the worst relative error, over the lengths fitted, of a*l^2 + b*l + c "
-                             "against the CP ring's overlap model (schemes with cp > 1; 0 elsewhere)",
+        "time": "T(l) = a*l^2 + b*l + c seconds: fwd+bwd of one micro-batch of l packed tokens on the last stage "
+                "(layers/pp decoder layers + LM head + loss), the sum of named physical terms (hydraplan.core.stagetime): "
+                "scheme.time.a_terms, b_terms and c_terms hold each term's share, its meaning and source is time.NAME; "
+                "c, the per-micro-batch constant, is the short GEMMs' under-utilization, the launch floor, the TP and PP "
+                "latencies and CP's ring-step launches (`hydraplan profiles time NAME SCHEME` lists them)",
+        "fit_worst_rel_err": f"{errs.max():.3f} (median {np.median(errs):.3f}): the worst relative error, over the "
+                             "lengths the scheme serves (fit_range), of a*l^2 + b*l + c against the stage model, whose "
+                             "only term that is no polynomial is the CP ring's exposed part (0 without CP); the closed-"
+                             "form terms are floors the fit does not move",
+        "dtype": (f"{dtype}: " + ("Transformer Engine FP8 GEMMs in the decoder layers at the FP8 peak "
+                                  f"({gpu.fp8_tflops:g} TFLOP/s x fp8_gemm_efficiency), their casts (time.fp8_cast) and "
+                                  "fp8 weight copies (memory.fp8_weights); attention, the LM head and communication "
+                                  "stay bf16 (TP's input gathers in fp8)" if dtype == "fp8" else
+                                  "bf16 GEMMs and attention, fp32 gradient accumulation")),
+        "attention": f"{rate.kernel} on {gpu.key}: {rate.source}",
         "max_len": f"appendix C.1: (capacity - sharded/N - local) / act_bytes_per_token, stored for N = "
                    f"{REFERENCE_GPUS}; schemes with MaxLen < {MIN_MAX_LEN} at that N are omitted; each term of "
                    "sharded_bytes, local_bytes and act_bytes_per_token is in memory.*_terms, its source in memory.NAME",
@@ -313,17 +255,19 @@ def _notes(gpu: GPUSpec, model: ModelSpec, fw: FrameworkSpec, worst_fit: float) 
         "stages": "the embedding lookup (first stage) does no GEMM work; the LM head and loss run on the last "
                   "stage, whose T is stored for every stage because the slowest stage sets the 1F1B rate",
         "links": f"NVLink {gpu.nvlink_gb_s:g} GB/s bidirectional = {gpu.nvlink_bytes_s / 1e9:g} GB/s per GPU per "
-                 f"direction; IB {gpu.ib_gb_s_per_node:g} GB/s per node = {gpu.ib_bytes_s / 1e9:g} GB/s per GPU per "
-                 f"direction; both at {fw.link_efficiency:g} efficiency; {gpu.gpus_per_node} GPUs per node",
-        "network": f"LNK pull/push per GPU per direction at {fw.link_efficiency:g} of nominal: NVLink "
-                   f"{gpu.nvlink_bytes_s / 1e9:g} GB/s inside a node, {gpu.ib_bytes_s / 1e9:g} GB/s across nodes (one NIC "
-                   "per GPU); see gpu.ib",
+                 f"direction, {gpu.node_fabric.nic_GBps:g} GB/s usable; IB {gpu.ib_gb_s_per_node:g} GB/s per node = "
+                 f"{gpu.ib_bytes_s / 1e9:g} GB/s per GPU per direction, {gpu.net_fabric.nic_GBps:g} usable; "
+                 f"{gpu.gpus_per_node} GPUs per node; NCCL's collectives: {gpu.node_fabric.name} inside a node, "
+                 f"{gpu.net_fabric.name} across (hydraplan.core.collectives, gpu.nccl)",
+        "network": f"LNK pull/push per GPU per direction: NCCL's NVLink {nccl.nvlink_bytes_s(gpu) / 1e9:g} GB/s inside a "
+                   f"node and one NIC's {nccl.nic_bytes_s(gpu) / 1e9:g} GB/s across nodes (links)",
         "params": _params_note(model),
         "capacity": f"{gpu.memory_gib:g} GiB x {1 - fw.margin_fraction:g} - {fw.reserved_gib:g} GiB = "
                     f"{capacity_bytes(gpu, fw) / 2**30:.1f} GiB usable per GPU (memory.capacity_bytes)",
     }
     notes.update({f"gpu.{k}": v for k, v in gpu.sources})
     notes.update({f"framework.{k}": v for k, v in fw.sources})
+    notes.update({f"time.{k}": v for k, v in TERM_NOTES.items()})
     if model.kv_dim != model.hidden:
         notes["gqa"] = (f"grouped-query attention: {model.kv_heads} K/V heads for {model.heads} query heads, K and V "
                         f"{model.kv_dim} wide (kv_dim) instead of {model.hidden}: the K/V weights, the K and V kept "
@@ -397,6 +341,9 @@ def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
                         "2*cp symmetric chunks per sequence its two chunks' windows cover (2cp+1)/(2cp) of the sequence, "
                         "K and V bf16, all layers in flight on the first stage (kv_bytes_per_token x (2cp+1)/(2cp)); "
                         "under full recomputation only the layer in its backward keeps them (1/layers of that)",
+        "memory.fp8_weights": f"FP8 GEMMs: {fw.fp8_weight_bytes} bytes per decoder-layer GEMM weight of the stage, split by "
+                              "TP: Transformer Engine's fp8 copy of each weight and its transpose, cast on the first "
+                              "micro-batch and kept through the iteration (framework.fp8)",
         "memory.kv": "kv_bytes_per_token: K and V in bf16 (4*hidden/tp bytes per token and layer) over every layer "
                      "in flight on the first stage, x framework.fragmentation; Seq1F1B's window copies "
                      "(hydraplan.solve.seqsplit) and CP's gathered keys are counted with it",
@@ -404,5 +351,7 @@ def memory_notes(fw: FrameworkSpec = FRAMEWORK) -> dict[str, str]:
 
 
 def analytic_profiles() -> list[Profile]:
-    """The bundled LLaMA-2 profiles (the HF-config ones: hydraplan.store.profiles)."""
-    return [analytic_profile(GPUS[g], m) for g in LLAMA2_GPUS for m in MODELS.values()]
+    """The bundled LLaMA-2 profiles, bf16 and (on GPUs with FP8 tensor cores) fp8 (the HF-config ones:
+    hydraplan.store.profiles)."""
+    return [analytic_profile(GPUS[g], m, dtype=d) for g in LLAMA2_GPUS for m in MODELS.values()
+            for d in (("bf16", "fp8") if g in FP8_GPUS else ("bf16",))]

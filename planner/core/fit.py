@@ -88,6 +88,40 @@ def _fit_terms(sq: np.ndarray, lin: np.ndarray, seconds: np.ndarray | Sequence[f
     return TimeFit(a, b, c, r2, float(np.max(np.abs(pred - y) / y)))
 
 
+class Increments(NamedTuple):
+    a: float
+    b: float
+    c: float
+    worst_rel_err: float
+
+
+def fit_increments(lengths: np.ndarray, base: np.ndarray, exposed: np.ndarray) -> Increments:
+    """Nonnegative increments (a, b, c) of a time whose exact part `base` is known and whose `exposed` part (>= 0,
+    no polynomial) is not: minimizes the relative error of base + a*l^2 + b*l + c against base + exposed (exact NNLS
+    over the active sets, as `fit_time_coeffs`). The base's own coefficients stay as they are: a fit that could move
+    them would trade a physical term for a fitted one. worst_rel_err: over the lengths given."""
+    l = np.asarray(lengths, dtype=np.float64).ravel()
+    e = np.asarray(exposed, dtype=np.float64).ravel()
+    total = np.asarray(base, dtype=np.float64).ravel() + e
+    X = np.column_stack([l * l, l, np.ones_like(l)]) / total[:, None]
+    y = e / total
+    scale = np.abs(X).max(axis=0)
+    Xs = X / scale
+    best, best_sse = np.zeros(3), float(y @ y)
+    for cols in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+        sub, *_ = np.linalg.lstsq(Xs[:, cols], y, rcond=None)
+        if np.any(sub < 0):
+            continue
+        resid = y - Xs[:, cols] @ sub
+        sse = float(resid @ resid)
+        if sse < best_sse:
+            best_sse, best = sse, np.zeros(3)
+            best[list(cols)] = sub
+    a, b, c = (best / scale).tolist()
+    worst = float(np.max(np.abs((a * l + b) * l + c - e) / total)) if l.size else 0.0
+    return Increments(a, b, c, worst)
+
+
 def time_grid(max_len: int) -> list[list[int]]:
     """The timing grid of a scheme: single sequences at TIME_FRACTIONS of MaxLen, then the same totals
     as PACKED_DOCS equal documents (deterministic for a MaxLen)."""

@@ -1,14 +1,39 @@
-"""Spec tables behind the analytic profiles: GPUs, models and the training-framework constants.
+"""Spec tables behind the analytic profiles: GPUs and models (the training frameworks' constants:
+hydraplan.core.frameworks; attention kernels' rates: hydraplan.core.kernelrates).
 
-Every number carries its source so the generated profiles can record it in their `notes`. Datasheet
-values are exact; efficiencies and overheads are engineering estimates (stated as such) that put the
-analytic model within 2x of the fitted Hydraulis A800 coefficients while keeping every scheme's implied
-MFU below 70%.
+Every number carries its source so the generated profiles can record it in their `notes`. Datasheet values are
+exact; efficiencies, latencies and overheads are calibrated to the published measurements of data/published/
+(`python -m bench fidelity`) where those cover them, and engineering estimates (stated as such) elsewhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol (LL, LL128, Simple) on a fabric: its fixed latency and the bus bandwidth it reaches."""
+
+    latency_s: float
+    busbw_GBps: float
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What NCCL's collectives reach on one fabric (hydraplan.core.collectives): each protocol's fixed latency and the
+    bus bandwidth its all-reduce reaches (NVLS inside a Hopper node, a tree across nodes: NCCL picks the fastest
+    protocol for a size), the bus bandwidth of a ring (all-gather, reduce-scatter), the latency of each dependent hop
+    of a ring or tree, and across nodes one GPU's NIC (all-to-all, sends). Measured by nccl-tests at `gpus` GPUs."""
+
+    name: str
+    gpus: int
+    protocols: tuple[Protocol, ...]
+    ring_GBps: float
+    hop_s: float
+    nic_GBps: float
+    source: str
+    alltoall_GBps: float = 0.0  # across nodes: the per-GPU NIC rate an all-to-all reaches (0: the NIC's)
 
 
 @dataclass(frozen=True)
@@ -17,14 +42,18 @@ class GPUSpec:
     name: str
     memory_gib: float
     peak_tflops: float  # dense bf16 tensor-core peak
+    fp8_tflops: float | None  # dense fp8 tensor-core peak (None: no FP8 tensor cores)
     hbm_gb_s: float
     nvlink_gb_s: float  # bidirectional NVLink bandwidth per GPU (datasheet convention)
     ib_gb_s_per_node: float  # aggregate InfiniBand bandwidth of an 8-GPU node, one direction
     gpus_per_node: int
-    gemm_efficiency: float  # fraction of peak reached by wide, long training GEMMs (fwd + dgrad + wgrad)
+    gemm_efficiency: float  # fraction of the bf16 peak reached by wide, long training GEMMs (fwd + dgrad + wgrad)
+    fp8_gemm_efficiency: float | None  # the same of the fp8 peak, for Transformer Engine's FP8 GEMMs
     gemm_m_half: int  # per-GPU tokens at which a GEMM reaches half its asymptotic efficiency
-    attention_efficiency: float  # fraction of peak reached by FlashAttention fwd+bwd (hardware FLOPs)
+    node_fabric: Fabric  # NCCL's collectives inside a node (NVLink; NVLS on Hopper)
+    net_fabric: Fabric  # NCCL's collectives across nodes
     sources: tuple[tuple[str, str], ...]
+    power_factor: float = 1.0  # sustained tensor-core clock under the part's power limit / the datasheet's
 
     @property
     def nvlink_bytes_s(self) -> float:
@@ -82,164 +111,132 @@ class ModelSpec:
         return self.layers * self.layer_params + self.embedding_params + self.hidden
 
 
-@dataclass(frozen=True)
-class FrameworkSpec:
-    """Megatron-style tensor parallelism with sequence parallelism (the runtime's: inputs of the TP regions
-    gathered again in the backward), ring context parallelism, FlashAttention, bf16 weights, fp32 gradient
-    accumulation, and activation recomputation none, selective or full (runtime/recompute.py)."""
-
-    weight_half: float  # per-GPU weights of one layer's GEMMs at which GEMM efficiency halves (TP split)
-    link_efficiency: float  # achieved / nominal bandwidth of NCCL collectives and p2p
-    memory_efficiency: float  # achieved / nominal HBM bandwidth of elementwise kernels
-    kernels_per_layer: int  # kernel launches per decoder layer, forward + backward
-    kernels_head: int  # launches of embedding, final norm, LM head and cross-entropy, fwd + bwd
-    launch_s: float  # host-side cost of one launch when the GPU is starved (eager PyTorch)
-    nvlink_latency_s: float  # small-message latency of one NCCL collective / p2p step over NVLink
-    ib_latency_s: float  # same across InfiniBand
-    act_h: int  # activation bytes kept per token per layer, split by TP (with SP) and CP: act_h*h + act_f*ffn (bf16)
-    act_f: int
-    act_f_selective: int  # selective recomputation: act_h*h + act_f_selective*ffn (the SwiGLU product recomputed)
-    act_h_full: int  # full recomputation: act_h_full*h, each layer's input (SP rows)
-    act_h_unsplit: int  # per token, split by CP only: the sequence-parallel working set that TP does not split
-    forward_share: float  # the forward's share of a layer's elementwise work and kernel launches (recomputation)
-    elementwise_h: int  # HBM bytes per token per layer of elementwise kernels = elementwise_h*h + elementwise_f*ffn
-    elementwise_f: int
-    fragmentation: float  # caching-allocator overhead on activation memory with varying packed lengths
-    margin_fraction: float  # share of HBM kept free as the safety margin
-    reserved_gib: float  # CUDA context and kernel images, cuBLAS/cuDNN/attention workspaces, allocator reserve
-    sharded_bytes_per_param: int  # fp32 master weight + Adam m and v, sharded over all N GPUs
-    local_bytes_per_param: int  # bf16 weight + fp32 gradient accumulator of the stage, split by TP
-    nccl_collective_mib: float  # NCCL buffers of one communicator running ring/tree collectives
-    nccl_p2p_peer_mib: float  # NCCL buffers of one p2p connection to a peer inside the node
-    sources: tuple[tuple[str, str], ...]
-
+PUBLISHED = "data/published/"
+NVLINK_H100 = Fabric(
+    "nvlink4-h100", 8, (Protocol(28.43e-6, 12.5), Protocol(37.43e-6, 325.5), Protocol(81.43e-6, 448.2)), ring_GBps=340.3,
+    hop_s=1.24e-6, nic_GBps=370.0,
+    source=f"nccl-tests inside one H100 node: all-reduce with NVLS on 8 GPUs ({PUBLISHED}azure-nd-h100-v5-nccl.json, NCCL "
+           f"2.18.5; nvidia-dgxc-h100-nccl.json; voltagepark-h100-ib-nccl.json's node) and all-reduce, all-gather, "
+           f"reduce-scatter on 4 ({PUBLISHED}h100-4gpu-nvswitch-nccl.json, NCCL 2.29.2): three protocols, the ring's "
+           "bandwidth and hop fitted to the 51 points by their worst relative error (12%), each system's latency its "
+           "own (hardware.NCCL_LATENCY); a send at the 370 of NVLink's 450 GB/s per direction usable (NVIDIA's sjeaugey, "
+           "NVIDIA/nccl-tests issue 212)")
+NVLINK_H200 = Fabric(
+    "nvlink4-h200", 8, (Protocol(29.74e-6, 307.8), Protocol(74.15e-6, 470.1)), ring_GBps=340.3, hop_s=1.24e-6,
+    nic_GBps=370.0,
+    source=f"nccl-tests all-reduce with NVLS on 8 H200 ({PUBLISHED}azure-nd-h200-v5-nccl.json, NCCL 2.20.5): two "
+           "protocols fitted to its 23 sizes (worst 4.7%); the ring, hop and sends as H100's (the same NVLink 4)")
+NVLINK_A100 = Fabric("nvlink3-a100", 8, (Protocol(28.43e-6, 12.5), Protocol(37.43e-6, 230.0)), ring_GBps=230.0,
+                     hop_s=1.24e-6, nic_GBps=245.0,
+                     source="estimate (no published A100 measurement in data/published): H100's latencies, NVLink 3's "
+                            "300 GB/s per direction at H100's usable share")
+NVLINK_A800 = Fabric("nvlink3-a800", 8, (Protocol(28.43e-6, 12.5), Protocol(37.43e-6, 153.0)), ring_GBps=153.0,
+                     hop_s=1.24e-6, nic_GBps=163.0,
+                     source="estimate (no published A800 measurement in data/published): H100's latencies, the A800's "
+                            "200 GB/s NVLink per direction at H100's usable share")
+NDR = Fabric(
+    "infiniband", 32, (Protocol(45.75e-6, 16.2), Protocol(86.91e-6, 152.0), Protocol(469.1e-6, 363.4)),
+    ring_GBps=340.3, hop_s=0.49e-6, nic_GBps=45.0,
+    source=f"nccl-tests across H100 nodes over NDR InfiniBand: all-reduce and all-gather on 4 x 8 GPUs "
+           f"({PUBLISHED}voltagepark-h100-ib-nccl.json, NCCL 2.24.3) and all-reduce with SHARP on 8 x 8 "
+           f"({PUBLISHED}coreweave-h100-64gpu-sharp-nccl.json): three protocols and the hop fitted to the 15 points "
+           "(worst 14%); a NIC's send at 0.9 of its 50 GB/s")
+HDR = Fabric("infiniband-hdr", 32, (Protocol(45.75e-6, 8.1), Protocol(86.91e-6, 76.0), Protocol(469.1e-6, 181.7)),
+             ring_GBps=230.0, hop_s=0.49e-6, nic_GBps=22.5,
+             source="estimate: the NDR fabric's latencies and half its bandwidths (HDR's 200 Gb/s NICs)")
+TCPXO = Fabric(
+    "gcp-a3-mega", 16, (Protocol(134.6e-6, 32.9), Protocol(902.1e-6, 424.2)), ring_GBps=340.3, hop_s=3.1e-6,
+    nic_GBps=22.5,
+    source=f"nccl-tests all-reduce on 2 x 8 H100 over GPUDirect-TCPXO ({PUBLISHED}gcp-a3mega-h100-2node-nccl.json): two "
+           "protocols and the hop fitted to its 21 sizes (worst 10%); a NIC's send at 0.9 of 200 Gb/s")
+NCCL_LATENCY = {"nvidia-dgxc-h100-nccl": 0.565, "h100-4gpu-nvswitch-nccl": 0.61}
+"""NCCL's latencies (every protocol's and the hop) on a measured system relative to its fabric's: the systems of
+data/published whose NCCL differs from the fabric's reference (DGX Cloud's sample, NCCL 2.29.2 on a 4-GPU slice) ran
+at these fractions of it (fitted with the fabric; the others at 1)."""
+FABRICS = {f.name: f for f in (NDR, HDR, TCPXO)}
+"""Fabrics across nodes by name (a GPU's own is its net_fabric)."""
 
 H100 = GPUSpec(
-    key="h100", name="H100-SXM-80GB", memory_gib=80, peak_tflops=989.4, hbm_gb_s=3350, nvlink_gb_s=900,
-    ib_gb_s_per_node=400, gpus_per_node=8, gemm_efficiency=0.60, gemm_m_half=384, attention_efficiency=0.40,
+    key="h100", name="H100-SXM-80GB", memory_gib=80, peak_tflops=989.4, fp8_tflops=1978.9, hbm_gb_s=3350,
+    nvlink_gb_s=900, ib_gb_s_per_node=400, gpus_per_node=8, gemm_efficiency=0.70, fp8_gemm_efficiency=0.65,
+    gemm_m_half=384, node_fabric=NVLINK_H100, net_fabric=NDR,
     sources=(
-        ("peak_tflops", "989.4 dense BF16 TFLOP/s, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (NVIDIA H100 SXM5 datasheet)"),
+        ("peak_tflops", "989.4 dense BF16 and 1978.9 dense FP8 TFLOP/s, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s "
+                        "(NVIDIA H100 SXM5 datasheet)"),
         ("ib", "DGX H100: 8x ConnectX-7 400 Gb/s NDR, one per GPU = 400 GB/s per node, 50 GB/s per GPU per direction "
                "(NVIDIA DGX H100 user guide); the brief's '400 GB/s' read as this node aggregate"),
-        ("gemm_efficiency", "0.60 of peak (~590 TFLOP/s) for wide training GEMMs incl. transposed dgrad/wgrad; "
-                            "estimate: Megatron-Core reports ~40-47% end-to-end MFU for bf16 GPT training on H100"),
+        ("gemm_efficiency", "0.70 of the bf16 peak and 0.65 of the fp8 peak for wide, long training GEMMs (fwd, dgrad, "
+                            "wgrad), weight_half 15.5M (hydraplan.core.frameworks): fitted with the frameworks' few "
+                            "constants to the published training iterations of data/published (NeMo 24.x FP8, "
+                            "Megatron-LM r0.8 BF16, Megatron-Bridge 25.11 FP8, torchtitan BF16/FP8; `python -m bench "
+                            "fidelity`: every point within 15%)"),
         ("gemm_m_half", "384 tokens: H100's 132 SMs need larger M tiles than A100 to fill (estimate)"),
-        ("attention_efficiency", "0.40 of peak for FlashAttention fwd+bwd: FA2 reaches ~35% on H100, FA3/cuDNN "
-                                 "forward up to ~75%, backward lower (Shah et al. 2024, FlashAttention-3)"),
+        ("nccl", f"NCCL inside a node: {NVLINK_H100.source}; across nodes (InfiniBand NDR): {NDR.source}"),
     ),
 )
 
 A800 = GPUSpec(
-    key="a800", name="A800-80GB", memory_gib=80, peak_tflops=312.0, hbm_gb_s=2039, nvlink_gb_s=400,
-    ib_gb_s_per_node=200, gpus_per_node=8, gemm_efficiency=0.70, gemm_m_half=256, attention_efficiency=0.60,
+    key="a800", name="A800-80GB", memory_gib=80, peak_tflops=312.0, fp8_tflops=None, hbm_gb_s=2039, nvlink_gb_s=400,
+    ib_gb_s_per_node=200, gpus_per_node=8, gemm_efficiency=0.70, fp8_gemm_efficiency=None, gemm_m_half=256,
+    node_fabric=NVLINK_A800, net_fabric=HDR,
     sources=(
         ("peak_tflops", "312 dense BF16 TFLOP/s, 80 GB HBM2e at 2.039 TB/s (NVIDIA A100/A800 80GB SXM datasheet); "
-                        "A800 NVLink capped at 400 GB/s (NVIDIA A800 datasheet)"),
+                        "A800 NVLink capped at 400 GB/s (NVIDIA A800 datasheet); no FP8 tensor cores"),
         ("ib", "Hydraulis appendix H: '400 GB/s NVLink and 200 GB/s IB' for its A800 cluster = 8x HDR 200 Gb/s "
                "per node, 25 GB/s per GPU per direction"),
         ("gemm_efficiency", "0.70 of peak (~218 TFLOP/s) for wide training GEMMs incl. transposed dgrad/wgrad; "
                             "estimate: Megatron-LM reaches 52% end-to-end MFU on A100 (Narayanan et al. SC'21)"),
         ("gemm_m_half", "256 tokens: cuBLAS bf16 GEMMs with K=N=4096 reach about half their plateau near M=256 (estimate)"),
-        ("attention_efficiency", "0.60 of peak for FlashAttention-2 fwd+bwd, causal, head dim 128: 50-73% of "
-                                 "A100 peak (Dao 2023, FlashAttention-2)"),
+        ("nccl", f"{NVLINK_A800.source}; across nodes: {HDR.source}"),
     ),
 )
 
 H200 = GPUSpec(
-    key="h200", name="H200-SXM-141GB", memory_gib=140, peak_tflops=989.4, hbm_gb_s=4800, nvlink_gb_s=900,
-    ib_gb_s_per_node=400, gpus_per_node=8, gemm_efficiency=0.60, gemm_m_half=384, attention_efficiency=0.40,
+    key="h200", name="H200-SXM-141GB", memory_gib=140, peak_tflops=989.4, fp8_tflops=1978.9, hbm_gb_s=4800,
+    nvlink_gb_s=900, ib_gb_s_per_node=400, gpus_per_node=8, gemm_efficiency=0.70, fp8_gemm_efficiency=0.65,
+    gemm_m_half=384, node_fabric=NVLINK_H200, net_fabric=NDR,
     sources=(
-        ("peak_tflops", "989.4 dense BF16 TFLOP/s (the H100's Hopper GH100 compute), 141 GB HBM3e at 4.8 TB/s, NVLink "
-                        "900 GB/s (NVIDIA H200 SXM datasheet); memory_gib 140: the device exposes about 140 GiB of the "
-                        "141 GB (nvidia-smi reports 143,771 MiB)"),
+        ("peak_tflops", "989.4 dense BF16 and 1978.9 dense FP8 TFLOP/s (the H100's Hopper GH100 compute), 141 GB HBM3e "
+                        "at 4.8 TB/s, NVLink 900 GB/s (NVIDIA H200 SXM datasheet); memory_gib 140: the device exposes "
+                        "about 140 GiB of the 141 GB (nvidia-smi reports 143,771 MiB)"),
         ("ib", "DGX H200: 8x ConnectX-7 400 Gb/s NDR, one per GPU = 400 GB/s per node, 50 GB/s per GPU per direction "
                "(NVIDIA DGX H200 datasheet), as DGX H100"),
-        ("gemm_efficiency", "0.60 of peak, as H100: the same SMs and clocks; the faster HBM helps memory-bound kernels "
-                            "(hbm_gb_s), not the compute-bound GEMMs (estimate)"),
+        ("gemm_efficiency", "as H100: the same SMs and clocks; the faster HBM helps memory-bound kernels (hbm_gb_s), "
+                            "not the compute-bound GEMMs"),
         ("gemm_m_half", "384 tokens, as H100 (same SM count; estimate)"),
-        ("attention_efficiency", "0.40 of peak, as H100 (FlashAttention on Hopper; Shah et al. 2024, FlashAttention-3)"),
+        ("nccl", f"NCCL inside a node: {NVLINK_H200.source}; across nodes and sends as H100 (the same NVLink 4 and "
+                 "NDR fabric)"),
     ),
 )
 
 A100 = GPUSpec(
-    key="a100", name="A100-SXM-80GB", memory_gib=80, peak_tflops=312.0, hbm_gb_s=2039, nvlink_gb_s=600,
-    ib_gb_s_per_node=200, gpus_per_node=8, gemm_efficiency=0.70, gemm_m_half=256, attention_efficiency=0.60,
+    key="a100", name="A100-SXM-80GB", memory_gib=80, peak_tflops=312.0, fp8_tflops=None, hbm_gb_s=2039, nvlink_gb_s=600,
+    ib_gb_s_per_node=200, gpus_per_node=8, gemm_efficiency=0.70, fp8_gemm_efficiency=None, gemm_m_half=256,
+    node_fabric=NVLINK_A100, net_fabric=HDR,
     sources=(
         ("peak_tflops", "312 dense BF16 TFLOP/s, 80 GB HBM2e at 2.039 TB/s, NVLink 600 GB/s (NVIDIA A100 80GB SXM "
-                        "datasheet)"),
+                        "datasheet); no FP8 tensor cores"),
         ("ib", "DGX A100: 8x ConnectX-6 200 Gb/s HDR for the compute fabric, one per GPU = 200 GB/s per node, 25 GB/s "
                "per GPU per direction (NVIDIA DGX A100 user guide)"),
         ("gemm_efficiency", "0.70 of peak, as A800 (the same GA100 silicon; A800 differs only in NVLink): Megatron-LM "
                             "reaches 52% end-to-end MFU on A100 (Narayanan et al. SC'21)"),
         ("gemm_m_half", "256 tokens, as A800 (estimate)"),
-        ("attention_efficiency", "0.60 of peak for FlashAttention-2 fwd+bwd, causal, head dim 128: 50-73% of A100 "
-                                 "peak (Dao 2023, FlashAttention-2)"),
+        ("nccl", f"{NVLINK_A100.source}; across nodes: {HDR.source}"),
     ),
 )
 
-FRAMEWORK = FrameworkSpec(
-    weight_half=8e6, link_efficiency=0.8, memory_efficiency=0.8, kernels_per_layer=70, kernels_head=20,
-    launch_s=7e-6, nvlink_latency_s=15e-6, ib_latency_s=30e-6, act_h=16, act_f=6, act_f_selective=4, act_h_full=2,
-    act_h_unsplit=20, forward_share=1 / 3, elementwise_h=60, elementwise_f=16, fragmentation=1.15, margin_fraction=0.10,
-    reserved_gib=2.5, sharded_bytes_per_param=12, local_bytes_per_param=6, nccl_collective_mib=256, nccl_p2p_peer_mib=8,
-    sources=(
-        ("gemm_shard", "GEMM efficiency = gemm_efficiency * w/(w+8e6) * m/(m+gemm_m_half), w = per-GPU weights of one "
-                       "layer's GEMMs (TP split), m = per-GPU tokens (CP split): narrow or short GEMMs leave SMs idle "
-                       "(Hydraulis appendix D); the m term is exactly a per-micro-batch constant in T"),
-        ("link_efficiency", "0.8: NCCL bus bandwidth vs nominal link bandwidth (nccl-tests on NVLink/IB clusters)"),
-        ("launch", "70 kernels per layer fwd+bwd x 7 us host launch cost in eager PyTorch; 15/30 us NCCL latency "
-                   "over NVLink/IB (estimates); these make up most of c (Hydraulis appendix C.2)"),
-        ("activations", "bf16 activations kept per token per layer, with sequence parallelism all divided by TP x CP "
-                        "(Hydraulis appendix C.1; Korthikanti et al. 2022 sec. 4.2.2: the TP regions' inputs are kept "
-                        "as SP rows and gathered again in the backward), FlashAttention (no score matrices): norm inputs "
-                        "2x2h, QKV and MLP inputs 2x2h, Q/K/V 6h, attention output 2h, SwiGLU gate/up 4f and product 2f "
-                        "= 16h+6f (cf. Korthikanti: 34h/t for GPT with SP); selective recomputation keeps gate and up "
-                        "and recomputes the product (16h+4f; FlashAttention already recomputes the attention scores); "
-                        "full recomputation keeps each layer's input, 2h; plus one layer's 16h+6f live in its backward "
-                        "(recomputed under full), plus fp32 logits and their gradient (10 bytes x vocab/TP/CP) on the "
-                        "last stage"),
-        ("unsplit", "20h bytes per token split by CP only: what sequence parallelism does not split, the full-length "
-                    "[l, h] tensors around a layer's TP regions (the gathered input of a column-parallel GEMM, the "
-                    "partial output of a row-parallel one and its padded reduce-scatter copy, in the backward the "
-                    "gathered output gradient and the input gradient before its reduce-scatter, with the next "
-                    "region's gather in flight: 8-12h in bf16 by count) and the RoPE tables; an estimate, raised to "
-                    "20h so that A800 7B's MaxLen at TP 2-16 lands within 20% of Hydraulis' (whose MaxLen grows less "
-                    "with TP than 1/TP activations predict; see max_len_vs_hydraulis)"),
-        ("fragmentation", "1.15x on activations: caching-allocator fragmentation with a different packed length "
-                          "each micro-batch (estimate; 1.2 before LNK's windows and NCCL's buffers were counted as "
-                          "terms of their own, lowered with them so that A800 7B's MaxLen at TP 2 stays within 20% of "
-                          "Hydraulis')"),
-        ("recompute_time", "recomputation re-runs forward work in the backward. selective: the SwiGLU product from "
-                           "the kept gate and up, 6f bytes per token per layer of elementwise traffic (no GEMM, no "
-                           "attention: FlashAttention recomputes its scores anyway). full: each decoder layer's whole "
-                           "forward once more: its GEMMs (1/3 of their forward+backward FLOPs), the attention forward "
-                           "(2/7 of the attention FLOPs), 1/3 of its elementwise traffic and launches, its 4 forward TP "
-                           "collectives and its forward CP K/V ring (the LM head is not recomputed)"),
-        ("context_parallel", "ring attention (Megatron/TransformerEngine CP): per layer the K/V of the other CP ranks "
-                             "pass around the ring, 4h(cp-1)/(cp tp) bytes per token forward and 8h(cp-1)/(cp tp) "
-                             "backward (K/V again, dK/dV), over NVLink inside a node and InfiniBand when tp*cp exceeds "
-                             "it; each ring step's transfer overlaps that step's attention, so only "
-                             "max(0, ring - attention*(cp-1)/cp) is exposed, and T(l) for cp > 1 is that model fitted "
-                             "to a*l^2 + b*l + c over single sequences from 1/16 of the layout's MaxLen without "
-                             "recomputation to its MaxLen with full recomputation, the lengths CP serves "
-                             "(fit_worst_rel_err; micro-batches of short documents alone would see more of the ring)"),
-        ("margin", "usable memory = 90% of HBM minus 2.5 GiB (CUDA context and kernel images, cuBLAS/cuDNN and "
-                   "attention workspaces, caching-allocator reserve; estimate); NCCL's buffers are memory.communicators"),
-        ("states", "appendix C.1 with alpha = 3/4: fp32 master + Adam m, v (12 B/param) sharded over all N GPUs; "
-                   "bf16 weights + fp32 gradient accumulators (6 B/param: the runtime accumulates across micro-batches "
-                   "in fp32) of the stage split by TP; LNK's in-flight buffers are memory.lnk_pull and memory.lnk_push"),
-        ("nccl", "NCCL_BUFFSIZE defaults to 4 MiB per connection buffer (NCCL environment-variable documentation); "
-                 "256 MiB per collective communicator (up to 32 channels x 2 ring neighbours x 4 MiB) and 8 MiB per "
-                 "p2p peer (2 channels x 4 MiB) are estimates of what the runtime's communicators allocate"),
-        ("elementwise", "bytes per token per layer, fwd+bwd, bf16: two RMSNorms 20h, residual adds 24h, rotary on "
-                        "Q and K 16h, SwiGLU 16f = 60h+16f, at 80% of HBM bandwidth; cross-entropy 16 B per vocab "
-                        "entry (estimate from the kernels' reads and writes)"),
-    ),
-)
-
-GPUS: dict[str, GPUSpec] = {g.key: g for g in (H100, H200, A100, A800)}
+H100_500W = replace(
+    H100, key="h100-500w", name="H100-SXM-96GB-500W", memory_gib=96, hbm_gb_s=2400, power_factor=0.69,
+    sources=H100.sources + (
+        ("power_factor", "H100 SXM 96 GB HBM2e (2.4 TB/s) run at a 500 W power limit (Meta's Grand Teton hosts of "
+                         "torchtitan's benchmarks, data/published/torchtitan-*-h100-*.json): the tensor cores' sustained "
+                         "clock at 0.69 of the 700 W part's, calibrated to those benchmarks against the H200's"),
+    ))
+GPUS: dict[str, GPUSpec] = {g.key: g for g in (H100, H200, A100, A800, H100_500W)}
 LLAMA2_GPUS = ("h100", "a800")
 """The GPUs the bundled LLaMA-2 profiles are generated for."""
+FP8_GPUS = tuple(k for k, g in GPUS.items() if g.fp8_tflops is not None)
+"""The GPUs with FP8 tensor cores (FP8 profiles)."""
 
 HYDRAULIS_MAX_LEN: dict[tuple[str, str], dict[int, int]] = {("a800", "llama2-7b"): {2: 22_000, 4: 46_000, 8: 85_000,
                                                                                     16: 138_000}}

@@ -69,6 +69,11 @@ class TimeCoeffs(_Model):
     a: NonNegativeFloat
     b: NonNegativeFloat
     c: NonNegativeFloat
+    a_terms: dict[str, float] | None = Field(None, description="the named physical terms a sums (notes: time.NAME)")
+    b_terms: dict[str, float] | None = Field(None, description="the named terms b sums")
+    c_terms: dict[str, float] | None = Field(None, description="the named terms c sums: the per-micro-batch constant")
+    fit_rel_err: NonNegativeFloat | None = Field(None, description="analytic profiles: the worst relative error of a, b, "
+                                                                  "c against the stage model over the lengths fitted")
 
 
 class SchemeMemory(_Model):
@@ -139,6 +144,8 @@ class Profile(_Model):
     memory: ProfileMemory | None = None
     network: Network | None = Field(None, description="LNK bandwidths; with model.params, enables the end-to-end estimate")
     source: str | None = Field(None, description='"analytic", "measured", ...')
+    dtype: str | None = Field(None, description="the GEMMs' dtype the times hold: bf16, fp8 (Transformer Engine), or what "
+                                                "a measured profile ran (bf16, fp32, fp64); absent: not stated")
     notes: dict[str, str] | None = Field(None, description="where every constant comes from")
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 from hydraplan.core.analytic import analytic_profile, analytic_profiles
 from hydraplan.core.errors import UserError
-from hydraplan.core.hardware import GPUS
+from hydraplan.core.frameworks import FRAMEWORK, FRAMEWORKS, FrameworkSpec
+from hydraplan.core.hardware import GPUS, MODELS, GPUSpec, ModelSpec
 from hydraplan.core.hfconfig import HFConfig, model_spec, parse_hf_config
 from hydraplan.core.schema import Profile
+from hydraplan.core.stagetime import DTYPES
 from hydraplan.store.fileio import load_model, read_json, write_model
 from hydraplan.store.paths import DATA_DIR, PROFILES_DIR
 
@@ -40,11 +42,8 @@ def read_hf_config(path: str | Path) -> HFConfig:
     return parse_hf_config(read_json(path), str(path))
 
 
-def hf_profile(config: str | Path, gpu: str, name: str | None = None) -> Profile:
-    """The analytic profile of a Hugging Face config on `gpu` (a key of hardware.GPUS), named GPU-STEM of the
-    config file unless `name`."""
-    if gpu not in GPUS:
-        raise UserError(f"gpu: {gpu!r} is not one of {', '.join(GPUS)}", "gpu")
+def hf_model(config: str | Path) -> ModelSpec:
+    """The analytic cost model's view of a Hugging Face config file (key: the file's stem)."""
     path = Path(config)
     cfg = read_hf_config(path)
     kv = cfg.kv_heads
@@ -53,12 +52,44 @@ def hf_profile(config: str | Path, gpu: str, name: str | None = None) -> Profile
               f"{cfg.vocab_size:,}, {'tied' if cfg.tie_word_embeddings else 'untied'} embeddings, "
               f"{'QKV bias' if cfg.qkv_bias else 'no bias'}, RoPE base {cfg.theta:,.0f}"
               + (f" ({cfg.rope_type} scaling: no cost term)" if cfg.rope_type != "default" else ""))
-    spec = model_spec(cfg, path.stem, path.stem, source)
-    return analytic_profile(GPUS[gpu], spec, name=name)
+    return model_spec(cfg, path.stem, path.stem, source)
+
+
+def gpu_spec(gpu: str) -> GPUSpec:
+    if gpu not in GPUS:
+        raise UserError(f"gpu: {gpu!r} is not one of {', '.join(GPUS)}", "gpu")
+    return GPUS[gpu]
+
+
+def framework_spec(framework: str) -> FrameworkSpec:
+    if framework not in FRAMEWORKS:
+        raise UserError(f"framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}", "framework")
+    return FRAMEWORKS[framework]
+
+
+def hf_profile(config: str | Path, gpu: str, name: str | None = None, dtype: str = "bf16",
+               framework: str = FRAMEWORK.name) -> Profile:
+    """The analytic profile of a Hugging Face config on `gpu` (a key of hardware.GPUS) with `dtype`'s GEMMs and
+    `framework`'s constants, named GPU-STEM (-fp8) of the config file unless `name`."""
+    return analytic_profile(gpu_spec(gpu), hf_model(config), framework_spec(framework), name=name, dtype=dtype)
 
 
 def bundled_hf_profiles() -> list[Profile]:
-    return [hf_profile(path, gpu) for path in sorted(HF_CONFIGS_DIR.glob("*.json")) for gpu in HF_BUNDLED_GPUS]
+    """The bundled HF-config profiles: every config of data/models on HF_BUNDLED_GPUS, bf16 and fp8."""
+    return [hf_profile(path, gpu, dtype=dtype) for path in sorted(HF_CONFIGS_DIR.glob("*.json"))
+            for gpu in HF_BUNDLED_GPUS for dtype in DTYPES]
+
+
+def model_by_name(name: str) -> ModelSpec:
+    """A model by the name published measurements use: a bundled LLaMA-2 key (hardware.MODELS) or the stem of a
+    config under data/models/ or data/models/published/ (models of published measurements, not bundled profiles)."""
+    if name in MODELS:
+        return MODELS[name]
+    for folder in (HF_CONFIGS_DIR, HF_CONFIGS_DIR / "published"):
+        if (folder / f"{name}.json").exists():
+            return hf_model(folder / f"{name}.json")
+    raise UserError(f"model: {name!r} is not a bundled model ({', '.join(MODELS)}) nor a config under {HF_CONFIGS_DIR}",
+                    "model")
 
 
 def write_analytic_profiles(out_dir: Path = PROFILES_DIR) -> list[Path]:
