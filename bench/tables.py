@@ -314,6 +314,25 @@ def megatron_packing(results: Results) -> str:
                    "dp_balanced's best layout", "plugin's best layout", "planning, max per batch"], rows)
 
 
+def fidelity(results: Results) -> str:
+    """fidelity.json: per source of data/published, its class, the points predicted (and left out), and predicted /
+    published: median and range."""
+    rows = []
+    for s in results["fidelity"]["sources"]:
+        spread = f"{s['min_ratio']:.2f}-{s['max_ratio']:.2f}" if s["points"] else ""
+        rows.append([f"`{s['id']}`", s["class"], f"{s['points']}" + (f" ({s['excluded']} left out)" if s["excluded"] else ""),
+                     f"{s['median_ratio']:.2f}" if s["points"] else "", spread])
+    return _table(["source (data/published/)", "class", "points", "predicted / published, median", "range"], rows)
+
+
+def fit_errors(results: Results) -> str:
+    """analytic.json: per bundled analytic profile, the canonical form's worst and median fit error against the stage
+    model over the lengths its schemes serve, and the worst scheme."""
+    rows = [[f"`{f['id']}`", _percent(f["worst"]), f"`{f['worst_scheme']}`", _percent(f["median"]),
+             f"{f['exact_share']:.0%}"] for f in results["analytic"]["fit"]]
+    return _table(["profile", "worst fit error", "at", "median", "schemes exact"], rows)
+
+
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, bound_issue, cad, overlap,
                                                                    memory, profile_check, cpu_tiny, hydraulis, long, timings,
-                                                                   megatron_hcp, megatron_packing)}
+                                                                   megatron_hcp, megatron_packing, fidelity, fit_errors)}
