@@ -211,7 +211,8 @@ def lognormal_batches(n_ranks: int, count: int, seed: int = 0) -> list[np.ndarra
 
 @pytest.mark.parametrize("n,settings", [
     (8, {}), (16, {}), (4, {"max_num_seqs": 3}), (8, {"padding": PackPadding("max")}),
-    (8, {"min_cp_size": 2, "vpp_group": 2}), (16, {"padding": PackPadding(512, "extend_last"), "max_num_seqs": 8}),
+    (8, {"min_cp_size": 2, "vpp_group": 2}), (16, {"padding": PackPadding(512, "extend_last")}),
+    (8, {"padding": PackPadding(256), "max_num_seqs": 12}),
 ])
 def test_plugin_obeys_rules_is_never_slower_and_above_the_bound(n, settings):
     profile = load_profile("h100-megatron-dcp-bench")

@@ -427,6 +427,13 @@ class DynamicCP:
         return self.max_num_seqs - int(self.padding.dummy and self.padding.tail_tokens(tokens, k, self.max_seqlen_per_rank) > 0)
 
 
+def dynamic_cp_padded(lengths: ArrayLike, dpcp: int, tp: int = 1, sequence_parallel: bool = True) -> np.ndarray:
+    """The lengths Megatron's varlen datasets hand dynamic CP: each sample padded to a multiple of 2 x DPxCP, times
+    TP with sequence parallelism (SFTDataset._calculate_padding_divisor, dev at d48bd6b)."""
+    g = 2 * dpcp * (tp if sequence_parallel and tp > 1 else 1)
+    return -(-np.asarray(lengths, dtype=np.int64) // g) * g
+
+
 def dynamic_cp_blocks(micro_batch: list[list[int]]) -> list[tuple[list[int], list[int]]]:
     """A micro-batch's blocks as (ranks, pack): the ranks listing one identical pack, by first rank."""
     by_pack: dict[tuple[int, ...], list[int]] = {}
@@ -551,7 +558,7 @@ def dynamic_cp_lower_bound(target: DynamicCP, lengths: ArrayLike) -> float:
     slots = M * N * c.min()
     spread = (w * cps + (c[:, None] - c.min()) * l[None, :] / limit).min(axis=0).sum() + slots
     s = int(np.argmax(l))
-    others = float((w * cps).min(axis=0).sum() - (w[:, s] * cps[:, 0]).min())
+    others = float(np.delete((w * cps).min(axis=0), s).sum())
     alone = w[:, s] + c
     longest = np.maximum(alone + (M - 1) * c.min(), (others + cps[:, 0] * alone + slots - cps[:, 0] * c.min()) / N)
     bound = max(spread / N, float(longest.min()))

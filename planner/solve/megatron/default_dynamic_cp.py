@@ -60,16 +60,18 @@ def _micro_batch(items: list[Item], n: int, limit: int, min_cp: int) -> tuple[li
     for pos, length in items[1:]:
         best: tuple[float, int, _Block | None] | None = None  # (highest workload after, size, block or None: new)
         size = cp_needed(length, limit, min_cp)
+        heavy = max(blocks, key=lambda o: o.load)  # the highest workload, and the highest of the other blocks
+        rest = max((o.load for o in blocks if o is not heavy), default=0.0)
         while size <= n:
             work = (length * length) / size
             for b in blocks:
                 if b.size != size or b.per_rank + length / size > limit:
                     continue
-                after = max(b.load + work, max((o.load for o in blocks if o is not b), default=0.0))
+                after = max(b.load + work, rest if b is heavy else heavy.load)
                 if after <= cap and (best is None or after < best[0]):
                     best = (after, size, b)
             if n - used >= size:  # the new block's ranks start from 0 work
-                after = max(work, max(o.load for o in blocks))
+                after = max(work, heavy.load)
                 if after <= cap and (best is None or after < best[0]):
                     best = (after, size, None)
             size *= 2

@@ -1,19 +1,21 @@
 """hydraplan's schedule for Megatron's dynamic-CP executor (core.executors.DynamicCP), priced on the profile.
 
 For a micro-batch count M (from the fewest the batch allows up), a layout is a number of blocks of each size
-filling the M x N rank slots. A layout is scored by filling it: sequences, longest first, each go to the block of a
-size they fit (tokens per rank, MaxLen, `max_num_seqs`) that finishes earliest with them (LPT on the canonical cost
-model: per-rank work a*L^2 + b*L at the block's size, its constant c once, the padding Megatron adds), an empty
-block then taking a sequence from the slowest one; blocks go to micro-batches widest first (so every block lands on
-an aligned slice), slowest together, and the layout's score is the sum of the micro-batches' slowest blocks. The
-first layouts: all blocks of one size, and one budgeted from the cost model (at the level the batch's work allows
-per micro-batch, every sequence on the size where it takes the fewest rank slots, its GPU-seconds over what a
-block of that size has left of the level after c; each size then as many blocks as its work, tokens and sequence
-count need). From the best, a descent changes the size of the slowest block's blocks (two into one twice as wide,
-or one into two half as wide) while that lowers the score; then a local search moves sequences out of each
-micro-batch's slowest block while that lowers the sum. The fastest schedule, as the executor runs it, is compared
-with Megatron's own (solve.megatron.default_dynamic_cp) and the faster taken, so the plugin is never slower on a
-batch than Megatron's scheduler.
+filling the M x N rank slots. Its blocks go to micro-batches widest first (the slowest together) and, in each, to
+ranks widest first from rank 0, so every block is an aligned slice. The sequences, longest first, then each go to
+the block of a size they fit (tokens per rank, MaxLen, `max_num_seqs`, the padding Megatron adds) that ends its
+ranks' work earliest, their blocks' times summed over all micro-batches (LPT over ranks: the executor chains
+micro-batches per rank with no barrier between them, so a rank held long by a wide block in one micro-batch gets
+less in the others), then that finishes earliest itself; an empty block then takes a sequence from the slowest one.
+A layout is scored as the executor runs it. The first layouts: every sequence on at least its narrowest size, or
+the next one (every size with padding), and one budgeted from the cost model (at the level the batch's work
+allows per micro-batch, every sequence on the size where it takes the fewest rank slots, its GPU-seconds over
+what a block of that size has left of the level after its constant c; each size then as many blocks as its work,
+tokens and sequence count need). From the best, a descent changes the width of the block finishing last (it twice
+as wide with ranks from the most numerous size, two into one twice as wide, one into two) while that lowers the
+time. The layouts filled per batch are counted (FILL_WORK), not timed. The result is compared with Megatron's own
+schedule (solve.megatron.default_dynamic_cp), as the executor runs both, and the faster taken, so the plugin is
+never slower on a batch than Megatron's scheduler.
 
 Pure and deterministic: a function of the lengths and the executor only (ties go to the lower index; no clock, no
 randomness). Imports numpy and the core only, so it loads in a training process without the planner's solvers.
@@ -21,7 +23,6 @@ randomness). Imports numpy and the core only, so it loads in a training process 
 
 from __future__ import annotations
 
-import bisect
 import math
 
 import numpy as np
@@ -38,11 +39,12 @@ from hydraplan.core.executors import (
 from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
 
 EXTRA_MICROBATCHES = 4  # micro-batch counts tried past the fewest
-MISSES = 2  # ... stopping after this many in a row do not improve
+MISSES = 1  # ... stopping at the first that does not improve
 ROUNDS = 4  # rounds of choosing sizes at a level and the level of those sizes (the budgeted layout)
-LAYOUT_STEPS = 12  # descent steps over layouts
-SCAN = 8  # blocks of a size looked at, earliest-finishing first, for one with room
-SEARCH_STEPS = 4  # local-search moves per block, at most
+LAYOUT_STEPS = 12  # descent steps over layouts, at most
+START_SIZES = 2  # first layouts with every sequence on at least the narrowest, the next narrowest, ... size
+FILL_WORK = 16_000  # sequences placed per batch over all the layouts tried: fills = FILL_WORK / sequences ...
+MIN_FILLS = 6  # ... and at least this many
 
 
 class _Batch:
@@ -67,6 +69,8 @@ class _Batch:
         self.least_l = self.least.tolist()
         self.order = np.lexsort((np.arange(self.n), -lengths)).tolist()
         self.pad = t.padding.alignment is not None
+        self.hold = [min(cap, mem) for cap, mem in zip(self.cap, self.max_len, strict=True)]  # tokens a block holds
+        self.plain = not self.pad and t.max_num_seqs is None  # room is tokens against `hold` only
 
     def tail(self, k: int, tokens: int) -> int:
         return int(self.t.padding.tail_tokens(tokens, self.sizes[k], self.t.max_seqlen_per_rank)) if self.pad else 0
@@ -100,9 +104,13 @@ class _Plan:
         self.work = [0.0] * len(self.k)
         self.time = [batch.time(k, 0, 0.0) for k in self.k]
         self.mb = [-1] * len(self.k)
+        self.lo = [-1] * len(self.k)  # first rank
 
     def room(self, b: int, i: int) -> bool:
-        return self.B.holds(self.k[b], self.tokens[b] + self.B.len_l[i], len(self.items[b]) + 1)
+        B = self.B
+        if B.plain:
+            return self.tokens[b] + B.len_l[i] <= B.hold[self.k[b]]
+        return B.holds(self.k[b], self.tokens[b] + B.len_l[i], len(self.items[b]) + 1)
 
     def after(self, b: int, i: int, sign: int = 1) -> float:
         """Block b's time once sequence i joins it (sign 1) or leaves it (-1)."""
@@ -148,16 +156,18 @@ def schedule_dynamic_cp(lengths: np.ndarray, target: DynamicCP) -> DynamicCPSche
     except UserError:  # Megatron's scheduler fails on this batch
         pass
     batch = _Batch(lengths, target)
-    best: tuple[float, int, _Plan] | None = None  # (score, micro-batches, plan)
+    budget = _Budget(max(MIN_FILLS, FILL_WORK // lengths.size))
+    best: tuple[float, int, _Plan] | None = None  # (as run, micro-batches, plan)
     step = target.vpp_group or 1
     fewest = m = dynamic_cp_fewest_microbatches(target, lengths)
     bound, misses = dynamic_cp_lower_bound(target, lengths), 0
     while m <= min(lengths.size, fewest + EXTRA_MICROBATCHES * step) and not (batch.least >= batch.K).any():
-        if best is not None and bound + (m - fewest) * min(batch.c) >= best[0]:
+        if best is not None and (bound + (m - fewest) * min(batch.c) >= best[0] or not budget.left):
             break  # every further micro-batch adds at least the cheapest constant to what the batch needs
-        plan = _best_plan(batch, m)
-        if plan is not None and (best is None or plan[0] < best[0] * (1 - 1e-12)):
-            best, misses = (plan[0], m, plan[1]), 0
+        start = _start(batch, m, budget)
+        found = _descend(batch, m, start[2], start[0], budget) if start is not None else None
+        if found is not None and (best is None or found[0] < best[0] * (1 - 1e-12)):
+            best, misses = (found[0], m, found[1]), 0
         elif best is not None:
             misses += 1
             if misses >= MISSES:
@@ -165,7 +175,6 @@ def schedule_dynamic_cp(lengths: np.ndarray, target: DynamicCP) -> DynamicCPSche
         m += step
     ours, our_s = None, math.inf
     if best is not None:
-        _search(best[2], best[1])
         ours = _lists(best[2], best[1])
         our_s = dynamic_cp_time(target, ours, lengths)
     if ours is not None and our_s <= their_s:
@@ -177,83 +186,130 @@ def schedule_dynamic_cp(lengths: np.ndarray, target: DynamicCP) -> DynamicCPSche
 
 
 # --------------------------------------------------------------------------------------------- layouts
-def _best_plan(batch: _Batch, m: int) -> tuple[float, _Plan] | None:
-    """The best plan in m micro-batches the layout descent finds, with its score; None if none fills them."""
+class _Budget:
+    """Layout fills left for the batch: the work the scheduler may spend, counted, not timed."""
+
+    def __init__(self, fills: int) -> None:
+        self.left = fills
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _start(batch: _Batch, m: int, budget: _Budget) -> tuple[float, list[int], _Plan] | None:
+    """The best of the first layouts in m micro-batches: (time as run, layout, plan); None if none fills them."""
     slots = m * batch.N
-    starts = [[slots // s if k == x else 0 for k in range(batch.K)] for x, s in enumerate(batch.sizes)
-              if slots // s <= batch.n]
-    budgeted = _budget(batch, slots)
-    if budgeted is not None:
-        starts.append(budgeted)
+    starts = [_budget(batch, slots)]
+    starts += [_counts(batch, np.maximum(batch.least, x), slots, math.inf)
+               for x in range(batch.K if batch.pad else min(START_SIZES, batch.K))]
     best: tuple[float, list[int], _Plan] | None = None
-    for counts in starts:
-        plan = _fill(batch, counts, m)
-        if plan is not None and (best is None or _score(plan, m) < best[0]):
-            best = (_score(plan, m), counts, plan)
-    if best is None:
-        return None
-    for _ in range(LAYOUT_STEPS):
-        score, counts, plan = best
-        slow = max(plan.live(), key=lambda b: (plan.time[b], -b))
-        k = plan.k[slow]
-        moves = []
-        if counts[k] >= 2 and k + 1 < batch.K:
-            moves.append((k, -2, k + 1, 1))  # two blocks of the slow size become one twice as wide
-        if k + 1 < batch.K and counts[k + 1] >= 1:
-            moves.append((k + 1, -1, k, 2))  # one wider block becomes two of the slow size
-        if k > 0 and counts[k] >= 1:
-            moves.append((k, -1, k - 1, 2))  # a block of the slow size becomes two half as wide
-        found = None
-        for x, dx, y, dy in moves:
-            trial = list(counts)
-            trial[x] += dx
-            trial[y] += dy
-            plan2 = _fill(batch, trial, m)
-            if plan2 is not None and _score(plan2, m) < (found[0] if found else score) * (1 - 1e-12):
-                found = (_score(plan2, m), trial, plan2)
-        if found is None:
+    for counts in dict.fromkeys(tuple(c) for c in starts if c is not None):
+        if best is not None and not budget.take():
             break
-        best = found
-    return best[0], best[2]
+        plan = _fill(batch, list(counts), m)
+        if plan is not None and (best is None or _score(plan) < best[0]):
+            best = (_score(plan), list(counts), plan)
+    return best
+
+
+def _descend(batch: _Batch, m: int, plan: _Plan, score: float, budget: _Budget) -> tuple[float, _Plan]:
+    """From a layout, changes of the width of the block finishing last (two into one twice as wide, one into two of
+    its width or half as wide, it twice as wide with ranks from the most numerous size), the first that lowers the
+    time as run taken, while one does."""
+    for _ in range(LAYOUT_STEPS):
+        k = plan.k[_last(plan)]
+        counts = np.bincount([plan.k[b] for b in plan.live()], minlength=batch.K).tolist()  # as filled
+        moves: list[dict[int, int]] = []
+        if k + 1 < batch.K and batch.sizes[k + 1] == 2 * batch.sizes[k]:
+            j = max((j for j in range(k + 1) if counts[j] - (j == k) >= batch.sizes[k] // batch.sizes[j]),
+                    key=lambda j: (counts[j], -j), default=None)
+            if j is not None:
+                widen = {k: -1, k + 1: 1}
+                widen[j] = widen.get(j, 0) - batch.sizes[k] // batch.sizes[j]
+                moves.append(widen)
+            if counts[k] >= 2:
+                moves.append({k: -2, k + 1: 1})
+            if counts[k + 1] >= 1:
+                moves.append({k + 1: -1, k: 2})
+        if k > 0 and counts[k] >= 1 and batch.sizes[k] == 2 * batch.sizes[k - 1]:
+            moves.append({k: -1, k - 1: 2})
+        for move in moves:
+            if not budget.take():
+                return score, plan
+            trial = list(counts)
+            for x, d in move.items():
+                trial[x] += d
+            tried = _fill(batch, trial, m)
+            if tried is not None and _score(tried) < score * (1 - 1e-12):
+                plan, score = tried, _score(tried)
+                break
+        else:
+            break
+    return score, plan
 
 
 def _fill(batch: _Batch, counts: list[int], m: int) -> _Plan | None:
-    """The layout's blocks in micro-batches (widest first), filled longest sequence first, each to the block that
-    raises the sum of the micro-batches' slowest blocks least, then finishes earliest (LPT within a micro-batch: a
-    micro-batch slower than another is filled to its slowest block before the other grows); no block left empty.
-    None if a sequence finds no room."""
+    """The layout's blocks in micro-batches (widest first) at their ranks (widest first from rank 0, so aligned), filled
+    longest sequence first, each to the block that ends its ranks' work (their blocks' times over all micro-batches:
+    the executor chains micro-batches per rank, no barrier between them) earliest, then finishes earliest itself;
+    no block left empty. None if a sequence finds no room."""
     plan = _Plan(batch, counts)
     _to_microbatches(plan, m)
-    top = [0.0] * m  # every block gets a sequence: its constant is paid whatever it holds
-    for b, x in enumerate(plan.mb):
-        top[x] = max(top[x], plan.time[b])
-    lists: list[list[tuple[float, int]]] = [[] for _ in range(batch.K * m)]  # per (size, micro-batch), by time
-    for b, k in enumerate(plan.k):
-        lists[k * m + plan.mb[b]].append((plan.time[b], b))
+    _place(plan, m)
+    nb, B = len(plan.k), batch
+    k = np.asarray(plan.k)
+    width = np.asarray(B.sizes)[k]
+    lo = np.asarray(plan.lo)
+    present = sorted(set(width.tolist()))
+    offset = np.cumsum([0] + [B.N // w for w in present])
+    at = offset[np.searchsorted(present, width)] + lo // width  # each block's slot in the stacked per-width maxima
+    col = np.zeros(B.N)
+    for b in range(nb):
+        col[lo[b]:lo[b] + width[b]] += plan.time[b]
+    seg = np.concatenate([col.reshape(-1, w).max(axis=1) for w in present])  # max load over each aligned slice
+    times = np.asarray(plan.time)
+    tokens = np.zeros(nb, dtype=np.int64)
+    count = np.zeros(nb, dtype=np.int64)
+    work = np.zeros(nb)
+    rows = B.work[k]  # (blocks, sequences): per-rank seconds of each sequence on each block
+    hold = np.asarray(B.hold)[k]
+    wide = [k >= x for x in range(B.K)]  # blocks a sequence of narrowest size index x may take
     for i in batch.order:
-        pick, key = -1, (math.inf, math.inf)
-        for k in range(batch.least_l[i], batch.K):
-            for x in range(m):
-                for t, b in lists[k * m + x][:SCAN]:
-                    if (max(t - top[x], 0.0), t) >= key:
-                        break
-                    if plan.room(b, i):
-                        after = plan.after(b, i)
-                        key_b = (max(after - top[x], 0.0), after)
-                        if key_b < key:
-                            pick, key = b, key_b
-                        break
-        if pick < 0:
-            fits = [b for b in range(len(plan.k)) if plan.k[b] >= batch.least_l[i] and plan.room(b, i)]
-            if not fits:
-                return None
-            pick = min(fits, key=lambda b: (max(plan.after(b, i) - top[plan.mb[b]], 0.0), plan.after(b, i), b))
-        lst = lists[plan.k[pick] * m + plan.mb[pick]]
-        lst.pop(bisect.bisect_left(lst, (plan.time[pick], pick)))
+        length = B.len_l[i]
+        if B.plain:
+            after = times + rows[:, i]
+            ok = wide[B.least_l[i]] & (tokens + length <= hold)
+        else:
+            after = _times(B, k, tokens + length, work + rows[:, i])
+            ok = wide[B.least_l[i]] & _holds(B, k, tokens + length, count + 1)
+        ends = np.where(ok, seg[at] + (after - times), np.inf)
+        pick = int(np.argmin(ends))
+        if ends[pick] == np.inf:
+            return None
+        tied = np.flatnonzero(ends <= ends[pick] * (1 + 1e-12))
+        if tied.size > 1:
+            pick = int(tied[np.argmin(after[tied])])
         plan.move(pick, i)
-        bisect.insort(lst, (plan.time[pick], pick))
-        top[plan.mb[pick]] = max(top[plan.mb[pick]], plan.time[pick])
-    return plan if _no_empty(plan) else None
+        a, z = lo[pick], lo[pick] + width[pick]
+        col[a:z] += plan.time[pick] - times[pick]
+        for w, off in zip(present, offset, strict=False):  # the slices over the changed ranks
+            seg[off + a // w:off + (z - 1) // w + 1] = col[a // w * w:((z - 1) // w + 1) * w].reshape(-1, w).max(axis=1)
+        times[pick], work[pick] = plan.time[pick], plan.work[pick]
+        tokens[pick] += length
+        count[pick] += 1
+    if not _no_empty(plan):
+        return None
+    _place(plan, m)
+    return plan
+
+
+def _place(plan: _Plan, m: int) -> None:
+    """Each micro-batch's blocks at their ranks: widest first from rank 0, so every block is an aligned slice."""
+    at = [0] * m
+    for b in sorted(plan.live(), key=lambda b: (plan.mb[b], -plan.k[b], b)):
+        plan.lo[b] = at[plan.mb[b]]
+        at[plan.mb[b]] += plan.B.sizes[plan.k[b]]
 
 
 def _no_empty(plan: _Plan) -> bool:
@@ -295,77 +351,27 @@ def _to_microbatches(plan: _Plan, m: int) -> None:
         top[x] = max(top[x], plan.time[b])
 
 
-def _score(plan: _Plan, m: int) -> float:
-    """The sum over micro-batches of their slowest block."""
-    top = [0.0] * m
-    for b in plan.live():
-        top[plan.mb[b]] = max(top[plan.mb[b]], plan.time[b])
-    return sum(top)
+def _chain(plan: _Plan) -> tuple[list[float], int]:
+    """Micro-batches in order, each block starting once all its ranks are free: when each rank finishes, and the
+    block finishing last."""
+    ready = [0.0] * plan.B.N
+    last, last_end = -1, -math.inf
+    for b in sorted(plan.live(), key=lambda b: (plan.mb[b], plan.lo[b])):
+        lo, w = plan.lo[b], plan.B.sizes[plan.k[b]]
+        end = max(ready[lo:lo + w]) + plan.time[b]
+        ready[lo:lo + w] = [end] * w
+        if end >= last_end:
+            last, last_end = b, end
+    return ready, last
 
 
-def _search(plan: _Plan, m: int) -> None:
-    """Moves of a sequence out of a micro-batch's slowest block into another block, and swaps of it with a sequence
-    of another block, lowering the sum over micro-batches of their slowest block; the best each step, among the few
-    sequences of each slowest block nearest half its lead over the next block of its micro-batch."""
-    B = plan.B
-    live = np.array(plan.live())
-    k = np.array([plan.k[b] for b in live])
-    mbs = np.array([plan.mb[b] for b in live])
-    lens = np.asarray(B.len_l)
-    for _ in range(SEARCH_STEPS * live.size):
-        times = np.array([plan.time[b] for b in live])
-        tokens = np.array([plan.tokens[b] for b in live])
-        work = np.array([plan.work[b] for b in live])
-        count = np.array([len(plan.items[b]) for b in live])
-        owner = np.full(B.n, -1)
-        for q, b in enumerate(live.tolist()):
-            owner[plan.items[b]] = q
-        top = np.full(m, -np.inf)
-        np.maximum.at(top, mbs, times)
-        best = None
-        for x in range(m):
-            here = np.flatnonzero(mbs == x)
-            order = here[np.argsort(-times[here], kind="stable")]
-            slow = int(order[0])
-            second = float(times[order[1]]) if order.size > 1 else -np.inf
-            items = plan.items[int(live[slow])]
-            w_slow = B.work[k[slow], items]
-            near = np.argsort(np.abs(w_slow - (times[slow] - second) / 2), kind="stable")[:2 * SEARCH_STEPS]
-            for i in (items[q] for q in near.tolist()):
-                # a move: i to block q (the slow block must keep a sequence)
-                if len(items) > 1:
-                    new_x = max(plan.after(int(live[slow]), i, -1), second)
-                    t_q = _times(B, k, tokens + lens[i], work + B.work[k, i])
-                    ok = (k >= B.least_l[i]) & _holds(B, k, tokens + lens[i], count + 1)
-                    ok[slow] = False
-                    gain = _gains(top, mbs, x, new_x, t_q, ok)
-                    q = int(np.argmax(gain))
-                    if gain[q] > 1e-12 and (best is None or gain[q] > best[0]):
-                        best = (float(gain[q]), i, int(live[slow]), int(live[q]), -1)
-                # a swap: i for a sequence j of block owner[j]
-                q = owner
-                dl = lens - lens[i]
-                t_x = _times(B, np.full(B.n, k[slow]), tokens[slow] + dl, work[slow] - B.work[k[slow], i] + B.work[k[slow]])
-                t_q = _times(B, k[q], tokens[q] - dl, work[q] - B.work[k[q], np.arange(B.n)] + B.work[k[q], i])
-                ok = ((q != slow) & (B.least <= k[slow]) & (k[q] >= B.least_l[i])
-                      & _holds(B, np.full(B.n, k[slow]), tokens[slow] + dl, count[slow])
-                      & _holds(B, k[q], tokens[q] - dl, count[q]))
-                same = mbs[q] == x
-                new_x = np.maximum(t_x, second)
-                gain = np.where(same, top[x] - np.maximum(new_x, np.where(same, t_q, -np.inf)),
-                                top[x] - new_x - (np.maximum(top[mbs[q]], t_q) - top[mbs[q]]))
-                gain = np.where(ok, gain, -np.inf)
-                j = int(np.argmax(gain))
-                if gain[j] > 1e-12 and (best is None or gain[j] > best[0]):
-                    best = (float(gain[j]), i, int(live[slow]), int(live[q[j]]), j)
-        if best is None:
-            return
-        _, i, src, dst, j = best
-        plan.move(src, i, -1)
-        plan.move(dst, i)
-        if j >= 0:
-            plan.move(dst, j, -1)
-            plan.move(src, j)
+def _score(plan: _Plan) -> float:
+    """When the last rank finishes, as the executor runs the plan."""
+    return max(_chain(plan)[0])
+
+
+def _last(plan: _Plan) -> int:
+    return _chain(plan)[1]
 
 
 def _times(B: _Batch, k: np.ndarray, tokens: np.ndarray, work: np.ndarray) -> np.ndarray:
@@ -388,24 +394,14 @@ def _holds(B: _Batch, k: np.ndarray, tokens: np.ndarray, count: np.ndarray) -> n
     return ok
 
 
-def _gains(top: np.ndarray, mbs: np.ndarray, x: int, new_x: float, t_q: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """How much the sum of the micro-batches' slowest blocks falls when micro-batch x's slowest becomes new_x and
-    block q's time t_q (one q at a time)."""
-    gain = np.where(mbs == x, top[x] - np.maximum(new_x, t_q), top[x] - new_x - (np.maximum(top[mbs], t_q) - top[mbs]))
-    return np.where(ok, gain, -np.inf)
-
-
 def _lists(plan: _Plan, m: int) -> DynamicCPSchedule:
-    """Rank lists: in each micro-batch the blocks widest first from rank 0 (aligned), each pack longest first."""
+    """Rank lists, the blocks at the ranks they were placed on, each pack longest first."""
     B = plan.B
     out: DynamicCPSchedule = [[[] for _ in range(B.N)] for _ in range(m)]
-    at = [0] * m
-    for b in sorted(plan.live(), key=lambda b: (plan.mb[b], -plan.k[b], -plan.time[b], b)):
-        x, lo, w = plan.mb[b], at[plan.mb[b]], B.sizes[plan.k[b]]
+    for b in plan.live():
         pack = sorted(plan.items[b], key=lambda i: (-B.len_l[i], i))
-        for r in range(lo, lo + w):
-            out[x][r] = list(pack)
-        at[x] = lo + w
+        for r in range(plan.lo[b], plan.lo[b] + B.sizes[plan.k[b]]):
+            out[plan.mb[b]][r] = list(pack)
     return out
 
 
@@ -466,13 +462,14 @@ def _counts(batch: _Batch, kidx: np.ndarray, slots: int, level: float) -> list[i
     counts = np.bincount(kidx, weights=own > (level - c[kidx]) / 2, minlength=K).astype(np.int64)
     per_block = target.max_num_seqs - int(target.padding.dummy) if target.max_num_seqs is not None else None
     room_tokens = room_seqs = 0.0
+    hold = batch.hold
     least = np.zeros(K, dtype=np.int64)  # what the tokens and sequence counts need: never given up
     for j in range(K - 1, -1, -1):  # the wider blocks' room first, then this size's own blocks
-        need = max(math.ceil((tokens[j] - room_tokens) / (sizes[j] * target.max_seqlen_per_rank) - 1e-9),
+        need = max(math.ceil((tokens[j] - room_tokens) / hold[j] - 1e-9),
                    math.ceil((seqs[j] - room_seqs) / per_block - 1e-9) if per_block else 0)
         least[j] = max(need, 0)
         counts[j] = max(counts[j], need)
-        room_tokens += counts[j] * sizes[j] * target.max_seqlen_per_rank - tokens[j]
+        room_tokens += counts[j] * hold[j] - tokens[j]
         room_seqs += counts[j] * per_block - seqs[j] if per_block else 0.0
     fill = np.cumsum(seqs)
     for j in range(K):  # blocks of this size or narrower need as many sequences that may take them

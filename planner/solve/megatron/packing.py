@@ -73,22 +73,22 @@ def schedule_packing(lengths: np.ndarray, target: MegatronPacking) -> PackingSch
 def _within_count(packs: list[np.ndarray], lengths: np.ndarray, cap: int, scheme: Scheme) -> list[np.ndarray] | None:
     """The packs with at most `cap` documents each: a pack holding more hands its shortest documents, one at a time,
     to the pack that stays fastest among those with room (count and tokens); None when none has room."""
-    packs = [p[np.argsort(-lengths[p], kind="stable")].tolist() for p in packs]
-    tokens = np.array([int(lengths[p].sum()) for p in packs])
-    secs = np.array([float(((scheme.time.a * lengths[p] + scheme.time.b) * lengths[p]).sum()) for p in packs])
-    for i in range(len(packs)):
-        while len(packs[i]) > cap:
-            j = packs[i][-1]
+    lists: list[list[int]] = [p[np.argsort(-lengths[p], kind="stable")].tolist() for p in packs]
+    tokens = np.array([int(lengths[p].sum()) for p in lists])
+    secs = np.array([float(((scheme.time.a * lengths[p] + scheme.time.b) * lengths[p]).sum()) for p in lists])
+    for i in range(len(lists)):
+        while len(lists[i]) > cap:
+            j = lists[i][-1]
             l = int(lengths[j])
             t = (scheme.time.a * l + scheme.time.b) * l
-            room = [k for k in range(len(packs)) if len(packs[k]) < cap and tokens[k] + l <= scheme.max_len]
+            room = [k for k in range(len(lists)) if len(lists[k]) < cap and tokens[k] + l <= scheme.max_len]
             if not room:
                 return None
             k = min(room, key=lambda k: (secs[k], k))
-            packs[i].pop()
-            packs[k].append(j)
+            lists[i].pop()
+            lists[k].append(j)
             tokens[i] -= l
             tokens[k] += l
             secs[i] -= t
             secs[k] += t
-    return [np.asarray(p, dtype=np.int64) for p in packs]
+    return [np.asarray(p, dtype=np.int64) for p in lists]
