@@ -43,7 +43,7 @@ MISSES = 1  # ... stopping at the first that does not improve
 ROUNDS = 4  # rounds of choosing sizes at a level and the level of those sizes (the budgeted layout)
 LAYOUT_STEPS = 12  # descent steps over layouts, at most
 START_SIZES = 2  # first layouts with every sequence on at least the narrowest, the next narrowest, ... size
-FILL_WORK = 16_000  # sequences placed per batch over all the layouts tried: fills = FILL_WORK / sequences ...
+FILL_WORK = 14_000  # sequences placed per batch over all the layouts tried: fills = FILL_WORK / sequences ...
 MIN_FILLS = 6  # ... and at least this many
 
 
