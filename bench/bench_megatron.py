@@ -15,19 +15,54 @@ against hydraplan's (`hydraplan-packing`) in every <tp,pp,cp> x dp layout whose 
 on compare's batches (seed 0, 20 per configuration), end to end (the cluster's estimate, LNK pull and push
 included) and propagation: in the layout compare's Megatron baseline takes (the issue's "same layout"), at
 dp_balanced's fastest layout, and at the plugin's fastest (what `hydraplan megatron suggest` gives).
+3. Dynamic context parallelism (Megatron-LM dev): Megatron's DefaultDynamicCPScheduler (`megatron-dcp`, equal to dev's
+code, tests/test_megatron_dcp.py) against hydraplan's (`hydraplan-dcp`), every schedule scored as that executor runs
+it (propagation: the <tp,1,k> schemes, each pack with its constant once, micro-batches chained per rank) and checked
+by its rule checker, each sample padded as Megatron's varlen datasets pad it. (a) Megatron's own benchmark
+(examples/dynamic_context_parallel/benchmark_dcp.sh): h100-megatron-dcp-bench, TP 1, CP 4, PP 1,
+max_seqlen_per_dp_cp_rank 2048, 8 samples per DP replica (global batch 2 x GPUs samples) of its lognormal mock
+dataset, 30 global batches per GPU count (seed 3), dp_balanced at CP 4 beside (what NVIDIA compares DCP with).
+(b) The corpora above, h100-llama2-7b on 64 GPUs: each method's setting chosen on 6 tuning batches (seed 1;
+Megatron over TP and max_seqlen_per_dp_cp_rank from MaxLen of <tp,1,1> down, the plugin over TP), then measured on
+20 held-out batches (seed 3); the plugin also at Megatron's setting (never slower on a batch); CPU ms per batch.
+`python -m bench megatron dcp` reruns only this part.
 Writes bench/results/megatron.json.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from bench.run import Run
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.executors import HybridCP, hybrid_cp_lower_bound
+from hydraplan.core.executors import (
+    DynamicCP,
+    HybridCP,
+    MegatronPacking,
+    dynamic_cp_lower_bound,
+    dynamic_cp_padded,
+    dynamic_cp_time,
+    dynamic_cp_violations,
+    hybrid_cp_lower_bound,
+)
 from hydraplan.methods import baselines as bl
 from hydraplan.methods.compare import run_megatron
-from hydraplan.methods.megatron_seams import PackingRun, best_run, hybrid_cp_runs, packing_layouts, packing_run
+from hydraplan.methods.megatron_seams import (
+    DynamicCPRun,
+    PackingRun,
+    best_dcp,
+    best_run,
+    dcp_run,
+    dcp_runs,
+    hybrid_cp_runs,
+    packing_layouts,
+    packing_run,
+)
+from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
+from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
+from hydraplan.solve.megatron.dynamic_cp import schedule_dynamic_cp
 from hydraplan.store.datasets import load_dataset, sample_iterations
 from hydraplan.store.profiles import load_profile
 
@@ -122,8 +157,112 @@ def packing(cfg: dict, iterations: int) -> dict:
             "layouts": [{"id": f"{m}-{r.label}", "method": m, **_packing_row(r)} for (m, _), r in runs.items()]}
 
 
+# -------------------------------------------------------------------------------------------- dynamic CP
+DCP_BENCH = {"profile": "h100-megatron-dcp-bench", "dataset": "lognormal:mean=1024,sigma=1.5,min=128,max=8192",
+             "tp": 1, "cp": 4, "max_seqlen_per_dp_cp_rank": 2048, "samples_per_replica": 8}
+DCP_GPUS, DCP_GPUS_SMOKE = (4, 8, 16, 32, 64), (4, 8)
+TUNING_SEED = 1
+
+
+def dcp_benchmark(gpus: int, iterations: int) -> dict:
+    """Megatron's benchmark at `gpus` GPUs: DCP's schedulers and dp_balanced at CP 4 on the same samples."""
+    cfg = DCP_BENCH
+    profile = load_profile(cfg["profile"])
+    dp, limit = gpus // cfg["cp"], cfg["max_seqlen_per_dp_cp_rank"]
+    lengths = load_dataset(cfg["dataset"]).lengths
+    order = np.random.default_rng(SEED).permutation(lengths.size)
+    per_batch = cfg["samples_per_replica"] * dp
+    target = DynamicCP.of(profile, tp=1, dpcp=gpus, max_seqlen_per_rank=limit)
+    packing_target = MegatronPacking.of(profile, tp=1, pp=1, cp=cfg["cp"], dp=dp, capacity=limit * cfg["cp"], multiple=dp)
+    rows: dict[str, list[float]] = {k: [] for k in ("megatron", "plugin", "bound", "dp_balanced", "plan_ms",
+                                                    "megatron_mb", "plugin_mb")}
+    invalid = {"megatron": 0, "plugin": 0}
+    for k in range(iterations):
+        raw = lengths[order[k * per_batch:(k + 1) * per_batch]]
+        padded = dynamic_cp_padded(raw, gpus)  # 2 x DPxCP, as the mock dataset pads for dynamic CP
+        theirs = default_dynamic_cp_schedule(padded, dpcp=gpus, max_seqlen_per_rank=limit)
+        t0 = time.process_time()
+        ours = schedule_dynamic_cp(padded, target)
+        rows["plan_ms"].append((time.process_time() - t0) * 1e3)
+        invalid["megatron"] += bool(dynamic_cp_violations(theirs, padded, target))
+        invalid["plugin"] += bool(dynamic_cp_violations(ours, padded, target))
+        rows["megatron"].append(dynamic_cp_time(target, theirs, padded))
+        rows["plugin"].append(dynamic_cp_time(target, ours, padded))
+        rows["bound"].append(dynamic_cp_lower_bound(target, padded))
+        rows["megatron_mb"].append(len(theirs))
+        rows["plugin_mb"].append(len(ours))
+        packed = -(-raw // (2 * cfg["cp"])) * (2 * cfg["cp"])  # 2 x CP, as the mock dataset pads for dp_balanced
+        sched = dp_balanced_schedule(packed.tolist(), limit * cfg["cp"], dp, cfg["cp"])
+        rows["dp_balanced"].append(max(packing_target.propagation_s(sched, packed)))
+    mean = {k: float(np.mean(v)) for k, v in rows.items()}
+    ratios = np.asarray(rows["megatron"]) / np.asarray(rows["plugin"])
+    return {"id": f"{gpus}gpus", "gpus": gpus, "dp": dp, "samples": per_batch, "iterations": iterations,
+            "megatron_s": mean["megatron"], "plugin_s": mean["plugin"], "bound_s": mean["bound"],
+            "dp_balanced_s": mean["dp_balanced"], "speedup": mean["megatron"] / mean["plugin"],
+            "min_iteration_speedup": float(ratios.min()), "plugin_vs_bound": mean["plugin"] / mean["bound"],
+            "megatron_vs_bound": mean["megatron"] / mean["bound"],
+            "megatron_over_dp_balanced": mean["dp_balanced"] / mean["megatron"],
+            "plugin_over_dp_balanced": mean["dp_balanced"] / mean["plugin"],
+            "megatron_micro_batches": mean["megatron_mb"], "plugin_micro_batches": mean["plugin_mb"],
+            "megatron_invalid": invalid["megatron"], "plugin_invalid": invalid["plugin"],
+            "plan_ms_max": float(np.max(rows["plan_ms"]))}
+
+
+def _dcp_row(r: DynamicCPRun) -> dict:
+    return {"id": f"{r.method}-tp{r.tp}-{r.max_seqlen_per_rank}", "method": r.method, "tp": r.tp,
+            "max_seqlen_per_dp_cp_rank": r.max_seqlen_per_rank, "mean_s": r.mean_s if r.iteration_s else None,
+            "invalid": r.invalid, "why_not": r.why_not or None}
+
+
+def dcp_corpus(cfg: dict, iterations: int, tuning: int) -> dict:
+    """One corpus on 64 GPUs: settings chosen on tuning batches, measured on held-out ones."""
+    profile = load_profile(PROFILE)
+    data = load_dataset(cfg["dataset"], cfg["context_len"])
+    tune = [b.lengths for b in sample_iterations(data, cfg["tokens_per_iter"], tuning, TUNING_SEED)]
+    held = [b.lengths for b in sample_iterations(data, cfg["tokens_per_iter"], iterations, SEED)]
+    tried = dcp_runs(profile, tune, GPUS, cfg["context_len"])
+    ours = best_dcp(tried, "hydraplan-dcp")
+    assert ours is not None  # the plugin runs some TP of every config here
+    # Megatron's settings fastest first on the tuning batches; one that breaks a rule on a held-out batch (runs out
+    # of memory, say) is what a user would then lower: the next one
+    ranked = sorted((r for r in tried if r.method == "megatron-dcp" and r.iteration_s is not None and not r.invalid),
+                    key=lambda r: (r.mean_s, r.tp, -r.max_seqlen_per_rank))
+    assert ranked  # Megatron runs some setting of every config here
+    broke = []
+    for theirs in ranked:
+        m = dcp_run("megatron-dcp", profile, held, GPUS, theirs.tp, theirs.max_seqlen_per_rank)
+        if m.iteration_s is not None and not m.invalid:
+            break
+        broke.append({"tp": m.tp, "max_seqlen_per_dp_cp_rank": m.max_seqlen_per_rank, "invalid": m.invalid,
+                      "why": m.why_not or None})
+    o = dcp_run("hydraplan-dcp", profile, held, GPUS, ours.tp, ours.max_seqlen_per_rank)
+    same = dcp_run("hydraplan-dcp", profile, held, GPUS, theirs.tp, theirs.max_seqlen_per_rank)
+    ratios = np.asarray(m.scored_s) / np.asarray(same.scored_s)
+    return {**cfg, "iterations": iterations, "tuning_iterations": tuning,
+            "megatron_tp": m.tp, "megatron_limit": m.max_seqlen_per_rank, "megatron_s": m.mean_s,
+            "megatron_invalid": m.invalid, "megatron_settings_broken_on_held_out": broke,
+            "plugin_tp": o.tp, "plugin_limit": o.max_seqlen_per_rank,
+            "plugin_s": o.mean_s, "plugin_invalid": o.invalid + same.invalid, "speedup": m.mean_s / o.mean_s,
+            "bound_s": float(np.mean(o.bound_s)), "plugin_vs_bound": o.mean_s / float(np.mean(o.bound_s)),
+            "speedup_bound": m.mean_s / float(np.mean(o.bound_s)),
+            "plugin_same_setting_s": same.mean_s, "speedup_same_setting": m.mean_s / same.mean_s,
+            "min_iteration_speedup_same_setting": float(ratios.min()),
+            "plan_ms_max": max(o.plan_ms), "plan_ms_mean": float(np.mean(o.plan_ms)),
+            "megatron_plan_ms_max": max(m.plan_ms), "tuning": [_dcp_row(r) for r in tried]}
+
+
+def dynamic_cp(run: Run) -> dict:
+    return {"benchmark": {**DCP_BENCH, "seed": SEED, "rows": [dcp_benchmark(g, run.pick(30, 3))
+                                                              for g in run.pick(DCP_GPUS, DCP_GPUS_SMOKE)]},
+            "corpora": [dcp_corpus(c, run.pick(20, 2), run.pick(6, 1)) for c in run.pick(CONFIGS, SMOKE)]}
+
+
 def main(run: Run) -> None:
     configs, iterations = run.pick(CONFIGS, SMOKE), run.pick(20, 2)
+    if run.argv == ("dcp",) and not run.smoke:  # only the dynamic-CP part, the rest of the file kept
+        run.write({**run.previous(), "dynamic_cp": dynamic_cp(run)}, merged=True)
+        return
     run.write({"profile": PROFILE, "gpus": GPUS, "seed": SEED, "objective": "propagation",
                "hybrid_cp": [hybrid_cp(c, iterations) for c in configs],
-               "packing": [packing(c, iterations) for c in run.pick(PACKING, PACKING_SMOKE)]})
+               "packing": [packing(c, iterations) for c in run.pick(PACKING, PACKING_SMOKE)],
+               "dynamic_cp": dynamic_cp(run)})

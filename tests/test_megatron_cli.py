@@ -93,11 +93,13 @@ def test_example_dry_run_is_faster_than_megatrons_and_without_megatron_says_so(m
 
 def test_compare_runs_the_seam_methods_as_their_executors_score_them():
     """`compare --methods megatron-hcp,...`: each at its fastest TP or layout, every iteration's estimate the
-    executor's (hybrid CP: the round simulated; packing: the replicas' pipeline times)."""
-    from hydraplan.core.executors import MegatronPacking
+    executor's (hybrid CP: the round simulated; packing: the replicas' pipeline times; dynamic CP: its micro-batches
+    chained on every rank, at the fastest TP and per-rank limit)."""
+    from hydraplan.core.executors import DynamicCP, MegatronPacking, dynamic_cp_padded, dynamic_cp_time
     from hydraplan.methods.compare import CompareConfig, run_compare
     from hydraplan.methods.megatron_seams import SEAM_METHODS, rank_limit
     from hydraplan.solve.megatron.balanced_cp import balanced_cp_schedule
+    from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
     from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
 
     cfg = CompareConfig(profile="h100-llama2-7b", dataset="builtin:prolong", gpus=16, tokens_per_iter=60_000,
@@ -120,3 +122,12 @@ def test_compare_runs_the_seam_methods_as_their_executors_score_them():
     assert res["megatron-dp-balanced"].iterations_s == pytest.approx(want, rel=1e-12)
     assert res["hydraplan-hcp"].mean_estimate_s < res["megatron-hcp"].mean_estimate_s
     assert res["hydraplan-packing"].mean_estimate_s <= res["megatron-dp-balanced"].mean_estimate_s
+    # dynamic CP: Megatron at its fastest TP and per-rank limit, on the lengths its varlen datasets pad
+    tp_part, limit_part = out.runs["megatron-dcp"].static.split(", ")
+    tp, limit = int(tp_part.removeprefix("TP ")), int(limit_part.removesuffix(" per rank"))
+    target = DynamicCP.of(profile, tp=tp, dpcp=16 // tp, max_seqlen_per_rank=limit)
+    padded = [dynamic_cp_padded(b, 16 // tp, tp) for b in out.batches]
+    want = [dynamic_cp_time(target, default_dynamic_cp_schedule(p, dpcp=16 // tp, max_seqlen_per_rank=limit), p)
+            for p in padded]
+    assert res["megatron-dcp"].iterations_s == pytest.approx(want, rel=1e-12)
+    assert res["hydraplan-dcp"].mean_estimate_s < res["megatron-dcp"].mean_estimate_s

@@ -56,6 +56,10 @@ METHODS: tuple[Method, ...] = (
            "replica d", "#a5a5a5", "seam"),
     Method("hydraplan-packing", "hydraplan's packing scheduler (integrations.megatron): dispatch + Eq. 1 packing, one V "
            "per replica", "#c49c94", "seam"),
+    Method("megatron-dcp", "Megatron-LM's DefaultDynamicCPScheduler (dynamic CP, dev): L^2/cp balanced one micro-batch at "
+           "a time, CP size from L / limit", "#3b3b3b", "seam"),
+    Method("hydraplan-dcp", "hydraplan's dynamic-CP scheduler (integrations.megatron): block sizes, packs and micro-batches "
+           "from the cost model", "#f7b6d2", "seam"),
 )
 BY_NAME = {m.name: m for m in METHODS}
 NAMES = tuple(m.name for m in METHODS if m.family != "seam")  # what compare runs when no method is named
