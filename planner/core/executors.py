@@ -531,16 +531,30 @@ def dynamic_cp_fewest_microbatches(target: DynamicCP, lengths: ArrayLike) -> int
 
 
 def dynamic_cp_lower_bound(target: DynamicCP, lengths: ArrayLike) -> float:
-    """No schedule runs the batch faster: every sequence on the block size it fits with the fewest GPU-seconds,
-    spread evenly over the ranks, plus the cheapest constant in each of the fewest micro-batches (every rank runs a
-    pack in each); no less than the longest sequence alone on its fastest size; with 'max' padding no less than
-    the fewest micro-batches of full packs' linear work and constant."""
+    """No schedule runs the batch faster (T: its time; M >= the fewest micro-batches; every rank runs a pack in
+    each, so the N ranks' busy time, at most N x T, is at least the blocks' rank-seconds):
+    - every sequence on the block size where its GPU-seconds are fewest, counting that a block of k ranks holds at
+      most k x max_seqlen_per_dp_cp_rank tokens, so a sequence of L tokens on size k takes at least
+      L / max_seqlen_per_dp_cp_rank rank slots paying c_k instead of the cheapest constant, which every other of the
+      M x N rank slots pays;
+    - the longest sequence on some size k: T is at least its block alone plus M - 1 cheapest constants, and the
+      rank-seconds are at least its block's k x (its time) plus the others' GPU-seconds plus the cheapest constant
+      on the other M x N - k rank slots; the best k for the schedule, the worst for the bound;
+    - with 'max' padding, every pack is full: M times the cheapest full pack's linear work and constant."""
     l = np.asarray(lengths, dtype=np.int64)
-    cps = np.asarray(target.cps, dtype=np.float64)
-    w = np.where(target.fits(l), target.seq_costs(l), np.inf)
-    fewest = dynamic_cp_fewest_microbatches(target, l)
+    N, limit = target.dpcp, target.max_seqlen_per_rank
+    cps = np.asarray(target.cps, dtype=np.float64)[:, None]
+    fits = target.fits(l)
+    w = np.where(fits, target.seq_costs(l), np.inf)  # per-rank seconds on each size
     c = target.coef[:, 2]
-    bound = max((w * cps[:, None]).min(axis=0).sum() / target.dpcp + fewest * c.min(), (w + c[:, None]).min(axis=0).max())
+    M = dynamic_cp_fewest_microbatches(target, l)
+    slots = M * N * c.min()
+    spread = (w * cps + (c[:, None] - c.min()) * l[None, :] / limit).min(axis=0).sum() + slots
+    s = int(np.argmax(l))
+    others = float((w * cps).min(axis=0).sum() - (w[:, s] * cps[:, 0]).min())
+    alone = w[:, s] + c
+    longest = np.maximum(alone + (M - 1) * c.min(), (others + cps[:, 0] * alone + slots - cps[:, 0] * c.min()) / N)
+    bound = max(spread / N, float(longest.min()))
     if target.padding.alignment == "max":
-        bound = max(bound, fewest * float((c + target.coef[:, 1] * cps * target.max_seqlen_per_rank).min()))
+        bound = max(bound, M * float((c + target.coef[:, 1] * cps[:, 0] * limit).min()))
     return float(bound)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import warnings
 import weakref
@@ -29,6 +30,9 @@ from hydraplan.core.lengthstats import expand_bins, expand_exact
 from hydraplan.store import paths
 
 BUILTIN_PREFIX = "builtin:"
+LOGNORMAL_PREFIX = "lognormal:"
+LOGNORMAL_FIELDS = ("mean", "sigma", "min", "max", "seed", "size")
+LOGNORMAL_SIZE = 1_000_000  # samples Megatron's mock dataset draws (MockSFTLowLevelDataset.size)
 TOKEN_COLUMNS = ("input_ids", "tokens", "token_ids")
 EXTENSIONS = (".csv", ".parquet", ".txt", ".npy", ".json", ".jsonl", ".idx")
 COMPRESSIBLE = (".csv", ".txt", ".json", ".jsonl")
@@ -147,9 +151,51 @@ def builtin_names() -> list[str]:
     return sorted(p.name.removesuffix(".parquet") for p in paths.DATA_DIR.glob("*.parquet"))
 
 
+def lognormal_lengths(spec: str) -> np.ndarray:
+    """The lengths of `lognormal:mean=M,sigma=S,min=A,max=B[,seed=0][,size=1000000]`: Megatron-LM's mock varlen
+    dataset (MockSFTLowLevelDataset, dev at d48bd6b, what examples/dynamic_context_parallel trains): `size` draws
+    of numpy's legacy lognormal seeded with `seed`, mu = ln(M) - S^2/2 (so M is the mean before clipping), clipped
+    to [A, B] and truncated to integers; a sample of L drawn tokens trains on L - 1 (its tokens plus EOD, less the
+    next-token shift), which is the length here."""
+    fields: dict[str, float] = {}
+    for part in spec[len(LOGNORMAL_PREFIX):].split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if key not in LOGNORMAL_FIELDS or not eq:
+            raise UserError(f"dataset {spec!r}: field {key or part!r} unknown (give {', '.join(LOGNORMAL_FIELDS)} as "
+                            "name=value, comma-separated)", "dataset")
+        try:
+            fields[key] = float(value)
+        except ValueError:
+            raise UserError(f"dataset {spec!r}: field {key}: {value.strip()!r} is not a number", "dataset") from None
+    missing = [k for k in ("mean", "sigma", "min", "max") if k not in fields]
+    if missing:
+        raise UserError(f"dataset {spec!r}: field {missing[0]} missing (give mean, sigma, min and max)", "dataset")
+    for key in ("min", "max", "seed", "size"):
+        if key in fields and (fields[key] != int(fields[key]) or fields[key] < (0 if key == "seed" else 2)):
+            raise UserError(f"dataset {spec!r}: field {key}: {fields[key]:g} is not an integer of at least "
+                            f"{0 if key == 'seed' else 2}", "dataset")
+    if not 0 < fields["mean"] < 2**31 or not 0 < fields["sigma"] <= 10:
+        bad = "mean" if not 0 < fields["mean"] < 2**31 else "sigma"
+        raise UserError(f"dataset {spec!r}: field {bad}: {fields[bad]:g} is not a positive number"
+                        + (" of at most 10" if bad == "sigma" else ""), "dataset")
+    if not fields["min"] <= fields["max"] <= MAX_LENGTH:
+        raise UserError(f"dataset {spec!r}: field max: {fields['max']:g} is below min {fields['min']:g} or above "
+                        f"{MAX_LENGTH}", "dataset")
+    size = int(fields.get("size", LOGNORMAL_SIZE))
+    if size > MAX_DOCUMENTS:
+        raise UserError(f"dataset {spec!r}: field size: {size} is more than {MAX_DOCUMENTS} documents", "dataset")
+    mu = math.log(fields["mean"]) - fields["sigma"] ** 2 / 2
+    drawn = np.random.RandomState(int(fields.get("seed", 0))).lognormal(mu, fields["sigma"], size)
+    return np.clip(drawn, fields["min"], fields["max"]).astype(np.int64) - 1
+
+
 def load_dataset(spec: str | PathLike[str], context_len: int | None = None) -> Dataset:
-    """`builtin:NAME`, a file of a form in EXTENSIONS (optionally .gz), or a Megatron prefix (PATH.idx)."""
+    """`builtin:NAME`, `lognormal:...` (lognormal_lengths), a file of a form in EXTENSIONS (optionally .gz), or a
+    Megatron prefix (PATH.idx)."""
     spec = str(spec)
+    if spec.startswith(LOGNORMAL_PREFIX):
+        return Dataset(name=spec, lengths=lognormal_lengths(spec), has_docs=True).truncate(context_len)
     if spec.startswith(BUILTIN_PREFIX):
         name = spec[len(BUILTIN_PREFIX):]
         known = builtin_names()
