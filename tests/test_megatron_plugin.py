@@ -180,7 +180,7 @@ def test_dynamic_cp_drop_in_forwards_dev_arguments_and_schedules_as_the_plain_fu
     assert "scheduling 16 DPxCP ranks at TP 1" in out and "at most 6 sequences" in out
 
 
-def test_dynamic_cp_drop_in_passes_megatrons_padding_to_the_executor(monkeypatch):
+def test_dynamic_cp_drop_in_passes_megatrons_padding_to_the_executor(monkeypatch, capsys):
     from hydraplan.core.executors import PackPadding
 
     ds = mg.put(monkeypatch, mg.dev())
@@ -191,12 +191,14 @@ def test_dynamic_cp_drop_in_passes_megatrons_padding_to_the_executor(monkeypatch
                               ({"pad_packed_seq_alignment": 64, "thd_tail_padding_policy": "extend_last"},
                                PackPadding(64, "extend_last")),
                               ({"pad_packed_seq_alignment": 64, "cuda_graph_impl": "local"}, PackPadding("max"))]:
-        cfg = mg.config(sequence_packing_scheduler="default_dynamic_cp", max_seqlen_per_dp_cp_rank=4096, **cfg_padding)
-        sched = ds.scheduler_map["default_dynamic_cp"](4096, 1, 8, None, max_num_seqs=None, min_cp_size=1)
+        cfg = mg.config(sequence_packing_scheduler="default_dynamic_cp", max_seqlen_per_dp_cp_rank=8192,
+                        tensor_model_parallel_size=2, **cfg_padding)
+        sched = ds.scheduler_map["default_dynamic_cp"](8192, 1, 8, None, max_num_seqs=None, min_cp_size=1)
         groups, *_ = sched.run(pairs(lengths), 8, *(mg.Group(n) for n in (8, 1, 1, 8)), None, cfg)
         assert sched.hydraplan_guard.target.padding == want
-        assert groups == integ.schedule_dynamic_cp(lengths, profile=PROFILE, tp=1, dpcp=8, max_seqlen_per_rank=4096,
+        assert groups == integ.schedule_dynamic_cp(lengths, profile=PROFILE, tp=2, dpcp=8, max_seqlen_per_rank=8192,
                                                    padding=want)
+    assert "Megatron's" not in capsys.readouterr().err  # hydraplan scheduled every batch, padded or not
 
 
 # ------------------------------------------------------------------------------------------- fallbacks
@@ -276,6 +278,35 @@ def test_a_packing_batch_hydraplan_cannot_schedule_goes_to_dev_dp_balanced(monke
     out, err = capsys.readouterr()
     one_line(out, "packing for <2,1,1> x 4 replicas")
     one_line(err, "batch 1", "cannot fill", "Megatron's dp_balanced schedules it (1 of 1 batches so far)")
+
+
+def test_packing_falls_back_to_this_megatrons_own_dp_balanced(monkeypatch, capsys):
+    """A TP the profile has no scheme for: every batch is dev's own dp_balanced, with its max_num_seqs (the
+    fallback was a copy of main's, which packs any number of documents)."""
+    from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
+
+    ds = mg.put(monkeypatch, mg.dev())
+    integ.install(PROFILE)
+    capsys.readouterr()
+    lengths = short_docs(160)
+    cfg = mg.config(sequence_packing_scheduler="dp_balanced", max_seqlen_per_dp_cp_rank=8192, thd_max_packed_sequences=5,
+                    tensor_model_parallel_size=3)
+    groups, *_ = ds.wrap_data_iterator(pairs(lengths), cfg, 8, dp=4, cp=1)
+    assert groups == dp_balanced_schedule(lengths, 8192, 4, 1, max_num_seqs=5)
+    assert max(len(rank) for mb in groups for rank in mb) <= 5
+    one_line(capsys.readouterr().err, "no scheme <3,1,1>", "Megatron's dp_balanced schedules every batch")
+
+
+def test_dynamic_cp_with_pipeline_parallelism_is_left_to_megatron(monkeypatch, capsys):
+    ds = mg.put(monkeypatch, mg.dev())
+    integ.install(PROFILE)
+    capsys.readouterr()
+    lengths = short_docs(64)
+    cfg = mg.config(sequence_packing_scheduler="default_dynamic_cp", max_seqlen_per_dp_cp_rank=2048,
+                    pipeline_model_parallel_size=2)
+    groups, *_ = ds.wrap_data_iterator(pairs(lengths), cfg, 8, dp=8, cp=1)
+    assert groups == mg.DevDefaultDynamicCP(2048, 1, 8, None).get_groups_and_subsamples(pairs(lengths))
+    one_line(capsys.readouterr().err, "pipeline_model_parallel_size 2", "Megatron's default_dynamic_cp")
 
 
 def test_check_schedule_env_var_is_read_and_a_bad_value_is_one_line(monkeypatch, capsys):

@@ -82,13 +82,13 @@ def _where(profile: Profile, gpus: int) -> str:
 
 
 # -------------------------------------------------------------------------------------------- hybrid CP
-def drop_in(profile: Profile | str, base: type, *, every: int | None = None) -> type:
+def drop_in(profile: Profile | str, base: Any, *, every: int | None = None) -> type:
     """A subclass of Megatron's BalancedCPScheduler (`base`) scheduling with `profile`: same constructor, same
     `get_groups_and_subsamples(sample_id_seqlens, config) -> (groups, sample_id_groups)`."""
     prof = load(profile)
     signature = inspect.signature(base.__init__)
 
-    class HydraplanCPScheduler(base):  # type: ignore[misc, valid-type]
+    class HydraplanCPScheduler(base):
         """Megatron's BalancedCPScheduler, hydraplan's schedule."""
 
         hydraplan_base = base
@@ -150,13 +150,13 @@ class _RunKeepsConfig:
                            dp_cp_group, dev, config, *args, **kwargs)
 
 
-def packing_drop_in(profile: Profile | str, base: type, *, every: int | None = None) -> type:
+def packing_drop_in(profile: Profile | str, base: Any, *, every: int | None = None) -> type:
     """A subclass of Megatron's DpBalancedScheduler (`base`) whose `get_groups_and_subsamples` returns hydraplan's
     packs (at most `max_num_seqs` documents each, where Megatron sets it), positions into the batch as
     dp_balanced's are."""
     prof = load(profile)
 
-    class HydraplanPackingScheduler(_RunKeepsConfig, base):  # type: ignore[misc, valid-type]
+    class HydraplanPackingScheduler(_RunKeepsConfig, base):
         """DpBalancedScheduler's run, hydraplan's packs."""
 
         hydraplan_base = base
@@ -198,13 +198,13 @@ def packing_drop_in(profile: Profile | str, base: type, *, every: int | None = N
     return HydraplanPackingScheduler
 
 
-def dynamic_cp_drop_in(profile: Profile | str, base: type, *, every: int | None = None) -> type:
+def dynamic_cp_drop_in(profile: Profile | str, base: Any, *, every: int | None = None) -> type:
     """A subclass of Megatron's DefaultDynamicCPScheduler (`base`) whose `get_groups_and_subsamples` returns
     hydraplan's dynamic-CP schedule: [micro-batch][DPxCP rank] -> sample ids, honouring `min_cp_size`,
     `max_num_seqs` and the VPP group as Megatron constructed it."""
     prof = load(profile)
 
-    class HydraplanDynamicCPScheduler(_RunKeepsConfig, base):  # type: ignore[misc, valid-type]
+    class HydraplanDynamicCPScheduler(_RunKeepsConfig, base):
         """DefaultDynamicCPScheduler's run, hydraplan's micro-batches."""
 
         hydraplan_base = base
