@@ -118,18 +118,19 @@ def test_plugin_fills_every_rank_with_few_sequences(profile):
 
 SCRIPT = """
 import hashlib, json
-from hydraplan.integrations.megatron import schedule_hybrid_cp, schedule_packing
+from hydraplan.integrations.megatron import schedule_dynamic_cp, schedule_hybrid_cp, schedule_packing
 from hydraplan.store.datasets import load_dataset, sample_iterations
 out = []
 for b in sample_iterations(load_dataset("builtin:prolong", 32768), 200000, 5, 3):
     out.append(schedule_hybrid_cp(b.lengths.tolist(), profile="h100-llama2-7b", tp=2, dpcp=32, max_seqlen_per_rank=17888))
     out.append(schedule_packing(b.lengths.tolist(), profile="h100-llama2-7b", tp=2, pp=2, cp=2, dp=8, capacity=35712))
+    out.append(schedule_dynamic_cp(b.lengths.tolist(), profile="h100-llama2-7b", tp=4, dpcp=16, max_seqlen_per_rank=40756))
 print(hashlib.sha256(json.dumps(out).encode()).hexdigest())
 """
 
 
 def test_identical_in_processes_with_different_hash_seeds():
-    """Both seams' schedules (each rank computes its own, nothing is broadcast)."""
+    """Every seam's schedules (each rank computes its own, nothing is broadcast)."""
     digests = set()
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}

@@ -201,6 +201,31 @@ def test_dynamic_cp_drop_in_passes_megatrons_padding_to_the_executor(monkeypatch
     assert "Megatron's" not in capsys.readouterr().err  # hydraplan scheduled every batch, padded or not
 
 
+def test_schedule_dynamic_cp_obeys_the_executor_and_is_never_slower_than_default_dynamic_cp():
+    """The plain function on Megatron's benchmark workload (lognormal lengths, 16 DPxCP ranks at TP 1,
+    max_seqlen_per_dp_cp_rank 2048): every rule held, min_cp_size and max_num_seqs included, and never slower than
+    Megatron's scheduler where its schedule fits in memory."""
+    from hydraplan.core.executors import dynamic_cp_blocks, dynamic_cp_time, dynamic_cp_violations
+    from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
+
+    rng = np.random.default_rng(11)
+    compared = 0
+    for min_cp, cap in [(1, None), (2, 4)]:
+        target = integ.dynamic_cp_target(PROFILE, tp=1, dpcp=16, max_seqlen_per_rank=2048, min_cp_size=min_cp,
+                                         max_num_seqs=cap)
+        for _ in range(3):
+            lengths = [int(x) for x in rng.lognormal(np.log(1024), 1.5, 128).clip(128, 8192)]
+            ours = integ.schedule_dynamic_cp(lengths, profile=PROFILE, tp=1, dpcp=16, max_seqlen_per_rank=2048,
+                                             min_cp_size=min_cp, max_num_seqs=cap)
+            assert dynamic_cp_violations(ours, lengths, target) == []
+            assert min(len(ranks) for mb in ours for ranks, _ in dynamic_cp_blocks(mb)) >= min_cp
+            theirs = default_dynamic_cp_schedule(lengths, dpcp=16, max_seqlen_per_rank=2048, min_cp_size=min_cp)
+            if not dynamic_cp_violations(theirs, lengths, target):
+                compared += 1
+                assert dynamic_cp_time(target, ours, lengths) <= dynamic_cp_time(target, theirs, lengths) * (1 + 1e-12)
+    assert compared >= 2
+
+
 # ------------------------------------------------------------------------------------------- fallbacks
 def hcp(ds, limit: int, ranks: int):
     return ds.BalancedCPScheduler(max_seq_len_per_rank=limit, dp_cp_group=mg.Group(ranks))
