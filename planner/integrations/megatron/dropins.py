@@ -146,7 +146,7 @@ class _RunKeepsConfig:
     def run(self, data_iterator, num_microbatches, dp_group, tp_group, pp_group, dp_cp_group, dev, config,
             *args: Any, **kwargs: Any):
         self.hydraplan_config, self.hydraplan_group = config, dp_cp_group
-        return super().run(data_iterator, num_microbatches, dp_group, tp_group, pp_group,  # type: ignore[misc]
+        return super().run(data_iterator, num_microbatches, dp_group, tp_group, pp_group,  # type: ignore[misc]  # Megatron's scheduler, mixed in after, has run
                            dp_cp_group, dev, config, *args, **kwargs)
 
 
