@@ -272,7 +272,12 @@ def timings(results: Results) -> str:
     """What each bench's last full run took (its file's meta), longest first, and the sum: what `make bench` costs."""
     from bench.run import names
 
-    metas = {n: results[n].get("meta", {}) for n in names()}
+    def full(meta: dict, name: str) -> dict:
+        """The last full run's record: a partial run (`python -m bench NAME PART`) keeps the earlier ones."""
+        runs = [meta, *meta.get("earlier", [])]
+        return next((m for m in runs if m.get("command") == f"python -m bench {name}"), meta)
+
+    metas = {n: full(results[n].get("meta", {}), n) for n in names()}
     rows = sorted(metas.items(), key=lambda kv: -kv[1].get("wall_s", 0))
 
     def secs(m: dict, key: str) -> str:

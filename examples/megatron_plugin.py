@@ -4,11 +4,12 @@
         --profile h100-llama2-7b -- <pretrain_gpt.py's arguments, with the flags `hydraplan megatron suggest` gives>
     python examples/megatron_plugin.py --dry-run     # no Megatron: one global batch scheduled both ways
 
-`install(profile)` must run before `pretrain(...)` builds the data iterator: it replaces the scheduler of
-Megatron's hybrid context parallelism (`--hybrid-context-parallel`, megatron-core 0.17-0.19 and Megatron-LM main)
-and, where Megatron has it (Megatron-LM main), the `dp_balanced` entry of the sequence-packing schedulers. Megatron
-runs everything else unchanged; TP, PP, CP, DP and the recompute mode come from its config, the cost model from
-the hydraplan profile. Every rank computes the same schedule from the gathered lengths (no broadcast).
+The checkout goes first on `sys.path`, then `install(profile)` runs, before `pretrain(...)` builds the data
+iterator: it replaces the schedulers of the seams this Megatron has and uses (hybrid context parallelism's on
+megatron-core 0.17-0.19 and Megatron-LM main, `dp_balanced` on main and dev, dynamic context parallelism's
+`default_dynamic_cp` on dev) and prints one line saying which. Megatron runs everything else unchanged; TP, PP,
+CP, DP and the recompute mode come from its config, the cost model from the hydraplan profile. Every rank
+computes the same schedule from the gathered lengths (no broadcast).
 
 `--dry-run` samples one 200K-token global batch of builtin:wikipedia and prints what Megatron's BalancedCPScheduler
 and hydraplan's schedule cost on 64 H100s at TP 4 (propagation, as Megatron's executor runs them), and the CPU time
@@ -63,12 +64,12 @@ def main(argv: list[str]) -> int:
         return 0
     from hydraplan.integrations.megatron import install
 
-    script = Path(os.environ.get("MEGATRON_LM", ".")) / "pretrain_gpt.py"
+    script = Path(os.environ.get("MEGATRON_LM", ".")).resolve() / "pretrain_gpt.py"
     if not script.exists():
         print(f"{script}: no such file; set MEGATRON_LM to a Megatron-LM checkout", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(script.parent))  # the checkout's megatron, not an installed one: install() patches it
     install(a.profile)  # before pretrain(...) builds the data iterators
-    sys.path.insert(0, str(script.parent))
     sys.argv = [str(script), *a.megatron_args]
     runpy.run_path(str(script), run_name="__main__")
     return 0

@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pytest
+from megatron_standins import BalancedCPScheduler, Group, put, release
 from megatron_wheel import load_hybrid_cp_schedule, megatron_schedule
 
 from hydraplan.core.cluster import for_gpus
@@ -117,18 +118,19 @@ def test_plugin_fills_every_rank_with_few_sequences(profile):
 
 SCRIPT = """
 import hashlib, json
-from hydraplan.integrations.megatron import schedule_hybrid_cp, schedule_packing
+from hydraplan.integrations.megatron import schedule_dynamic_cp, schedule_hybrid_cp, schedule_packing
 from hydraplan.store.datasets import load_dataset, sample_iterations
 out = []
 for b in sample_iterations(load_dataset("builtin:prolong", 32768), 200000, 5, 3):
     out.append(schedule_hybrid_cp(b.lengths.tolist(), profile="h100-llama2-7b", tp=2, dpcp=32, max_seqlen_per_rank=17888))
     out.append(schedule_packing(b.lengths.tolist(), profile="h100-llama2-7b", tp=2, pp=2, cp=2, dp=8, capacity=35712))
+    out.append(schedule_dynamic_cp(b.lengths.tolist(), profile="h100-llama2-7b", tp=4, dpcp=16, max_seqlen_per_rank=40756))
 print(hashlib.sha256(json.dumps(out).encode()).hexdigest())
 """
 
 
 def test_identical_in_processes_with_different_hash_seeds():
-    """Both seams' schedules (each rank computes its own, nothing is broadcast)."""
+    """Every seam's schedules (each rank computes its own, nothing is broadcast)."""
     digests = set()
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
@@ -137,25 +139,10 @@ def test_identical_in_processes_with_different_hash_seeds():
     assert len(digests) == 1 and len(digests.pop()) == 64
 
 
-def test_import_needs_no_megatron():
-    code = "import sys, hydraplan.integrations.megatron; print(any(m.split('.')[0] == 'megatron' for m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip() == "False"
-
-
-class _Group:
-    def size(self):
-        return 16
-
-
 def test_install_replaces_balanced_cp_scheduler_in_megatron_and_uninstalls(monkeypatch, profile):
-    original = type("BalancedCPScheduler", (), {})
-    data_schedule = types.ModuleType(integ.DATA_SCHEDULE)
-    data_schedule.BalancedCPScheduler = original
-    for name in ("megatron", "megatron.core", "megatron.core.datasets"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, integ.DATA_SCHEDULE, data_schedule)
+    ds = put(monkeypatch, release())
     uninstall = integ.install(PROFILE)
-    sched = data_schedule.BalancedCPScheduler(max_seq_len_per_rank=17_888, dp_cp_group=_Group())
+    sched = ds.BalancedCPScheduler(max_seq_len_per_rank=17_888, dp_cp_group=Group(16))
     config = types.SimpleNamespace(tensor_model_parallel_size=4, recompute_granularity="selective")
     lengths = [int(x) for x in batches("wikipedia", 1)[0]]
     pairs = [(1000 + i, l) for i, l in enumerate(lengths)]  # global ids are not positions
@@ -165,7 +152,7 @@ def test_install_replaces_balanced_cp_scheduler_in_megatron_and_uninstalls(monke
     assert sample_id_groups == [[[1000 + i for i in rank] for rank in rnd] for rnd in expect]
     assert groups == [[[lengths[i] for i in rank] for rank in rnd] for rnd in expect]
     uninstall()
-    assert data_schedule.BalancedCPScheduler is original
+    assert ds.BalancedCPScheduler is BalancedCPScheduler
 
 
 def _optimum(target: HybridCP, lengths: list[int]) -> float:

@@ -155,9 +155,11 @@ class PackingRun:
         return float(np.mean(self.iteration_s)) if self.iteration_s and not self.why_not else float("inf")
 
 
-def packing_layouts(cluster: Cluster, context_len: int) -> list[Scheme]:
-    """The homogeneous layouts whose packs hold the context length (no recomputation: Megatron's default)."""
-    return [s for s in cluster.schemes if s.recompute == "none" and s.max_len >= context_len and cluster.gpus % s.gpus == 0]
+def packing_layouts(cluster: Cluster, context_len: int, recompute: str = "none") -> list[Scheme]:
+    """The homogeneous layouts whose packs hold the context length, with this recompute mode (none: Megatron's
+    default)."""
+    return [s for s in cluster.schemes
+            if s.recompute == recompute and s.max_len >= context_len and cluster.gpus % s.gpus == 0]
 
 
 def packing_run(method: str, cluster: Cluster, batches: Sequence[np.ndarray], scheme: Scheme) -> PackingRun:
@@ -165,7 +167,7 @@ def packing_run(method: str, cluster: Cluster, batches: Sequence[np.ndarray], sc
     dp = cluster.gpus // scheme.gpus
     capacity = scheme.max_len // scheme.cp * scheme.cp
     target = MegatronPacking.of(cluster.profile, tp=scheme.tp, pp=scheme.pp, cp=scheme.cp, dp=dp, capacity=capacity,
-                                multiple=dp)
+                                multiple=dp, recompute=scheme.recompute)
 
     def schedule(lengths: np.ndarray):
         if method == "megatron-dp-balanced":
