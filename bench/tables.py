@@ -320,14 +320,34 @@ def megatron_packing(results: Results) -> str:
 
 
 def fidelity(results: Results) -> str:
-    """fidelity.json: per source of data/published, its class, the points predicted (and left out), and predicted /
-    published: median and range."""
+    """fidelity.json: per source of data/published, its class, the points predicted within the bound and predicted /
+    published (median, range), and the points left out: how many and predicted / published where computable."""
     rows = []
     for s in results["fidelity"]["sources"]:
         spread = f"{s['min_ratio']:.2f}-{s['max_ratio']:.2f}" if s["points"] else ""
-        rows.append([f"`{s['id']}`", s["class"], f"{s['points']}" + (f" ({s['excluded']} left out)" if s["excluded"] else ""),
-                     f"{s['median_ratio']:.2f}" if s["points"] else "", spread])
-    return _table(["source (data/published/)", "class", "points", "predicted / published, median", "range"], rows)
+        missing = s["excluded"] - s["excluded_predicted"]
+        rows.append([f"`{s['id']}`", s["class"], str(s["points"]), f"{s['median_ratio']:.2f}" if s["points"] else "",
+                     spread, (str(s["excluded"]) + (f" ({missing} not computable)" if missing else "")) if s["excluded"] else "",
+                     f"{s['excluded_min_ratio']:.2f}-{s['excluded_max_ratio']:.2f}" if s["excluded_predicted"] else ""])
+    return _table(["source (data/published/)", "class", "points", "predicted / published, median", "range", "left out",
+                   "left out: predicted / published"], rows)
+
+
+def fidelity_dcp(results: Results) -> str:
+    """fidelity.json's records of Megatron's dynamic-CP benchmark: per GPU count, dp_balanced's and dynamic CP's
+    iteration (the 10% trimmed mean) measured and predicted, and the speedup published and predicted (whole
+    iteration, and propagation alone)."""
+    recs = {r["point"]: r for r in results["fidelity"]["records"] if r["source"] == "megatron-lm-dynamic-cp"}
+    rows = []
+    for x in results["fidelity"]["dcp"]["speedups"]:
+        if x["statistic"] != "trimmed":
+            continue
+        base, dcp = recs[f"dp_balanced-{x['gpus']}gpu-trimmed"], recs[f"dcp-{x['gpus']}gpu-trimmed"]
+        rows.append([str(x["gpus"]), f"{base['published'] * 1e3:.0f} ms", f"{base['predicted'] * 1e3:.0f} ms",
+                     f"{dcp['published'] * 1e3:.0f} ms", f"{dcp['predicted'] * 1e3:.0f} ms", f"{x['published']:.2f}x",
+                     f"{x['predicted']:.2f}x ({x['propagation']:.2f}x)"])
+    return _table(["GPUs", "dp_balanced, measured", "predicted", "dynamic CP, measured", "predicted",
+                   "speedup, published", "predicted (propagation alone)"], rows)
 
 
 def fit_errors(results: Results) -> str:
@@ -367,5 +387,5 @@ def megatron_dcp_corpora(results: Results) -> str:
 
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, bound_issue, cad, overlap,
                                                                    memory, profile_check, cpu_tiny, hydraulis, long, timings,
-                                                                   megatron_hcp, megatron_packing, fidelity, fit_errors,
-                                                                   megatron_dcp_benchmark, megatron_dcp_corpora)}
+                                                                   megatron_hcp, megatron_packing, fidelity, fidelity_dcp,
+                                                                   fit_errors, megatron_dcp_benchmark, megatron_dcp_corpora)}

@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from hydraplan.core.executors import MegatronPacking, packing_violations
+from hydraplan.core.executors import MegatronPacking, packing_padded, packing_violations
 from hydraplan.integrations import megatron as integ
 from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
 from hydraplan.store.datasets import load_dataset, sample_iterations
@@ -136,3 +136,12 @@ def test_install_replaces_dp_balanced_in_scheduler_map_and_uninstalls(monkeypatc
     assert got == integ.schedule_packing(lengths, profile=profile, tp=2, pp=2, cp=1, dp=2, capacity=PER_RANK)
     uninstall()
     assert data_schedule.scheduler_map[key] is FakeDpBalanced
+
+
+def test_varlen_samples_are_padded_to_twice_cp_times_tp():
+    """Megatron's varlen dataset at a fixed CP size: a multiple of 2 x CP, times TP with sequence parallelism; none
+    without CP and TP."""
+    assert packing_padded([1, 8, 9, 16], cp=4).tolist() == [8, 8, 16, 16]
+    assert packing_padded([1, 8, 9], cp=1).tolist() == [1, 8, 9]
+    assert packing_padded([1, 17], cp=2, tp=4).tolist() == [16, 32]
+    assert packing_padded([1, 17], cp=2, tp=4, sequence_parallel=False).tolist() == [4, 20]

@@ -434,6 +434,14 @@ def dynamic_cp_padded(lengths: ArrayLike, dpcp: int, tp: int = 1, sequence_paral
     return -(-np.asarray(lengths, dtype=np.int64) // g) * g
 
 
+def packing_padded(lengths: ArrayLike, cp: int, tp: int = 1, sequence_parallel: bool = True) -> np.ndarray:
+    """The lengths Megatron's varlen datasets hand a packing scheduler at a fixed CP size: each sample padded to a
+    multiple of 2 x CP (1 without CP), times TP with sequence parallelism (SFTDataset._calculate_padding_divisor, dev
+    at d48bd6b)."""
+    g = (2 * cp if cp > 1 else 1) * (tp if sequence_parallel and tp > 1 else 1)
+    return -(-np.asarray(lengths, dtype=np.int64) // g) * g
+
+
 def dynamic_cp_blocks(micro_batch: list[list[int]]) -> list[tuple[list[int], list[int]]]:
     """A micro-batch's blocks as (ranks, pack): the ranks listing one identical pack, by first rank."""
     by_pack: dict[tuple[int, ...], list[int]] = {}

@@ -5,19 +5,23 @@ own estimators plus the physical terms an iteration has that the canonical estim
   interleaved 1F1B (vp > 1) the schedule simulator (hydraplan.core.schedules);
 - data-parallel traffic: the parameter all-gather and gradient reduce-scatter of a distributed optimizer, one each
   per iteration, as hydraplan.core.sync prices LNK's pull and push (a pull hidden behind the forward, a push behind
-  the backward), over the DP x CP replicas that share a slice;
+  the backward), over the DP x CP replicas that share a slice; or, for DDP without a distributed optimizer and
+  without overlap (`ddp_allreduce_s`), one all-reduce of every gradient after the backward, nothing hiding it;
 - FSDP's per-layer gathers (`fsdp_exposed_s`): parameters gathered before each layer's forward and again before its
   backward, gradients reduce-scattered after it, each hidden behind the neighbouring layer's compute;
-- the optimizer step (`optimizer_s`): AdamW over the parameters a GPU owns, at HBM bandwidth;
+- the optimizer step (`optimizer_s`): AdamW over the parameters a GPU owns (all of its stage's under DDP), at HBM
+  bandwidth;
 - FP8 weight casts (`fp8_weight_cast_s`): Transformer Engine casts each weight to fp8 (and its transpose) once per
   iteration, on the first micro-batch.
 
-Pure functions: the fidelity bench (bench/bench_fidelity.py) composes them for every published training job.
+Pure functions: the fidelity bench (bench/bench_fidelity.py) composes them for every published training job, and
+`iteration_from_propagation` adds them to a propagation an executor scored (Megatron's dynamic-CP benchmark).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -30,6 +34,11 @@ from hydraplan.core.schedules import build_schedule, fb_split, simulate
 from hydraplan.core.schema import Scheme
 
 FORWARD_SHARE = sync.FORWARD_SHARE
+GradSync = Literal["distributed-optimizer", "ddp"]
+GRAD_REDUCE_BYTES = 4
+"""Bytes per gradient DDP all-reduces: Megatron under --bf16 keeps fp32 main gradients (--main-grads-dtype fp32, the
+default) and so accumulates and all-reduces them in fp32 (accumulate_allreduce_grads_in_fp32 set in validate_args;
+megatron/training/arguments.py, Megatron-LM dev at d48bd6b)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class Job:
     micro_batch: int
     vp: int = 1
     fsdp: bool = False
+    grad_sync: GradSync = "distributed-optimizer"  # or "ddp": every GPU all-reduces every gradient, steps every parameter
 
     @property
     def micro_batches(self) -> int:
@@ -69,7 +79,7 @@ class IterationTime:
     """Seconds of one iteration, term by term."""
 
     propagation_s: float
-    dp_sync_s: float  # the distributed optimizer's gather and reduce-scatter that propagation does not hide
+    dp_sync_s: float  # gradient traffic not hidden: a distributed optimizer's gather and reduce-scatter, DDP's all-reduce
     fsdp_s: float  # FSDP's per-layer gathers and reduce-scatters that compute does not hide
     optimizer_s: float
     fp8_cast_s: float
@@ -118,10 +128,20 @@ def dp_sync_s(params: int, gpu: GPUSpec, job: Job, window: float) -> float:
     return float(sync.exposed_s(dp_transfer_s(params, gpu, job), window))
 
 
+def ddp_allreduce_s(params: int, gpu: GPUSpec, job: Job, grad_bytes: int = GRAD_REDUCE_BYTES) -> float:
+    """DDP without a distributed optimizer and without overlap (Megatron's defaults: no --use-distributed-optimizer,
+    no --overlap-grad-reduce, which makes its gradient buffer one bucket): after the backward, one all-reduce of the
+    stage's gradients (its tp x pp slice, `grad_bytes` each) over the DP x CP replicas, as NCCL runs it
+    (collectives.collective_s: NVLS inside a node, the hierarchical tree across nodes), nothing hiding it."""
+    return nccl.collective_s(gpu, "all_reduce", job.replicas, group_gpus_per_node(job),
+                             params / (job.tp * job.pp) * grad_bytes)
+
+
 def optimizer_s(params: int, job: Job, gpu: GPUSpec, fw: FrameworkSpec) -> float:
-    """AdamW over the parameters one GPU owns (sharded over the pipeline's tp x pp and the DP x CP replicas):
-    framework.optimizer_bytes_per_param each at HBM bandwidth."""
-    owned = params / (job.tp * job.pp * job.replicas)
+    """AdamW over the parameters one GPU owns (sharded over the pipeline's tp x pp and, with a distributed
+    optimizer, the DP x CP replicas; under DDP every replica steps its whole slice): framework.optimizer_bytes_per_param
+    each at HBM bandwidth."""
+    owned = params / (job.tp * job.pp * (job.replicas if job.grad_sync == "distributed-optimizer" else 1))
     return owned * fw.optimizer_bytes_per_param / (gpu.hbm_gb_s * 1e9 * fw.memory_efficiency)
 
 
@@ -153,6 +173,25 @@ def fsdp_exposed_s(model: ModelSpec, job: Job, gpu: GPUSpec, layer_compute_s: fl
     return job.micro_batches * layers * per_layer + gather
 
 
+def iteration_from_propagation(prop: float, model: ModelSpec, job: Job, gpu: GPUSpec, fw: FrameworkSpec, fp8: bool,
+                               fsdp_s: float = 0.0) -> IterationTime:
+    """One iteration of `job` whose propagation took `prop` seconds (the canonical estimate's, or an executor's):
+    its gradient traffic by `job.grad_sync` (none beside FSDP's own `fsdp_s`), the optimizer step, FP8's casts."""
+    if job.fsdp:
+        sync_s = 0.0
+    elif job.grad_sync == "ddp":
+        sync_s = ddp_allreduce_s(model.params, gpu, job)
+    else:
+        sync_s = dp_sync_s(model.params, gpu, job, prop)
+    return IterationTime(
+        propagation_s=prop,
+        dp_sync_s=sync_s,
+        fsdp_s=fsdp_s,
+        optimizer_s=optimizer_s(model.params, job, gpu, fw),
+        fp8_cast_s=fp8_weight_cast_s(model, job, gpu, fw) if fp8 else 0.0,
+    )
+
+
 def iteration_time(scheme: Scheme, model: ModelSpec, job: Job, gpu: GPUSpec, fw: FrameworkSpec,
                    fp8: bool, p2p_s: float = 0.0) -> IterationTime:
     """Every term of one iteration of `job` on `scheme` (the profile's T(l) for its layout)."""
@@ -160,10 +199,4 @@ def iteration_time(scheme: Scheme, model: ModelSpec, job: Job, gpu: GPUSpec, fw:
     fsdp = 0.0
     if job.fsdp:
         fsdp = fsdp_exposed_s(model, job, gpu, micro_batch_s(scheme, job) / (model.layers / job.pp))
-    return IterationTime(
-        propagation_s=prop,
-        dp_sync_s=0.0 if job.fsdp else dp_sync_s(model.params, gpu, job, prop),
-        fsdp_s=fsdp,
-        optimizer_s=optimizer_s(model.params, job, gpu, fw),
-        fp8_cast_s=fp8_weight_cast_s(model, job, gpu, fw) if fp8 else 0.0,
-    )
+    return iteration_from_propagation(prop, model, job, gpu, fw, fp8, fsdp)

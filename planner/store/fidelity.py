@@ -3,7 +3,9 @@ each: an attention kernel's TFLOP/s from its rate (hydraplan.core.kernelrates), 
 the fabric (hydraplan.core.collectives), a training iteration's TFLOP/s, tokens/s, MFU or seconds from the analytic
 profile the project generates for that model, GPU, dtype and framework (`hydraplan profiles generate`'s code) and the
 iteration's terms (hydraplan.core.iteration), stated in the source's own FLOP convention (hydraplan.core.flopcount).
-Points that cannot be predicted are kept with the reason (`Prediction.excluded`)."""
+A point the model is not claimed to hold for is left out of the 15% set with the reason (`Prediction.excluded`) and
+still predicted wherever it can be, with what the prediction assumes (`Prediction.predicted_as`), so the gap shows;
+Megatron's dynamic-CP benchmark needs Megatron's schedulers, a layer up (hydraplan.methods.fidelity_dcp)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ FRAMEWORK_OF = {"nemo": "megatron", "megatron-lm": "megatron", "megatron-bridge"
                 "torchtitan": "torchtitan"}
 """The framework constants (core.frameworks) each source's training framework runs with."""
 NEEDS_EXECUTOR = {"megatron-dcp-bench": "variable-length documents under Megatron's dynamic CP and dp_balanced "
-                                        "schedulers: predicting it needs the dynamic-CP executor, not a homogeneous job"}
+                                        "schedulers: predicted by their executors (hydraplan.methods.fidelity_dcp), not "
+                                        "as a homogeneous job"}
 UNITS = {"tflops": "TFLOP/s", "tflops_per_gpu": "TFLOP/s per GPU", "tokens_per_s_per_gpu": "tokens/s per GPU",
          "mfu": "MFU", "iteration_s": "s", "busbw_GBps": "GB/s", "algbw_GBps": "GB/s"}
 
@@ -37,10 +40,11 @@ UNITS = {"tflops": "TFLOP/s", "tflops_per_gpu": "TFLOP/s per GPU", "tokens_per_s
 class Prediction:
     source: str  # the file's stem under data/published/
     point: Point
-    predicted: float | None
-    excluded: str | None = None  # why no prediction
+    predicted: float | None  # None: not computable (a TFLOP/s by no stated formula, or left to an executor)
+    excluded: str | None = None  # why the point is left out of the set the model is claimed to hold for
     scheme_in_profile: bool | None = None  # iterations: whether the bundled profile's scheme space holds the layout
     terms: dict[str, float] | None = None  # iterations: seconds per term
+    predicted_as: str | None = None  # what the prediction assumes where the source is silent or the model differs
 
     @property
     def kind(self) -> str:
@@ -80,11 +84,12 @@ def predict_kernel(c: KernelConfig) -> float:
 
 
 def fabric_of(source: str, c: CollectiveConfig) -> Fabric:
-    """The fabric a point ran on (its `fabric`'s first word: nvlink, or across nodes infiniband or gcp-a3-mega), with
-    its system's NCCL latencies (hardware.NCCL_LATENCY)."""
+    """The fabric a point ran on (its `fabric`'s first word: nvlink, or across nodes infiniband or gcp-a3-mega; efa,
+    which hydraplan has no fabric for, as the GPU's InfiniBand: EFA_AS), with its system's NCCL latencies
+    (hardware.NCCL_LATENCY)."""
     word = c.fabric.split()[0]
     gpu = GPUS[c.gpu]
-    fab = (gpu.node_fabric if c.gpus <= c.gpus_per_node else gpu.net_fabric) if word in ("nvlink", "infiniband") \
+    fab = (gpu.node_fabric if c.gpus <= c.gpus_per_node else gpu.net_fabric) if word in ("nvlink", "infiniband", "efa") \
         else FABRICS[word]
     k = NCCL_LATENCY.get(source, 1.0)
     return replace(fab, protocols=tuple(replace(p, latency_s=p.latency_s * k) for p in fab.protocols), hop_s=fab.hop_s * k)
@@ -148,22 +153,40 @@ def predict_iteration(c: IterationConfig, quantity: str) -> tuple[float, dict[st
 SFT = ("supervised fine-tuning on SQuAD packed into 4096-token sequences: the documents' lengths (attention, "
        "padding) and the layout's interleaving are not stated (the 13B row runs faster than its pretraining row at a "
        "quarter of the batch)")
+SFT_AS = ("each 4096-token pack as one 4096-token sequence in the pretraining layout's terms (attention over the whole "
+          "pack: more than its documents, which attend within themselves, do)")
+NO_FORMULA = "the source states no FLOP formula for its TFLOP/s (its tokens/s are predicted)"
 
 
 ROWWISE = ("torchao's rowwise-scaled FP8, a recipe the profiles have no GEMM rate for (the same layouts run 27-37% "
            "slower than with tensorwise scaling, which the dtype fp8 profiles model)")
+ROWWISE_AS = "at the tensorwise FP8 GEMM rate of the dtype fp8 profile (rowwise scaling's own rate is not modelled)"
 
 
-TORCHTITAN_CP = ("PyTorch's experimental context parallelism (torchtitan, December 2024): its throughput falls with the "
-                 "CP degree faster than the ring's attention and exchange account for (predicted 1.1-1.3x its published "
-                 "throughput at CP 4-8 on both models, 0.90-1.13x at CP 2), a cost the model has no term for")
+TORCHTITAN_CP = (
+    "PyTorch's experimental context parallelism under torchtitan 9dec370 (its all-gather rotation; "
+    "torch.distributed.tensor.experimental._attention as read at pytorch 0123248a, later than the runs' torch 1963fc8: "
+    "K/V all-gathered once beside the first step's attention, the round-robin load balancer, one SDPA call per step "
+    "merged in fp32, dK/dV passed around the ring in fp32 by all-to-all): at these 32K-token chunks per rank its "
+    "exchanges hide behind the steps' attention and its fp32 merges and accumulations are a few percent of a step, so "
+    "no per-step cost of it explains the series. Per rank, every cost of this job is constant or linear "
+    "in the CP degree n at a fixed chunk (n ring steps of one chunk's attention each, n-1 chunks gathered), so an "
+    "iteration can at most double from CP 2 to CP 4; Llama 3.1 8B's published one grows 2.37x (2,540 to 1,071 "
+    "tokens/s per GPU). The model predicts 1.1-1.3x the published throughput at CP 4-8 on both models and 0.90-1.13x "
+    "at CP 2: a term bringing CP 4-8 within 15% would push 8B's CP 2 out of it")
 UNSTATED_VP = "interleaved 1F1B with the stages per rank not stated (the bubble depends on them)"
+TORCHTITAN_VP = 2
+VP_AS = (f"with {TORCHTITAN_VP} stages per rank, torchtitan's default for an interleaved schedule given no split points "
+         "(generate_split_points in torchtitan/parallelisms/pipelining_utils.py at 9dec370; the source states neither), "
+         "as its micro-batches are torchtitan's default")
 
 
 EFA = ("AWS EFA (SRD over Ethernet through the aws-ofi-nccl plugin), a fabric hydraplan's GPU specs do not model "
        "(they model NVLink and InfiniBand): NCCL's choice of algorithms over it at 32-256 GPUs is not the hierarchical "
        "tree and the rings of hydraplan.core.collectives (fitted on its own, half its points stay beyond 15%), its "
        "all-to-all runs at 70% of its all-gather's NIC rate, and the source's two 16-GPU runs differ 2x at 256 MB")
+EFA_AS = ("over the H100's InfiniBand (NDR) fabric of hydraplan.core.hardware, the one network it has for the GPU, at the "
+          "same 400 Gb/s per GPU as EFA's 32 devices per node")
 
 
 def why_excluded(p: Point) -> str | None:
@@ -174,31 +197,47 @@ def why_excluded(p: Point) -> str | None:
         if c.model in NEEDS_EXECUTOR:
             return NEEDS_EXECUTOR[c.model]
         if "-sft-" in p.id:
-            return SFT
+            return SFT + ("; " + NO_FORMULA if p.quantity in ("tflops_per_gpu", "mfu") else "")
         if "rowwise" in p.id:
             return ROWWISE
         if c.framework == "torchtitan" and c.cp > 1:
             return TORCHTITAN_CP
-        if "interleaved" in p.id and c.vp is None:
+        if "interleaved" in p.id and c.vp is None and c.framework != "torchtitan":
             return UNSTATED_VP
         if p.quantity in ("tflops_per_gpu", "mfu") and convention(c.flops) is None:
-            return "the source states no FLOP formula for its TFLOP/s (its tokens/s are predicted)"
+            return NO_FORMULA
     return None
 
 
+def assumed(p: Point) -> tuple[IterationConfig, str | None]:
+    """The configuration a training point is predicted in and what that assumes beyond the source (None: nothing)."""
+    c = p.config
+    assert isinstance(c, IterationConfig)
+    if "-sft-" in p.id:
+        return c, SFT_AS
+    if "rowwise" in p.id:
+        return c, ROWWISE_AS
+    if "interleaved" in p.id and c.vp is None and c.framework == "torchtitan":
+        return c.model_copy(update={"vp": TORCHTITAN_VP}), VP_AS
+    return c, None
+
+
 def predict(source: str, p: Point) -> Prediction:
-    """hydraplan's prediction of one published point (or why it has none)."""
+    """hydraplan's prediction of one published point, the reason if it is left out, and what the prediction assumes;
+    no prediction only for a TFLOP/s or MFU by no stated formula and for the points an executor predicts."""
     excluded = why_excluded(p)
-    if excluded:
-        return Prediction(source, p, None, excluded)
     c = p.config
     if isinstance(c, KernelConfig):
-        return Prediction(source, p, predict_kernel(c))
+        return Prediction(source, p, predict_kernel(c), excluded)
     if isinstance(c, CollectiveConfig):
         value = predict_collective(source, c)
-        return Prediction(source, p, value if p.quantity == "algbw_GBps" else value * nccl.bus_factor(c.op, c.gpus))
-    value, terms, in_profile = predict_iteration(c, p.quantity)
-    return Prediction(source, p, value, scheme_in_profile=in_profile, terms=terms)
+        return Prediction(source, p, value if p.quantity == "algbw_GBps" else value * nccl.bus_factor(c.op, c.gpus),
+                          excluded, predicted_as=EFA_AS if c.fabric.split()[0] == "efa" else None)
+    if c.model in NEEDS_EXECUTOR or (p.quantity in ("tflops_per_gpu", "mfu") and convention(c.flops) is None):
+        return Prediction(source, p, None, excluded)
+    config, predicted_as = assumed(p)
+    value, terms, in_profile = predict_iteration(config, p.quantity)
+    return Prediction(source, p, value, excluded, in_profile, terms, predicted_as)
 
 
 def predictions(folder: Path = PUBLISHED_DIR) -> list[Prediction]:
