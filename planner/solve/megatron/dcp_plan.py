@@ -98,12 +98,15 @@ class Plan:
         self.pk, self.lo, self.mb = (np.zeros(cap, dtype=np.int64) for _ in range(3))
         self.tok, self.cnt = np.zeros(cap, dtype=np.int64), np.zeros(cap, dtype=np.int64)
         self.work, self.time = np.zeros(cap), np.zeros(cap)
+        self.wall = np.zeros((cap, B.K))  # per pack, its sequences' per-rank work at every size
         self.items: list[list[int]] = []
         self.P = 0
         self.slot = np.full((m, B.U), -1, dtype=np.int64)
         self.free = np.full(B.U, m, dtype=np.int64)
         self.empty_time = B.times(np.arange(B.K), np.zeros(B.K, dtype=np.int64), np.zeros(B.K))  # per size
-        self.prepaid = float(self.empty_time[0]) if B.K else 0.0
+        # a free slot ends up holding a unit pack of at least one sequence: counted as one of the shortest
+        shortest = B.order[-1] if B.n else 0
+        self.prepaid = B.time1(0, B.len_l[shortest], float(B.work[0, shortest])) if B.K and B.n else 0.0
         self.load = np.full(B.U, m * self.prepaid)
         self.off = np.concatenate([[0], np.cumsum(B.U // B.wu)]).astype(np.int64)
         self._seg: np.ndarray | None = None  # per size, each aligned slice's highest load (None: loads changed)
@@ -121,7 +124,15 @@ class Plan:
     def seg(self) -> np.ndarray:
         """Each size's aligned slices' highest loads, one size after another (`off`)."""
         if self._seg is None:
-            self._seg = np.concatenate([self.load.reshape(-1, w).max(axis=1) for w in self.B.wu.tolist()])
+            seg, off, wu = np.empty(int(self.off[-1])), self.off.tolist(), self.B.wu.tolist()
+            for k, w in enumerate(wu):
+                out = seg[off[k]:off[k + 1]]
+                if k and w == 2 * wu[k - 1]:  # pairs of the slices one size narrower
+                    prev = seg[off[k - 1]:off[k]]
+                    np.maximum(prev[0::2], prev[1::2], out=out)
+                else:
+                    out[:] = self.load.reshape(-1, w).max(axis=1)
+            self._seg = seg
         return self._seg
 
     def open(self, k: int, lo: int, m: int) -> int:
@@ -131,6 +142,7 @@ class Plan:
         self.pk[p], self.lo[p], self.mb[p] = k, lo, m
         self.tok[p] = self.cnt[p] = 0
         self.work[p], self.time[p] = 0.0, self.empty_time[k]
+        self.wall[p] = 0.0
         self.at[p] = self.off[k] + lo // w
         self.items.append([])
         self.slot[m, lo:lo + w] = p
@@ -148,6 +160,7 @@ class Plan:
         self.tok[p] += B.len_l[i]
         self.cnt[p] += 1
         self.work[p] += B.work[k, i]
+        self.wall[p] += B.work[:, i]
         self._retime(p)
 
     def _retime(self, p: int) -> None:
@@ -169,7 +182,7 @@ class Plan:
         self._loaded(other, other + w, self.time[p] - self.prepaid)  # as its old half, then both retimed
         self.pk[p], self.lo[p] = k + 1, base
         self.at[p] = self.off[k + 1] + base // (2 * w)
-        self.work[p] = float(B.work[k + 1, self.items[p]].sum()) if self.items[p] else 0.0
+        self.work[p] = float(self.wall[p, k + 1])
         self._retime(p)
 
     def merge(self, p: int, q: int) -> None:
@@ -183,10 +196,11 @@ class Plan:
         self.items[p] += self.items[q]
         self.tok[p] += self.tok[q]
         self.cnt[p] += self.cnt[q]
+        self.wall[p] += self.wall[q]
         self.items[q], self.tok[q], self.cnt[q], self.pk[q] = [], 0, 0, -1  # gone
         self.pk[p], self.lo[p] = k + 1, lo
         self.at[p] = self.off[k + 1] + lo // (2 * w)
-        self.work[p] = float(B.work[k + 1, self.items[p]].sum())
+        self.work[p] = float(self.wall[p, k + 1])
         self._retime(p)
 
     def synced(self, m: int, lo: int, w: int) -> bool:
@@ -248,8 +262,20 @@ class Plan:
                 found = self._wide(k, i, level)
                 if found is not None and (best is None or _better(found[0], best)):
                     best, act = found
+                if found is not None and not found[0][0]:
+                    break  # within the level: a wider new pack would take more rank-seconds
+        if best is None or best[0]:
+            grown = self._growth(i)
+            if grown is not None and (best is None or grown[0] <= level):
+                _, p, q = grown
+                if q < 0:
+                    self.widen(p)
+                else:
+                    self.merge(p, q)
+                self.add(p, i)
+                return True
         if best is None:
-            return self._grow(i)
+            return False
         if act[0] == "join":
             self.add(int(act[1]), i)
         elif act[0] == "unit":
@@ -300,42 +326,44 @@ class Plan:
         fills = (np.cumsum(free[:, js], axis=0) - free[:, js])[first, np.arange(js.size)]
         return js, first, fills
 
-    def _grow(self, i: int) -> bool:
-        """Sequence i fits nowhere: a pack twice as wide for it, from a pack and the free half beside it or two packs
-        of one size side by side (their slice free at once), the one ending lowest; False when there is none."""
-        B, L = self.B, self.B.len_l[i]
-        best: tuple[float, int, int] | None = None
-        for p in range(self.P):
-            k = int(self.pk[p])
-            if k < 0 or k + 1 >= B.K or int(B.wu[k + 1]) != 2 * int(B.wu[k]) or k + 1 < int(B.least[i]):
-                continue
-            w, lo, m = int(B.wu[k]), int(self.lo[p]), int(self.mb[p])
-            base = lo - lo % (2 * w)
-            other = base + w if lo == base else base
-            q = int(self.slot[m, other])
-            if (self.slot[m, other:other + w] == -1).all():
-                q, was, tok, cnt, items = -1, self.prepaid, int(self.tok[p]), int(self.cnt[p]), self.items[p]
-            elif q >= 0 and int(self.pk[q]) == k and int(self.lo[q]) == other and lo < other:
-                was, tok, cnt = float(self.time[q]), int(self.tok[p] + self.tok[q]), int(self.cnt[p] + self.cnt[q])
-                items = self.items[p] + self.items[q]
-            else:
-                continue
-            if not B.holds1(k + 1, tok + L, cnt + 1) or not self.synced(m, base, 2 * w):
-                continue
-            t = B.time1(k + 1, tok + L, float(B.work[k + 1, items].sum() + B.work[k + 1, i]))
-            res = max(float(self.load[lo:lo + w].max()) - float(self.time[p]),
-                      float(self.load[other:other + w].max()) - was) + t
-            if best is None or res < best[0]:
-                best = (res, p, q)
-        if best is None:
-            return False
-        _, p, q = best
-        if q < 0:
-            self.widen(p)
-        else:
-            self.merge(p, q)
-        self.add(p, i)
-        return True
+    def _growth(self, i: int) -> tuple[float, int, int] | None:
+        """Where no place keeps sequence i within the level: a pack twice as wide for it, from a pack and the free
+        half beside it or two packs of one size side by side, their slice free at once (res, pack, the other pack or
+        -1); the one ending lowest."""
+        B, P, L = self.B, self.P, self.B.len_l[i]
+        if not P or B.K < 2:
+            return None
+        k = self.pk[:P]
+        up = np.minimum(k + 1, B.K - 1)
+        w = B.wu[np.maximum(k, 0)]
+        lo, mb = self.lo[:P], self.mb[:P]
+        ok = (k >= 0) & (k + 1 < B.K) & (B.wu[up] == 2 * w) & (up >= int(B.least[i]))
+        buddy = np.where((lo // w) % 2 == 0, lo + w, lo - w)
+        q = self.slot[mb, np.minimum(buddy, B.U - 1)]
+        qs = np.maximum(q, 0)
+        pair = ok & (lo < buddy) & (q >= 0) & (self.pk[qs] == k) & (self.lo[qs] == buddy)
+        freecum = np.concatenate([np.zeros((self.M, 1), dtype=np.int64), np.cumsum(self.slot == -1, axis=1)], axis=1)
+        end = np.minimum(buddy + w, B.U)
+        spare = ok & (freecum[mb, end] - freecum[mb, np.minimum(buddy, B.U)] == w)
+        if not (pair | spare).any():
+            return None
+        tok = self.tok[:P] + np.where(pair, self.tok[qs], 0) + L
+        cnt = self.cnt[:P] + np.where(pair, self.cnt[qs], 0) + 1
+        work = self.wall[np.arange(P), up] + np.where(pair, self.wall[qs, up], 0.0) + B.work[up, i]
+        fine = (pair | spare) & B.holds(up, tok, cnt)
+        if not fine.any():
+            return None
+        t = B.times(up, tok, work)
+        seg = self.seg
+        at_buddy = self.off[np.maximum(k, 0)] + np.minimum(buddy, B.U - 1) // w
+        was = np.where(pair, self.time[qs], self.prepaid)
+        res = np.maximum(seg[self.at[:P]] - self.time[:P], seg[at_buddy] - was) + t
+        for p in np.flatnonzero(fine)[np.argsort(res[fine], kind="stable")][:4].tolist():
+            wp = int(w[p])
+            base = min(int(lo[p]), int(buddy[p]))
+            if self.synced(int(mb[p]), base, 2 * wp):
+                return float(res[p]), p, int(q[p]) if pair[p] else -1
+        return None
 
     # ------------------------------------------------------------------------------------------ finishing
     def settle(self) -> bool:

@@ -8,9 +8,8 @@ plan found (or, when none fills at the floor, the plan with the fewest rank-seco
 make a rank wait, so a plan's time is its highest load, which the executor confirms.
 More micro-batches are tried while what they must add (the cheapest constant each) leaves room to gain. The fastest
 plan is compared with Megatron's own schedule (solve.megatron.default_dynamic_cp), as the executor runs both, and
-the faster taken, so the plugin is never slower on a batch than Megatron's scheduler. When no plan is found, the
-fallback packs the batch first-fit decreasing on blocks of the widest size, which exists whenever every sequence
-fits that size and the batch has a sequence for each of those blocks.
+the faster taken, so the plugin is never slower on a batch than Megatron's scheduler, and returns Megatron's schedule
+where its own search finds none (more micro-batches are tried then, up to SEARCH_MICROBATCHES past the fewest).
 
 Pure and deterministic: a function of the lengths and the executor only (ties go to the lower index; no clock, no
 randomness). Imports numpy and the core only, so it loads in a training process without the planner's solvers.
@@ -57,10 +56,9 @@ def schedule_dynamic_cp(lengths: np.ndarray, target: DynamicCP) -> DynamicCPSche
             their_s = dynamic_cp_time(target, theirs, lengths)
     except UserError:  # Megatron's scheduler fails on this batch
         pass
-    batch = Batch(lengths, target)
-    ours = _search(batch) or _fallback(batch)
+    ours = _search(Batch(lengths, target))
     if ours is not None:
-        sched = ours.lists() if isinstance(ours, Plan) else ours
+        sched = ours.lists()
         if dynamic_cp_time(target, sched, lengths) <= their_s:
             return sched
     if theirs is not None and their_s < math.inf:
@@ -103,39 +101,3 @@ def _search(batch: Batch) -> Plan | None:
                 break
             level = (lo + hi) / 2 if hi < math.inf else math.inf  # failing at the floor: the cheapest plan, any level
     return best
-
-
-def _fallback(batch: Batch) -> DynamicCPSchedule | None:
-    """Every sequence on blocks of the widest size, packed first-fit decreasing; packs split (the most populous
-    first) until the micro-batches, a multiple of the VPP group, have a pack on every block; None when a sequence
-    does not fit that size or the batch has too few sequences."""
-    t, B = batch.t, batch
-    if not B.K or not t.fits(B.lengths)[t.cps.index(B.sizes[-1])].all():
-        return None
-    k = B.K - 1
-    per_mb = B.N // B.sizes[k]
-    packs: list[list[int]] = []
-    tokens: list[int] = []
-    for i in B.order:
-        for p, pack in enumerate(packs):
-            if B.holds1(k, tokens[p] + B.len_l[i], len(pack) + 1):
-                pack.append(i)
-                tokens[p] += B.len_l[i]
-                break
-        else:
-            packs.append([i])
-            tokens.append(B.len_l[i])
-    g = per_mb * (t.vpp_group or 1)
-    want = -(-len(packs) // g) * g
-    if want > B.n:
-        return None
-    while len(packs) < want:
-        p = max(range(len(packs)), key=lambda p: (len(packs[p]), -p))
-        packs.append([packs[p].pop()])
-    out: DynamicCPSchedule = []
-    for start in range(0, want, per_mb):
-        mb: list[list[int]] = []
-        for pack in packs[start:start + per_mb]:
-            mb.extend([list(pack) for _ in range(B.sizes[k])])
-        out.append(mb)
-    return out
