@@ -3,18 +3,22 @@ sequence by sequence (solve.megatron.dynamic_cp searches the micro-batch count a
 
 Ranks are grouped in units of the narrowest block size s0 (1 unless `min_cp_size` raises it); a pack takes one slot
 on every unit of an aligned slice of its size, in one micro-batch. A unit's load is the time of its packs, a slot
-not yet taken counted at the time of an empty unit pack (every slot ends up holding one). A pack wider than a unit
-opens only where every earlier micro-batch of its slice is one pack covering the whole slice, or free (then an empty
-pack of its size is reserved there), so all its ranks finish those micro-batches together and nothing waits: the
-plan's time as the executor runs it is its highest load.
+not yet taken counted as a unit pack of the batch's shortest sequence (every slot ends up holding a pack of at least
+one). A pack wider than a unit opens only where every earlier micro-batch of its slice is one pack covering the whole
+slice, or free (then an empty pack of its size is reserved there), so all its ranks finish those micro-batches
+together and nothing waits: the plan's time as the executor runs it is its highest load.
 
 The fill takes the sequences longest first. Each goes where it adds the fewest rank-seconds among the places that
-keep their ranks' load within the level, the lowest load on ties; where none does, where it ends lowest. A place is
-a pack it fits on (its size, tokens per rank, MaxLen with Megatron's padding, `max_num_seqs`), a free slot of a unit
-(a new unit pack) or, for a sequence too long for a unit or when nothing else keeps the level, a new wider pack on a
-slice whose earlier micro-batches allow it. When the sequences left are no more than the slots and packs still
-empty, each goes to one of those. Slots left free at the end (fewer sequences than slots) are taken by widening the
-pack beside them.
+keep their ranks' load within the level (or do not raise it: with padding a sequence may shorten a pack's padding
+by more than it adds), the lowest load on ties; where none does, where it ends lowest. A place is a pack it fits on
+(its size, tokens per rank, MaxLen with Megatron's padding, `max_num_seqs`), a free slot of a unit (a new unit pack)
+or, for a sequence too long for a unit or when nothing else keeps the level, a new wider pack on a slice whose
+earlier micro-batches allow it, the narrowest first. When the sequences left are no more than the slots and packs
+still empty, each goes to one of those, and when they are fewer than the free slots, to a new pack at least as wide
+as the free slots per sequence left. Where nothing keeps the level, a pack twice as wide may take the sequence: a
+pack and the free half of its slice, or two packs of one size side by side, merged. Slots left free at the end are
+taken by widening the pack beside them (the one repair that may make ranks wait: the plan then says so and its time
+is the executor's).
 """
 
 from __future__ import annotations
