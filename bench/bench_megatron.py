@@ -137,7 +137,9 @@ def packing(cfg: dict, iterations: int) -> dict:
     batches = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
         load_dataset(cfg["dataset"], cfg["context_len"]), cfg["tokens_per_iter"], iterations, PACKING_SEED)]
     same = run_megatron(batches, cluster, cfg["context_len"], bl.objective_score(cluster))[0]
-    runs = {(m, s.key): packing_run(m, cluster, batches, s) for s in packing_layouts(cluster, cfg["context_len"])
+    layouts = packing_layouts(cluster, cfg["context_len"])  # Megatron's default, no recompute, and the baseline's
+    layouts += [] if same.recompute == "none" else packing_layouts(cluster, cfg["context_len"], same.recompute)
+    runs = {(m, s.key): packing_run(m, cluster, batches, s) for s in layouts
             for m in ("megatron-dp-balanced", "hydraplan-packing")}
     theirs = {k[1]: r for k, r in runs.items() if k[0] == "megatron-dp-balanced"}
     ours = {k[1]: r for k, r in runs.items() if k[0] == "hydraplan-packing"}
