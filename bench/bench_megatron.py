@@ -52,14 +52,16 @@ from hydraplan.methods.compare import run_megatron
 from hydraplan.methods.megatron_seams import (
     DynamicCPRun,
     PackingRun,
-    best_dcp,
     best_run,
     dcp_run,
     dcp_runs,
+    dcp_target,
+    dcp_tps,
     hybrid_cp_runs,
     packing_layouts,
     packing_run,
 )
+from hydraplan.solve.megatron.dcp_bound import dynamic_cp_lp_bound
 from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
 from hydraplan.solve.megatron.dp_balanced import dp_balanced_schedule
 from hydraplan.solve.megatron.dynamic_cp import schedule_dynamic_cp
@@ -135,7 +137,9 @@ def packing(cfg: dict, iterations: int) -> dict:
     batches = [np.asarray(b.lengths, dtype=np.int64) for b in sample_iterations(
         load_dataset(cfg["dataset"], cfg["context_len"]), cfg["tokens_per_iter"], iterations, PACKING_SEED)]
     same = run_megatron(batches, cluster, cfg["context_len"], bl.objective_score(cluster))[0]
-    runs = {(m, s.key): packing_run(m, cluster, batches, s) for s in packing_layouts(cluster, cfg["context_len"])
+    layouts = packing_layouts(cluster, cfg["context_len"])  # Megatron's default, no recompute, and the baseline's
+    layouts += [] if same.recompute == "none" else packing_layouts(cluster, cfg["context_len"], same.recompute)
+    runs = {(m, s.key): packing_run(m, cluster, batches, s) for s in layouts
             for m in ("megatron-dp-balanced", "hydraplan-packing")}
     theirs = {k[1]: r for k, r in runs.items() if k[0] == "megatron-dp-balanced"}
     ours = {k[1]: r for k, r in runs.items() if k[0] == "hydraplan-packing"}
@@ -174,8 +178,8 @@ def dcp_benchmark(gpus: int, iterations: int) -> dict:
     per_batch = cfg["samples_per_replica"] * dp
     target = DynamicCP.of(profile, tp=1, dpcp=gpus, max_seqlen_per_rank=limit)
     packing_target = MegatronPacking.of(profile, tp=1, pp=1, cp=cfg["cp"], dp=dp, capacity=limit * cfg["cp"], multiple=dp)
-    rows: dict[str, list[float]] = {k: [] for k in ("megatron", "plugin", "bound", "dp_balanced", "plan_ms",
-                                                    "megatron_mb", "plugin_mb")}
+    rows: dict[str, list[float]] = {k: [] for k in ("megatron", "plugin", "bound", "closed_form_bound", "dp_balanced",
+                                                    "plan_ms", "megatron_mb", "plugin_mb")}
     invalid = {"megatron": 0, "plugin": 0}
     for k in range(iterations):
         raw = lengths[order[k * per_batch:(k + 1) * per_batch]]
@@ -188,7 +192,8 @@ def dcp_benchmark(gpus: int, iterations: int) -> dict:
         invalid["plugin"] += bool(dynamic_cp_violations(ours, padded, target))
         rows["megatron"].append(dynamic_cp_time(target, theirs, padded))
         rows["plugin"].append(dynamic_cp_time(target, ours, padded))
-        rows["bound"].append(dynamic_cp_lower_bound(target, padded))
+        rows["bound"].append(dynamic_cp_lp_bound(target, padded))
+        rows["closed_form_bound"].append(dynamic_cp_lower_bound(target, padded))
         rows["megatron_mb"].append(len(theirs))
         rows["plugin_mb"].append(len(ours))
         packed = -(-raw // (2 * cfg["cp"])) * (2 * cfg["cp"])  # 2 x CP, as the mock dataset pads for dp_balanced
@@ -200,7 +205,7 @@ def dcp_benchmark(gpus: int, iterations: int) -> dict:
             "megatron_s": mean["megatron"], "plugin_s": mean["plugin"], "bound_s": mean["bound"],
             "dp_balanced_s": mean["dp_balanced"], "speedup": mean["megatron"] / mean["plugin"],
             "min_iteration_speedup": float(ratios.min()), "plugin_vs_bound": mean["plugin"] / mean["bound"],
-            "megatron_vs_bound": mean["megatron"] / mean["bound"],
+            "megatron_vs_bound": mean["megatron"] / mean["bound"], "closed_form_bound_s": mean["closed_form_bound"],
             "megatron_over_dp_balanced": mean["dp_balanced"] / mean["megatron"],
             "plugin_over_dp_balanced": mean["dp_balanced"] / mean["plugin"],
             "megatron_micro_batches": mean["megatron_mb"], "plugin_micro_batches": mean["plugin_mb"],
@@ -214,6 +219,22 @@ def _dcp_row(r: DynamicCPRun) -> dict:
             "invalid": r.invalid, "why_not": r.why_not or None}
 
 
+def _held_out(tried: list[DynamicCPRun], method: str, profile, held: list[np.ndarray]) -> tuple[DynamicCPRun, list]:
+    """The method's settings fastest first on the tuning batches, run on the held-out ones: the first that schedules
+    every held-out batch within the executor's rules, and the ones before it that did not (what a user meeting such
+    a batch would step down from)."""
+    ranked = sorted((r for r in tried if r.method == method and r.iteration_s is not None and not r.invalid),
+                    key=lambda r: (r.mean_s, r.tp, -r.max_seqlen_per_rank))
+    broke = []
+    for r in ranked:
+        run = dcp_run(method, profile, held, GPUS, r.tp, r.max_seqlen_per_rank)
+        if run.iteration_s is not None and not run.invalid:
+            return run, broke
+        broke.append({"tp": run.tp, "max_seqlen_per_dp_cp_rank": run.max_seqlen_per_rank, "invalid": run.invalid,
+                      "why": run.why_not or None})
+    raise AssertionError(f"{method} runs no setting on every held-out batch")  # both run some setting of every config
+
+
 def dcp_corpus(cfg: dict, iterations: int, tuning: int) -> dict:
     """One corpus on 64 GPUs: settings chosen on tuning batches, measured on held-out ones."""
     profile = load_profile(PROFILE)
@@ -221,30 +242,20 @@ def dcp_corpus(cfg: dict, iterations: int, tuning: int) -> dict:
     tune = [b.lengths for b in sample_iterations(data, cfg["tokens_per_iter"], tuning, TUNING_SEED)]
     held = [b.lengths for b in sample_iterations(data, cfg["tokens_per_iter"], iterations, SEED)]
     tried = dcp_runs(profile, tune, GPUS, cfg["context_len"])
-    ours = best_dcp(tried, "hydraplan-dcp")
-    assert ours is not None  # the plugin runs some TP of every config here
-    # Megatron's settings fastest first on the tuning batches; one that breaks a rule on a held-out batch (runs out
-    # of memory, say) is what a user would then lower: the next one
-    ranked = sorted((r for r in tried if r.method == "megatron-dcp" and r.iteration_s is not None and not r.invalid),
-                    key=lambda r: (r.mean_s, r.tp, -r.max_seqlen_per_rank))
-    assert ranked  # Megatron runs some setting of every config here
-    broke = []
-    for theirs in ranked:
-        m = dcp_run("megatron-dcp", profile, held, GPUS, theirs.tp, theirs.max_seqlen_per_rank)
-        if m.iteration_s is not None and not m.invalid:
-            break
-        broke.append({"tp": m.tp, "max_seqlen_per_dp_cp_rank": m.max_seqlen_per_rank, "invalid": m.invalid,
-                      "why": m.why_not or None})
-    o = dcp_run("hydraplan-dcp", profile, held, GPUS, ours.tp, ours.max_seqlen_per_rank)
-    same = dcp_run("hydraplan-dcp", profile, held, GPUS, theirs.tp, theirs.max_seqlen_per_rank)
+    m, m_broke = _held_out(tried, "megatron-dcp", profile, held)
+    o, o_broke = _held_out(tried, "hydraplan-dcp", profile, held)
+    same = dcp_run("hydraplan-dcp", profile, held, GPUS, m.tp, m.max_seqlen_per_rank)
     ratios = np.asarray(m.scored_s) / np.asarray(same.scored_s)
+    target = dcp_target(profile, GPUS, o.tp, o.max_seqlen_per_rank)
+    bound = float(np.mean([dynamic_cp_lp_bound(target, dynamic_cp_padded(raw, target.dpcp, o.tp)) for raw in held]))
     return {**cfg, "iterations": iterations, "tuning_iterations": tuning,
+            "tps": dcp_tps(profile, GPUS, context_len=cfg["context_len"]),
             "megatron_tp": m.tp, "megatron_limit": m.max_seqlen_per_rank, "megatron_s": m.mean_s,
-            "megatron_invalid": m.invalid, "megatron_settings_broken_on_held_out": broke,
-            "plugin_tp": o.tp, "plugin_limit": o.max_seqlen_per_rank,
+            "megatron_invalid": m.invalid, "megatron_settings_broken_on_held_out": m_broke,
+            "plugin_tp": o.tp, "plugin_limit": o.max_seqlen_per_rank, "plugin_settings_broken_on_held_out": o_broke,
             "plugin_s": o.mean_s, "plugin_invalid": o.invalid + same.invalid, "speedup": m.mean_s / o.mean_s,
-            "bound_s": float(np.mean(o.bound_s)), "plugin_vs_bound": o.mean_s / float(np.mean(o.bound_s)),
-            "speedup_bound": m.mean_s / float(np.mean(o.bound_s)),
+            "bound_s": bound, "closed_form_bound_s": float(np.mean(o.bound_s)), "plugin_vs_bound": o.mean_s / bound,
+            "speedup_bound": m.mean_s / bound,
             "plugin_same_setting_s": same.mean_s, "speedup_same_setting": m.mean_s / same.mean_s,
             "min_iteration_speedup_same_setting": float(ratios.min()),
             "plan_ms_max": max(o.plan_ms), "plan_ms_mean": float(np.mean(o.plan_ms)),

@@ -536,11 +536,16 @@ def dynamic_cp_time(target: DynamicCP, schedule: DynamicCPSchedule, lengths: Arr
 
 def dynamic_cp_fewest_microbatches(target: DynamicCP, lengths: ArrayLike) -> int:
     """No schedule has fewer micro-batches: each holds at most max_seqlen_per_dp_cp_rank tokens per rank and, with
-    max_num_seqs, that many sequences per block (at most dpcp / smallest size blocks); a multiple of the VPP group."""
+    max_num_seqs, its blocks' widths add up to dpcp while a block of width w holds at most max_num_seqs sequences,
+    each fitting alone on w ranks (so the widths of all blocks add up to at least the sum, over the sequences, of
+    the narrowest size each fits alone, over max_num_seqs); a multiple of the VPP group."""
     l = np.asarray(lengths, dtype=np.int64)
     fewest = max(1, -(-int(l.sum()) // (target.dpcp * target.max_seqlen_per_rank)))
     if target.max_num_seqs is not None:
-        fewest = max(fewest, -(-l.size // (target.dpcp // target.sizes[0] * target.max_num_seqs)))
+        ok = target.fits(l)
+        narrowest = np.maximum(np.asarray(target.cps)[ok.argmax(axis=0)], target.sizes[0]) if ok.any(axis=0).all() \
+            else np.full(l.size, target.sizes[0])
+        fewest = max(fewest, -(-int(narrowest.sum()) // (target.dpcp * target.max_num_seqs)))
     g = target.vpp_group or 1
     return -(-fewest // g) * g
 

@@ -12,10 +12,11 @@ Packing: `megatron-dp-balanced` is dp_balanced (solve.megatron.dp_balanced), `hy
 
 Dynamic CP: `megatron-dcp` is Megatron's DefaultDynamicCPScheduler (solve.megatron.default_dynamic_cp), `hydraplan-dcp`
 the plugin (solve.megatron.dynamic_cp), on the <tp,1,k> schemes, each sample padded as Megatron's varlen datasets
-pad it (core.executors.dynamic_cp_padded). Megatron runs at every TP and every `--max-seqlen-per-dp-cp-rank` from
-MaxLen of <tp,1,1> down (dcp_limits: a user lowers it until its blocks fit memory); a setting where one of its
-schedules breaks a rule of the executor (memory included) is one it cannot run. The plugin runs at every TP with
-MaxLen of <tp,1,1> (it keeps memory itself).
+pad it (core.executors.dynamic_cp_padded), at every TP where a sequence of the context length fits some block in
+memory (dcp_tps). Megatron runs at every such TP and every `--max-seqlen-per-dp-cp-rank` from MaxLen of <tp,1,1>
+down (dcp_limits: a user lowers it until its blocks fit memory); a setting where one of its schedules breaks a rule
+of the executor (memory included) is one it cannot run. The plugin runs at every such TP with MaxLen of <tp,1,1> (it
+keeps memory itself).
 """
 
 from __future__ import annotations
@@ -220,12 +221,18 @@ class DynamicCPRun:
         return float(np.mean(self.scored_s)) if self.scored_s and not self.why_not else float("inf")
 
 
-def dcp_tps(profile: Profile, gpus: int, recompute: str = "none") -> list[int]:
+def dcp_tps(profile: Profile, gpus: int, recompute: str = "none", context_len: int | None = None) -> list[int]:
     """TPs a dynamic-CP job of `gpus` GPUs can take: within a node, an even DPxCP (Megatron's rule) and a <tp,1,1>
-    scheme in the profile."""
+    scheme in the profile; with `context_len`, only those where a sequence of that length (padded as Megatron's
+    datasets pad it) fits some block in memory, as any batch of the job may hold one (at a TP where none does, no
+    scheduler can run such a batch)."""
     view = for_gpus(profile, gpus)
     have = {s.tp for s in view.schemes if s.pp == 1 and s.cp == 1 and s.recompute == recompute}
-    return [tp for tp in sorted(have) if tp <= profile.gpu.gpus_per_node and gpus % tp == 0 and (gpus // tp) % 2 == 0]
+    tps = [tp for tp in sorted(have) if tp <= profile.gpu.gpus_per_node and gpus % tp == 0 and (gpus // tp) % 2 == 0]
+    if context_len is None:
+        return tps
+    return [tp for tp in tps if dcp_target(profile, gpus, tp, rank_limit(profile, gpus, tp, recompute), recompute)
+            .fits(dynamic_cp_padded([context_len], gpus // tp, tp)).any()]
 
 
 def dcp_limits(profile: Profile, gpus: int, tp: int, context_len: int, recompute: str = "none") -> list[int]:
@@ -283,18 +290,12 @@ def dcp_runs(profile: Profile, batches: Sequence[np.ndarray], gpus: int, context
              methods: Sequence[str] = DCP_METHODS) -> list[DynamicCPRun]:
     """Megatron at every TP and limit the job allows, the plugin at every TP with MaxLen of <tp,1,1>."""
     out: list[DynamicCPRun] = []
-    for tp in dcp_tps(profile, gpus, recompute):
+    for tp in dcp_tps(profile, gpus, recompute, context_len):
         for m in methods:
             limits = dcp_limits(profile, gpus, tp, context_len, recompute) if m == "megatron-dcp" else \
                 [rank_limit(profile, gpus, tp, recompute)]
             out.extend(dcp_run(m, profile, batches, gpus, tp, limit, recompute) for limit in limits)
     return out
-
-
-def best_dcp(runs: Sequence[DynamicCPRun], method: str) -> DynamicCPRun | None:
-    """The method's fastest setting whose schedules all obey the executor's rules (None: it runs none)."""
-    ok = [r for r in runs if r.method == method and r.iteration_s is not None and not r.invalid]
-    return min(ok, key=lambda r: (r.mean_s, r.tp, -r.max_seqlen_per_rank)) if ok else None
 
 
 # -------------------------------------------------------------------------------------------- in compare
@@ -396,7 +397,7 @@ def seam_runs(methods: Sequence[str], batches: Sequence[np.ndarray], cluster: Cl
             tried = {f"TP {tp}": _hcp_plans(m, cluster, batches, tp) for tp in hybrid_cp_tps(cluster.profile, cluster.gpus)}
         elif m in DCP_METHODS:
             tried = {f"TP {tp}, {limit} per rank": _dcp_plans(m, cluster, batches, tp, limit)
-                     for tp in dcp_tps(cluster.profile, cluster.gpus)
+                     for tp in dcp_tps(cluster.profile, cluster.gpus, context_len=context_len)
                      for limit in (dcp_limits(cluster.profile, cluster.gpus, tp, context_len) if m == "megatron-dcp"
                                    else [rank_limit(cluster.profile, cluster.gpus, tp)])}
         else:

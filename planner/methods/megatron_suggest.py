@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hydraplan.core.cluster import Cluster, for_gpus
+from hydraplan.core.cluster import Cluster
 from hydraplan.core.errors import UserError
 from hydraplan.core.executors import DynamicCP, dynamic_cp_time, dynamic_cp_violations
 from hydraplan.core.schema import Profile, Scheme
@@ -28,6 +28,7 @@ from hydraplan.methods.megatron_seams import (
     HybridCPRun,
     PackingRun,
     best_run,
+    dcp_tps,
     hybrid_cp_runs,
     packing_layouts,
     packing_run,
@@ -72,12 +73,6 @@ class DynamicCPRun:
     @property
     def mean_s(self) -> float:
         return float(np.mean(self.seconds)) if self.seconds and not self.why_not else float("inf")
-
-
-def dynamic_cp_tps(profile: Profile, gpus: int, recompute: str = "none") -> list[int]:
-    """TPs a dynamic-CP job of `gpus` GPUs can take: within a node, an even DPxCP size, a <tp,1,1> scheme."""
-    have = {s.tp for s in for_gpus(profile, gpus).schemes if s.pp == 1 and s.cp == 1 and s.recompute == recompute}
-    return [tp for tp in sorted(have) if tp <= profile.gpu.gpus_per_node and gpus % tp == 0 and (gpus // tp) % 2 == 0]
 
 
 def dynamic_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], gpus: int, tp: int,
@@ -203,7 +198,7 @@ def suggest(cluster: Cluster, batches: Sequence[np.ndarray], context_len: int, t
     packing = tuple(packing_run(m, cluster, batches, s) for s in packing_layouts(cluster, context_len, recompute)
                     for m in ("megatron-dp-balanced", "hydraplan-packing"))
     dynamic = tuple(dynamic_cp_run(m, cluster.profile, batches, cluster.gpus, tp, recompute)
-                    for tp in dynamic_cp_tps(cluster.profile, cluster.gpus, recompute)
+                    for tp in dcp_tps(cluster.profile, cluster.gpus, recompute, context_len)
                     for m in ("megatron-dcp", "hydraplan-dcp"))
     sequences = float(np.mean([b.size for b in batches]))
     picks = {p.seam: p for p in (hybrid_pick(hybrid, cluster.gpus, context_len, tokens_per_iter, recompute),
