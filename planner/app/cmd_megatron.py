@@ -65,7 +65,8 @@ def suggest(
                                 "mean_iteration_s": r.mean_s if r.iteration_s else None, "why_not": r.why_not or None}
                                for r in found.hybrid],
             "dynamic_cp_runs": [{"method": r.method, "tp": r.tp, "max_seqlen_per_dp_cp_rank": r.max_seqlen_per_rank,
-                                 "mean_iteration_s": r.mean_s if r.seconds else None, "why_not": r.why_not or None}
+                                 "mean_iteration_s": r.mean_s if r.iteration_s else None, "invalid": r.invalid,
+                                 "why_not": r.why_not or None}
                                 for r in found.dynamic]}, indent=1))
         return
     table = Table("seam", "hydraplan", "s/iter", "Megatron's scheduler", "s/iter", "speedup",

@@ -21,21 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from hydraplan.core.cluster import Cluster
-from hydraplan.core.errors import UserError
-from hydraplan.core.executors import DynamicCP, dynamic_cp_time, dynamic_cp_violations
-from hydraplan.core.schema import Profile, Scheme
+from hydraplan.core.schema import Scheme
 from hydraplan.methods.megatron_seams import (
+    DynamicCPRun,
     HybridCPRun,
     PackingRun,
     best_run,
-    dcp_tps,
+    dcp_runs,
     hybrid_cp_runs,
     packing_layouts,
     packing_run,
-    rank_limit,
 )
-from hydraplan.solve.megatron.default_dynamic_cp import default_dynamic_cp_schedule
-from hydraplan.solve.megatron.dynamic_cp import schedule_dynamic_cp
 
 OBJECTIVE = "propagation"
 VERSIONS = {"hybrid_cp": "megatron-core 0.17-0.19 and Megatron-LM main",
@@ -57,52 +53,6 @@ def batch_flags(seq_length: int, samples: float, dp: int) -> str:
     """`samples` per global batch, rounded up to a whole number of micro-batches of one sample on every replica."""
     global_batch = max(dp, -(-int(np.ceil(samples)) // dp) * dp)
     return f"--seq-length {seq_length} --micro-batch-size 1 --global-batch-size {global_batch}"
-
-
-@dataclass(frozen=True)
-class DynamicCPRun:
-    """One dynamic-CP scheduler at one TP on every batch: seconds per iteration (propagation) at the
-    `max_seqlen_per_dp_cp_rank` it runs with; `why_not` when it runs none."""
-
-    method: str  # hydraplan-dcp or megatron-dcp
-    tp: int
-    max_seqlen_per_rank: int
-    seconds: tuple[float, ...] = ()
-    why_not: str = ""
-
-    @property
-    def mean_s(self) -> float:
-        return float(np.mean(self.seconds)) if self.seconds and not self.why_not else float("inf")
-
-
-def dynamic_cp_run(method: str, profile: Profile, batches: Sequence[np.ndarray], gpus: int, tp: int,
-                   recompute: str = "none") -> DynamicCPRun:
-    """hydraplan's scheduler with max_seqlen_per_dp_cp_rank = MaxLen of <tp,1,1> (it keeps every pack within its
-    block's MaxLen itself); Megatron's default_dynamic_cp from there down, as a user lowers it until every block
-    fits in memory: the first of MaxLen of <tp,1,1> and MaxLen of <tp,1,k> / k (for each k) whose schedules do."""
-    top = rank_limit(profile, gpus, tp, recompute)
-    try:
-        target = DynamicCP.of(profile, tp=tp, dpcp=gpus // tp, max_seqlen_per_rank=top, recompute=recompute)
-    except UserError as e:
-        return DynamicCPRun(method, tp, top, why_not=str(e))
-    if method == "hydraplan-dcp":
-        try:
-            times = [dynamic_cp_time(target, schedule_dynamic_cp(b, target), b) for b in batches]
-        except UserError as e:
-            return DynamicCPRun(method, tp, top, why_not=str(e))
-        return DynamicCPRun(method, tp, top, tuple(times))
-    limits = sorted({top, *(m // k for k, m in zip(target.cps, target.max_lens, strict=True) if m // k < top)},
-                    reverse=True)
-    for limit in limits:
-        at = DynamicCP.of(profile, tp=tp, dpcp=gpus // tp, max_seqlen_per_rank=limit, recompute=recompute)
-        try:
-            scheds = [default_dynamic_cp_schedule(b, dpcp=at.dpcp, max_seqlen_per_rank=limit) for b in batches]
-        except UserError:
-            continue
-        if all(not dynamic_cp_violations(s, b, at) for s, b in zip(scheds, batches, strict=True)):
-            return DynamicCPRun(method, tp, limit, tuple(dynamic_cp_time(at, s, b)
-                                                         for s, b in zip(scheds, batches, strict=True)))
-    return DynamicCPRun(method, tp, top, why_not=f"no max_seqlen_per_dp_cp_rank up to {top} fits its blocks in memory")
 
 
 @dataclass(frozen=True)
@@ -176,7 +126,7 @@ def packing_pick(runs: Sequence[PackingRun], gpus: int, context_len: int, sequen
 def dynamic_pick(runs: Sequence[DynamicCPRun], gpus: int, context_len: int, sequences: float,
                  recompute: str) -> Pick | None:
     def fastest(method: str) -> DynamicCPRun | None:
-        ok = [r for r in runs if r.method == method and r.mean_s < float("inf")]
+        ok = [r for r in runs if r.method == method and r.mean_s < float("inf") and not r.invalid]
         return min(ok, key=lambda r: (r.mean_s, r.tp)) if ok else None
 
     ours, theirs = fastest("hydraplan-dcp"), fastest("megatron-dcp")
@@ -197,9 +147,7 @@ def suggest(cluster: Cluster, batches: Sequence[np.ndarray], context_len: int, t
     hybrid = tuple(hybrid_cp_runs(cluster.profile, batches, cluster.gpus, recompute))
     packing = tuple(packing_run(m, cluster, batches, s) for s in packing_layouts(cluster, context_len, recompute)
                     for m in ("megatron-dp-balanced", "hydraplan-packing"))
-    dynamic = tuple(dynamic_cp_run(m, cluster.profile, batches, cluster.gpus, tp, recompute)
-                    for tp in dcp_tps(cluster.profile, cluster.gpus, recompute, context_len)
-                    for m in ("megatron-dcp", "hydraplan-dcp"))
+    dynamic = tuple(dcp_runs(cluster.profile, batches, cluster.gpus, context_len, recompute))
     sequences = float(np.mean([b.size for b in batches]))
     picks = {p.seam: p for p in (hybrid_pick(hybrid, cluster.gpus, context_len, tokens_per_iter, recompute),
                                  packing_pick(packing, cluster.gpus, context_len, sequences, recompute),
