@@ -52,6 +52,13 @@ class Results:
     def __init__(self, folder: Path = RESULTS, structural: bool = False) -> None:
         self.folder, self.structural, self._files = Path(folder), structural, {}
 
+    @classmethod
+    def of(cls, files: dict[str, dict]) -> Results:
+        """Results already read (another commit's files, from git history), looked up as a folder's would be."""
+        out = cls()
+        out._files = dict(files)
+        return out
+
     def __getitem__(self, name: str) -> dict:
         if name not in self._files:
             path = self.folder / f"{name}.json"

@@ -388,7 +388,21 @@ def megatron_dcp_corpora(results: Results) -> str:
                    "planning, max per batch: plugin / Megatron"], rows)
 
 
+
+def recalibration(results: Results) -> str:
+    """recalibration.json beside today's results: each headline figure before issue 46's profiles (the commit it names)
+    and now, and now / before."""
+    def show(v: float, unit: str) -> str:
+        return f"{v:.2f}x" if unit == "x" else f"{v:.3f} s" if unit == "s" else f"{v:.3f}"
+
+    rows = []
+    for f in results["recalibration"]["figures"]:
+        now = results.select(f["file"], f["selector"])
+        rows.append([f["figure"], f["model"], show(f["before"], f["unit"]), show(now, f["unit"]), f"{now / f['before']:.2f}"])
+    return _table(["figure", "cost model", "old profiles", "recalibrated", "now / before"], rows)
+
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, bound_issue, cad, overlap,
                                                                    memory, profile_check, cpu_tiny, hydraulis, long, timings,
                                                                    megatron_hcp, megatron_packing, fidelity, fidelity_dcp,
-                                                                   fit_errors, megatron_dcp_benchmark, megatron_dcp_corpora)}
+                                                                   fit_errors, megatron_dcp_benchmark, megatron_dcp_corpora,
+                                                                   recalibration)}
