@@ -388,7 +388,6 @@ def megatron_dcp_corpora(results: Results) -> str:
                    "planning, max per batch: plugin / Megatron"], rows)
 
 
-
 def recalibration(results: Results) -> str:
     """recalibration.json beside today's results: each headline figure before issue 46's profiles (the commit it names)
     and now, and now / before."""
@@ -400,6 +399,7 @@ def recalibration(results: Results) -> str:
         now = results.select(f["file"], f["selector"])
         rows.append([f["figure"], f["model"], show(f["before"], f["unit"]), show(now, f["unit"]), f"{now / f['before']:.2f}"])
     return _table(["figure", "cost model", "old profiles", "recalibrated", "now / before"], rows)
+
 
 TABLES: dict[str, Callable[..., str]] = {f.__name__: f for f in (compare, demo, scale, online, bound, bound_issue, cad, overlap,
                                                                    memory, profile_check, cpu_tiny, hydraulis, long, timings,
