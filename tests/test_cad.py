@@ -11,6 +11,7 @@ import pytest
 from hydraplan.core.cluster import Cluster
 from hydraplan.schema import Network, Scheme, TimeCoeffs
 from hydraplan.solve import cad
+from hydraplan.store.datasets import load_dataset
 from hydraplan.store.profiles import load_profile
 
 
@@ -200,3 +201,32 @@ def test_milp_refinement_is_bounded_by_nodes_not_by_the_clock(monkeypatch):
     assert h.getOptionValue("time_limit")[1] == float("inf")
     assert h.getOptionValue("mip_max_nodes")[1] == balance_milp.MILP_MAX_NODES
     assert cad.milp(prob, float("inf"), home) == first
+
+
+@pytest.mark.parametrize("objective", ["end-to-end", "propagation"])
+def test_best_cad_is_the_best_plan_in_the_objective_over_every_option(objective):
+    """With every (scheme, steps) option planned, best_cad keeps the one with the lowest score in the cluster's
+    objective: end to end a narrow scheme's exposed parameter pull and push counts, as compare and pack score it."""
+    cluster = Cluster.of(load_profile("h100-llama2-7b"), 64, objective)
+    docs = np.minimum(load_dataset("builtin:wikipedia").lengths, 32768)  # compare's batches: 200K tokens, 32K context
+    docs = docs[np.random.default_rng(1).permutation(docs.size)[:2000]]
+    lengths = docs[:int(np.searchsorted(np.cumsum(docs), 200_000))]
+    total = int(lengths.sum())
+    scores = []
+    for s in cluster.schemes:
+        if s.cp != 1 or cluster.gpus // s.gpus < 1:
+            continue
+        vmin = max(1, -(-total // (cluster.gpus // s.gpus * s.max_len)))
+        for v in range(vmin, vmin + 3):
+            r = cad.plan_cad(cluster, s, lengths, v, exact=False)
+            if r is not None:
+                it = cluster.estimate([s.key], [r.estimate_s]).iteration_s
+                scores.append((cluster.score(r.estimate_s, it), r.estimate_s, it))
+    best = cad.best_cad(cluster, lengths, top=len(scores) + 1, exact=False)
+    assert best is not None
+    key = (best.section.tp, best.section.pp, 1, best.section.recompute)
+    it = cluster.estimate([key], [best.estimate_s]).iteration_s
+    assert cluster.score(best.estimate_s, it) == pytest.approx(min(s for s, _, _ in scores), rel=1e-12)
+    if objective == "end-to-end":  # the case this guards: the fastest propagation is not the fastest iteration
+        fastest_prop = min(scores, key=lambda x: x[1])
+        assert fastest_prop[2] > min(s for s, _, _ in scores) * (1 + 1e-6)

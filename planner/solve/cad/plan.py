@@ -99,8 +99,9 @@ def ideal_bound(scheme: Scheme, gpus: int, lengths: np.ndarray, steps: int) -> f
 
 def best_cad(cluster: Cluster, lengths: np.ndarray, *, top: int = 3, extra_steps: int = 2,
              budget: float = 1.0, exact: bool = True, ids: Sequence[int] | None = None) -> CADResult | None:
-    """The fastest CAD plan over the cluster's cp = 1 schemes and step counts: the `top` (scheme, steps) pairs
-    by ideal_bound are planned, the best estimate kept (None if no scheme holds the batch)."""
+    """The best CAD plan in the cluster's objective over its cp = 1 schemes and step counts: the `top` (scheme,
+    steps) pairs by ideal_bound, in that objective, are planned and the best kept (None if no scheme holds the
+    batch). End to end, a narrow scheme's parameter pull and push can cost more than its faster steps save."""
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     gpus = cluster.gpus
@@ -112,9 +113,9 @@ def best_cad(cluster: Cluster, lengths: np.ndarray, *, top: int = 3, extra_steps
         vmin = max(1, -(-total // (d * s.max_len)))
         for v in range(vmin, vmin + extra_steps + 1):
             if v <= lengths.size:
-                options.append((ideal_bound(s, gpus, lengths, v), s.key, v, s))
+                options.append((objective_s(cluster, s, ideal_bound(s, gpus, lengths, v)), s.key, v, s))
     options.sort(key=lambda o: (o[0], o[1], o[2]))
-    best: CADResult | None = None
+    best: tuple[float, CADResult] | None = None
     tried = 0
     for _, _, v, s in options:
         if tried >= top:
@@ -123,6 +124,13 @@ def best_cad(cluster: Cluster, lengths: np.ndarray, *, top: int = 3, extra_steps
         if r is None:
             continue
         tried += 1
-        if best is None or r.estimate_s < best.estimate_s:
-            best = r
-    return best
+        score = objective_s(cluster, s, r.estimate_s)
+        if best is None or score < best[0]:
+            best = (score, r)
+    return None if best is None else best[1]
+
+
+def objective_s(cluster: Cluster, scheme: Scheme, propagation_s: float) -> float:
+    """A CAD plan's number in the cluster's objective: every replica is one pipeline of `scheme` running the
+    whole plan, so end to end it adds the pull and push that propagation cannot hide."""
+    return cluster.score(propagation_s, cluster.estimate([scheme.key], [propagation_s]).iteration_s)
